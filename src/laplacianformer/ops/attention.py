@@ -1,0 +1,137 @@
+"""Laplacian-kernel Nyström attention, the operator of the paper (SPEC.md §1–§4).
+
+    q' = s·q, k' = s·k                        (s = qk_scale, default d**-0.5; SPEC.md §1, ours)
+    L  = AdaptiveAvgPool(q') to the landmark grid (SPEC.md §2)
+    C_q = k(q', L) (N×m),  C_k = k(k', L) (N×m),  W = k(L, L) (m×m)
+    W⁺ ≈ (W + eps·I)^{-1} by Newton–Schulz (SPEC.md §3)
+    ĝ  = C_q W⁺ C_kᵀ, never materialised; output = Z(ĝ) V (SPEC.md §4)
+
+The kernel matrices, the solver and the normalisation run in float32 for half-precision inputs and
+under autocast (SPEC.md §1: exp(-D/lam) underflows in float16); the output has the inputs' dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .kernel import laplace_kernel, laplace_kernel_matmul
+from .newton_schulz import pinv_residual, regularise, regularised_inverse
+from .normalization import normalize_dense, normalize_nystrom
+from .validation import (
+    KERNELS,
+    NORMS,
+    SOLVERS,
+    check_choice,
+    check_finite,
+    check_hw,
+    check_positive,
+    check_positive_int,
+    check_qkv,
+    resolve_landmarks,
+)
+
+
+def pool_landmarks(x: torch.Tensor, hw: tuple[int, int] | None, landmarks) -> torch.Tensor:
+    """Adaptive average pooling of the token map.  x: (B, H, N, d) -> (B, H, m, d).
+
+    2-D: x is read as a (height, width) grid and pooled to the (lh, lw) grid, m = lh·lw.
+    1-D: x is pooled along the sequence to m = landmarks tokens.
+    """
+    b, h, n, d = x.shape
+    flat = x.reshape(b * h, n, d).transpose(1, 2)
+    if hw is None:
+        pooled = F.adaptive_avg_pool1d(flat, landmarks)
+    else:
+        pooled = F.adaptive_avg_pool2d(flat.reshape(b * h, d, hw[0], hw[1]), landmarks).flatten(2)
+    return pooled.transpose(1, 2).reshape(b, h, -1, d)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def laplacian_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    hw: tuple[int, int] | None = None,
+    landmarks=(7, 7),
+    lam: float = 4.0,
+    qk_scale: float | None = None,
+    norm: str = "injective",
+    solver: str = "newton_schulz",
+    iters: int = 20,
+    ns_eps: float = 0.01,
+    norm_eps: float = 1e-6,
+    kernel: str = "laplacian",
+    ns_backward: str = "implicit",
+    check_finite_inputs: bool = False,
+    return_stats: bool = False,
+):
+    """Laplacian (or Gaussian) kernel attention with Nyström approximation and normalisation.
+
+    Args:
+        q, k: (B, H, N, d); v: (B, H, N, d_v).
+        hw: (height, width) of a 2-D token grid with height·width = N; None for a 1-D sequence.
+        landmarks: grid (lh, lw) or a perfect-square int (2-D), an int (1-D), or None for the exact
+            O(N²) kernel.  Landmarks are the adaptive average pool of the scaled queries.
+        lam: kernel bandwidth lambda > 0 (SPEC.md §1, default 4).
+        qk_scale: factor applied to q and k before the distance; None means d**-0.5.
+        norm: "injective" | "inline" | "rowsum" | "none" (SPEC.md §4).
+        solver: "newton_schulz" | "cg" | "exact" for (W + ns_eps·I)^{-1} (SPEC.md §3).
+        iters: solver iterations; ns_eps: diagonal regulariser; norm_eps: whitening epsilon.
+        kernel: "laplacian" exp(-||x-y||_1/lam) or "gaussian" exp(-||x-y||²/lam).
+        ns_backward: "implicit" (default) or "unrolled" gradient of the Newton–Schulz solver.
+        check_finite_inputs: raise ValueError when q, k or v holds NaN/Inf.
+        return_stats: also return a dict with the solver residual ||I - P W⁺||_F per (B, H).
+
+    Returns:
+        (B, H, N, d_v) in the dtype of v (and the stats dict when ``return_stats``).
+    """
+    check_qkv(q, k, v)
+    n = q.shape[2]
+    hw = check_hw(hw, n)
+    grid = resolve_landmarks(landmarks, hw, n)
+    lam = check_positive("lam", lam)
+    if qk_scale is not None:
+        qk_scale = check_positive("qk_scale", qk_scale)
+    check_choice("norm", norm, NORMS)
+    check_choice("solver", solver, SOLVERS)
+    check_choice("kernel", kernel, KERNELS)
+    check_choice("ns_backward", ns_backward, ("implicit", "unrolled"))
+    check_positive_int("iters", iters)
+    check_positive("ns_eps", ns_eps, allow_zero=True)
+    check_positive("norm_eps", norm_eps, allow_zero=True)
+    if check_finite_inputs:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_finite(name, t)
+
+    out_dtype = v.dtype
+    dtype = _compute_dtype(q.dtype)
+    scale = q.shape[-1] ** -0.5 if qk_scale is None else qk_scale
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        qs = q.to(dtype) * scale
+        ks = k.to(dtype) * scale
+        vv = v.to(dtype)
+        stats = {}
+        if grid is None:
+            g = laplace_kernel(qs, ks, lam, kernel)
+            out = normalize_dense(g, vv, norm, norm_eps)
+        else:
+            marks = pool_landmarks(qs, hw, grid)
+            w = laplace_kernel(marks, marks, lam, kernel)
+            w_inv = regularised_inverse(w, solver=solver, iters=iters, eps=ns_eps, backward=ns_backward)
+            c_k = laplace_kernel(ks, marks, lam, kernel)
+            if norm == "none":
+                out = laplace_kernel_matmul(qs, marks, w_inv @ (c_k.transpose(-1, -2) @ vv), lam, kernel)
+            else:
+                c_q = c_k if k is q else laplace_kernel(qs, marks, lam, kernel)
+                out = normalize_nystrom(c_q, c_k @ w_inv.transpose(-1, -2), vv, norm, norm_eps)
+            if return_stats:
+                with torch.no_grad():
+                    stats["residual"] = pinv_residual(regularise(w, ns_eps), w_inv)
+                    stats["landmarks"] = marks.shape[-2]
+    out = out.to(out_dtype)
+    return (out, stats) if return_stats else out

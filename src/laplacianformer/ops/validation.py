@@ -1,0 +1,122 @@
+"""Argument checks shared by every public op.
+
+Every check raises ``ValueError`` or ``TypeError`` whose message starts with the argument's name and
+states what was expected, so bad input never reaches a kernel (SPEC.md, engineering standards).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+KERNELS = ("laplacian", "gaussian")
+NORMS = ("injective", "inline", "rowsum", "none")
+SOLVERS = ("newton_schulz", "cg", "exact")
+
+
+def check_choice(name: str, value: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
+    return value
+
+
+def check_positive(name: str, value: float, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok or not math.isfinite(value):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name}: expected a finite number {bound}, got {value}")
+    return float(value)
+
+
+def check_positive_int(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {value}")
+    return value
+
+
+def check_float_tensor(name: str, x: torch.Tensor, ndim: int | None = None) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D tensor, got shape {tuple(x.shape)}")
+    return x
+
+
+def check_finite(name: str, x: torch.Tensor) -> None:
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name}: contains NaN or Inf values")
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q, k: (B, H, N, d); v: (B, H, N, d_v), same device and dtype."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float_tensor(name, t, ndim=4)
+    if k.shape != q.shape:
+        raise ValueError(f"k: expected shape {tuple(q.shape)} (same as q), got {tuple(k.shape)}")
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"v: expected shape (B, H, N, d_v) = {tuple(q.shape[:3])} + (d_v,), got {tuple(v.shape)}"
+        )
+    if q.shape[2] < 1 or q.shape[3] < 1:
+        raise ValueError(f"q: expected N >= 1 and d >= 1, got shape {tuple(q.shape)}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v: expected one device, got {q.device}, {k.device}, {v.device}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def check_hw(hw, n: int) -> tuple[int, int] | None:
+    """Returns (height, width) with height * width == n, or None for a 1-D sequence."""
+    if hw is None:
+        return None
+    if not isinstance(hw, Sequence) or len(hw) != 2:
+        raise ValueError(f"hw: expected (height, width), got {hw!r}")
+    h, w = (check_positive_int("hw", int(s) if isinstance(s, torch.SymInt) else s) for s in hw)
+    if h * w != n:
+        raise ValueError(f"hw: expected height * width == N = {n}, got {h} x {w} = {h * w}")
+    return h, w
+
+
+def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int):
+    """Landmark layout: None (exact kernel), an int m (1-D) or a grid (lh, lw) (2-D).
+
+    With a 2-D token grid an int m must be a perfect square and means a sqrt(m) x sqrt(m) grid.
+    A landmark grid may not exceed the token grid (``landmarks > N`` is an error here; the module
+    layer clamps it to the grid and falls back to the exact kernel, SPEC.md §2).
+    """
+    if landmarks is None:
+        return None
+    if hw is None:
+        if isinstance(landmarks, Sequence):
+            if len(landmarks) != 1:
+                raise ValueError(
+                    f"landmarks: a 1-D sequence (hw=None) takes an int landmark count, got {landmarks!r}"
+                )
+            landmarks = landmarks[0]
+        m = check_positive_int("landmarks", landmarks)
+        if m > n:
+            raise ValueError(f"landmarks: expected at most N = {n} landmarks, got {m}")
+        return m
+    if isinstance(landmarks, int) and not isinstance(landmarks, bool):
+        side = math.isqrt(max(landmarks, 0))
+        if landmarks < 1 or side * side != landmarks:
+            raise ValueError(
+                f"landmarks: with a 2-D grid an int must be a perfect square (e.g. 49 = 7x7), got {landmarks}"
+            )
+        landmarks = (side, side)
+    if not isinstance(landmarks, Sequence) or len(landmarks) != 2:
+        raise ValueError(f"landmarks: expected an int, a (rows, cols) grid or None, got {landmarks!r}")
+    lh, lw = (check_positive_int("landmarks", s) for s in landmarks)
+    if lh > hw[0] or lw > hw[1]:
+        raise ValueError(
+            f"landmarks: grid {lh}x{lw} exceeds the token grid {hw[0]}x{hw[1]} (landmarks > N)"
+        )
+    return lh, lw

@@ -1,0 +1,46 @@
+"""LaplacianAttention module: shapes, any resolution, tied keys, DWConv path, gradients."""
+
+import pytest
+import torch
+
+from laplacianformer import LaplacianAttention, laplacian_attention
+from laplacianformer.layers import effective_landmarks
+
+
+@pytest.mark.parametrize("hw", [(14, 14), (3, 5), (1, 1), (8, 20)])
+@pytest.mark.parametrize("tie_qk", [False, True])
+def test_shapes_and_gradients_at_any_grid(hw, tie_qk):
+    attn = LaplacianAttention(32, 4, tie_qk=tie_qk)
+    x = torch.randn(2, hw[0] * hw[1], 32, requires_grad=True)
+    y = attn(x, hw)
+    assert y.shape == x.shape
+    y.square().mean().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in attn.parameters())
+
+
+def test_one_dimensional_tokens():
+    attn = LaplacianAttention(16, 2, landmarks=8)
+    x = torch.randn(3, 50, 16)
+    assert attn(x).shape == x.shape
+
+
+def test_effective_landmarks_clamps_and_falls_back_to_exact():
+    assert effective_landmarks((7, 7), (14, 14), 196) == (7, 7)
+    assert effective_landmarks((7, 7), (4, 12), 48) == (4, 7)
+    assert effective_landmarks((7, 7), (7, 7), 49) is None
+    assert effective_landmarks((7, 7), (2, 2), 4) is None
+    assert effective_landmarks(49, (14, 14), 196) == (7, 7)
+    assert effective_landmarks(8, None, 6) is None
+
+
+def test_module_equals_functional_composition():
+    torch.manual_seed(0)
+    attn = LaplacianAttention(16, 2, landmarks=(2, 2), dwconv=True).double()
+    x = torch.randn(1, 36, 16, dtype=torch.float64)
+    q, k, v = attn.qkv(x).reshape(1, 36, 3, 2, 8).permute(2, 0, 3, 1, 4)
+    core = laplacian_attention(q, k, v, hw=(6, 6), landmarks=(2, 2))
+    vmap = v.transpose(1, 2).reshape(1, 36, 16).transpose(1, 2).reshape(1, 16, 6, 6)
+    conv = attn.dwconv(vmap).flatten(2).transpose(1, 2).reshape(1, 36, 2, 8).transpose(1, 2)
+    ref = attn.proj((core + conv).transpose(1, 2).reshape(1, 36, 16))
+    torch.testing.assert_close(attn(x, (6, 6)), ref)
