@@ -76,13 +76,28 @@ def test_one_dimensional_sequence_and_exact_path():
     torch.testing.assert_close(dense, laplace_kernel_naive(q, k, 4.0) @ v, rtol=1e-10, atol=1e-12)
 
 
-def test_approximation_error_is_bounded_at_paper_default():
-    q, k, v = qkv(b=1, h=2, n=28 * 28, d=16)
+def smooth_tokens(h, w, d):
+    """Spatially smooth token maps (low-frequency fields + noise), the regime of real image features."""
+    yy, xx = torch.meshgrid(
+        torch.linspace(0, 1, h, dtype=torch.float64), torch.linspace(0, 1, w, dtype=torch.float64), indexing="ij"
+    )
+    basis = torch.stack([torch.sin(3 * xx), torch.cos(2 * yy), torch.sin(2 * (xx + yy)), xx * yy], -1).reshape(-1, 4)
+    field = basis @ torch.randn(d, 4, dtype=torch.float64).T
+    return (field + 0.05 * torch.randn_like(field))[None, None]
+
+
+def test_approximation_error_is_bounded_and_falls_with_landmarks():
+    q = smooth_tokens(28, 28, 16)
+    k = q + 0.05 * torch.randn_like(q)
+    v = torch.randn_like(q)
     exact = laplacian_attention(q, k, v, hw=(28, 28), landmarks=None)
-    approx = laplacian_attention(q, k, v, hw=(28, 28), landmarks=(7, 7))
-    err = ((approx - exact).norm() / exact.norm()).item()
-    print(f"relative error Nystrom 7x7 vs exact at N=784 (injective): {err:.3f}")
-    assert torch.isfinite(approx).all() and err < 1.0
+    errs = []
+    for grid in [(4, 4), (7, 7), (10, 10)]:
+        approx = laplacian_attention(q, k, v, hw=(28, 28), landmarks=grid)
+        errs.append(((approx - exact).norm() / exact.norm()).item())
+    print("relative error Nystrom vs exact at N=784 (injective), m=16/49/100:", ", ".join(f"{e:.3f}" for e in errs))
+    assert errs[0] > errs[1] > errs[2]
+    assert errs[1] < 0.2  # measured ~0.07 on these fields
 
 
 def test_gradcheck_whole_operator():
