@@ -1,0 +1,297 @@
+"""Shared benchmark utilities: machine info, a timer, peak memory, and JSON / Markdown / PNG writers.
+
+Import from the repository root (``python -m benchmarks.<script>``) or put the root on ``sys.path``:
+
+    from benchmarks.common import machine_info, time_call, peak_memory, write_json, markdown_table, plot_loglog
+
+Peak memory (``peak_memory``):
+- CUDA: ``torch.cuda.max_memory_allocated`` during the call minus ``torch.cuda.memory_allocated`` before
+  it (inputs excluded), after ``torch.cuda.reset_peak_memory_stats``.
+- CPU: the case runs in a fresh Python subprocess. The child imports the factory's module, builds the
+  callable and its inputs, records its resident set size (RSS, from /proc/self/statm), resets the kernel's
+  high-water mark (writing 5 to /proc/self/clear_refs, so transient import peaks do not count), runs the
+  call once and reads the new high-water mark (VmHWM). Where the reset is not allowed it reads
+  ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` instead, which can include an earlier import peak and is
+  then an upper bound. Reported: peak RSS minus the RSS after imports and input creation, in MiB. The
+  allocator may keep freed pages mapped, so this counts memory the process touched, not live tensors.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MIB = 2**20
+
+
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo (platform.processor() elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict:
+    """What a result depends on: CPU, cores, torch threads, library versions and the GPU if any."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    info = {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "affinity_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda_available": torch.cuda.is_available(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    return info
+
+
+def synchronize(device: str | torch.device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+@dataclass
+class Timing:
+    """Wall-clock statistics in milliseconds over ``repeats`` timed calls (after warm-up)."""
+
+    median_ms: float
+    q1_ms: float
+    q3_ms: float
+    iqr_ms: float
+    min_ms: float
+    repeats: int
+    warmup_ms: list
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _quartiles(xs: Sequence[float]) -> tuple[float, float, float]:
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q1, med, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q1, med, q3
+
+
+def time_call(
+    fn: Callable[[], object],
+    *,
+    device: str | torch.device = "cpu",
+    warmup: int = 1,
+    repeats: int = 5,
+    max_seconds: float | None = None,
+) -> Timing:
+    """Times ``fn()``: ``warmup`` untimed-for-statistics calls, then ``repeats`` timed calls.
+
+    Each call is bracketed by ``torch.cuda.synchronize`` on CUDA. When ``max_seconds`` is given and a
+    warm-up call alone took longer, fewer repeats are run (at least one) so a slow case stays bounded;
+    ``repeats`` in the result says how many were timed. The warm-up durations are kept in ``warmup_ms``.
+    """
+    warm = []
+    for _ in range(warmup):
+        synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        warm.append((time.perf_counter() - t0) * 1e3)
+    if max_seconds is not None and warm:
+        per_call = max(warm[-1] / 1e3, 1e-9)
+        repeats = max(1, min(repeats, int(max_seconds / per_call)))
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    q1, med, q3 = _quartiles(times)
+    return Timing(med, q1, q3, q3 - q1, min(times), len(times), warm)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_bytes(reset_ok: bool) -> int:
+    if reset_ok:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def resolve_factory(spec: str) -> Callable[..., Callable[[], object]]:
+    """'package.module:function' -> the function (a factory returning a zero-argument callable)."""
+    module, _, name = spec.partition(":")
+    if not name:
+        raise ValueError(f"factory: expected 'module:function', got {spec!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def _peak_memory_child(spec: str, kwargs: dict) -> dict:
+    fn = resolve_factory(spec)(**kwargs)
+    before = _rss_bytes()
+    reset_ok = _reset_peak_rss()
+    fn()
+    peak = _peak_rss_bytes(reset_ok)
+    method = "VmHWM after clear_refs reset" if reset_ok else "ru_maxrss"
+    return {"peak_mb": max(peak - before, 0) / MIB, "baseline_mb": before / MIB, "method": method}
+
+
+def peak_memory(
+    factory: str,
+    kwargs: Mapping | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    timeout: float | None = None,
+) -> dict:
+    """Peak memory of one call of ``factory(**kwargs)()`` beyond its inputs, in MiB (see module docstring).
+
+    ``factory`` is 'module:function'; the function builds the inputs and returns the callable to
+    measure. ``kwargs`` must be JSON-serialisable (it crosses a process boundary on CPU).
+    Returns {"peak_mb", "baseline_mb", "method"}.
+    """
+    kwargs = dict(kwargs or {})
+    if torch.device(device).type == "cuda":
+        fn = resolve_factory(factory)(**kwargs)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        return {"peak_mb": (peak - before) / MIB, "baseline_mb": before / MIB, "method": "cuda max_memory_allocated"}
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "benchmarks.common", "--peak-memory-child", factory, json.dumps(kwargs)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(REPO_ROOT))
+    if proc.returncode != 0:
+        raise RuntimeError(f"peak-memory subprocess failed ({factory} {kwargs}):\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def write_json(path: str | Path, results: object, *, settings: Mapping | None = None) -> Path:
+    """Writes {"machine", "command", "settings", "timestamp_utc", "results"} as indented JSON."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "machine": machine_info(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "settings": dict(settings or {}),
+        "timestamp_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "results": results,
+    }
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A GitHub Markdown table; cells are str()-ed, floats printed with up to 4 significant digits."""
+
+    def cell(x: object) -> str:
+        if isinstance(x, float):
+            return f"{x:.4g}"
+        return "" if x is None else str(x)
+
+    lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def plot_loglog(
+    path: str | Path,
+    panels: Sequence[Mapping],
+    *,
+    xlabel: str,
+    title: str | None = None,
+) -> Path:
+    """Side-by-side log-log panels.  panels: [{"ylabel": str, "series": {label: (xs, ys)}}, ...].
+
+    Series with fewer than one positive point are left out; a label keeps its colour across panels.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels), 4.5), squeeze=False)
+    labels = sorted({label for panel in panels for label in panel["series"]}, key=str)
+    colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}
+    for ax, panel in zip(axes[0], panels):
+        for label, (xs, ys) in panel["series"].items():
+            pts = [(x, y) for x, y in zip(xs, ys) if y is not None and y > 0]
+            if pts:
+                ax.loglog(*zip(*pts), marker="o", label=label, color=colours[label])
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(panel["ylabel"])
+        if panel.get("title"):
+            ax.set_title(panel["title"])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def fit_exponent(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Least-squares slope of log y on log x (the scaling exponent); None with fewer than two points."""
+    import math
+
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if y is not None and y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx if sxx > 0 else None
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--peak-memory-child":
+        print(json.dumps(_peak_memory_child(sys.argv[2], json.loads(sys.argv[3]))))
+    else:
+        print(json.dumps(machine_info(), indent=2))
