@@ -303,12 +303,13 @@ def _torch_load(path: Path, payload, map_location) -> dict:
         obj = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         text = str(exc)
-        if "Unsupported global" in text or "Unsupported operand" in text or "not an allowed global" in text:
+        if "Unsupported global" in text:
             detail = next((line.strip() for line in text.splitlines() if "Unsupported" in line), text[:200])
             raise CheckpointError(
                 f"checkpoint: {path}: refused pickle: it needs code that weights_only loading does not run ({detail})"
             ) from None
-        raise CheckpointError(f"checkpoint: {path}: not a torch checkpoint ({text.splitlines()[0][:200]})") from None
+        detail = next((line.strip() for line in text.splitlines() if "Unsupported" in line), text.splitlines()[0][:200])
+        raise CheckpointError(f"checkpoint: {path}: not a checkpoint weights_only loading can read ({detail})") from None
     except (RuntimeError, EOFError, ValueError, OSError) as exc:
         raise CheckpointError(f"checkpoint: {path}: not a readable torch checkpoint ({str(exc)[:200]})") from None
     if not isinstance(obj, dict):
