@@ -1,0 +1,79 @@
+"""Shared plumbing for the experiments: atomic JSON, Markdown tables, mean ± std, headless plotting."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+
+def write_json(path: str | Path, obj) -> Path:
+    """Write ``obj`` as indented JSON atomically (temp file + rename), so an interrupted run never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(obj, fh, indent=2, sort_keys=False)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_json(path: str | Path):
+    """The parsed JSON at ``path``, or None when the file does not exist."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    vals = [float(v) for v in values]
+    if not vals:
+        return math.nan, math.nan
+    mean = sum(vals) / len(vals)
+    if len(vals) < 2:
+        return mean, 0.0
+    var = sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)
+    return mean, math.sqrt(var)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    """A GitHub Markdown table; floats are printed as given (format them before)."""
+    lines = ["| " + " | ".join(str(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def environment() -> dict:
+    """What the numbers were measured on."""
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+    }
+
+
+def pyplot():
+    """matplotlib.pyplot with the headless Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
