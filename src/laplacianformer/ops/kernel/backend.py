@@ -140,6 +140,14 @@ def _choose(tensors, kind: str, op: str) -> tuple[str, dict[str, str]]:
             if name == "triton" and tensors[0].device.type == "cpu":
                 refused[name] = "only chosen automatically for CUDA tensors (the interpreter is for tests)"
                 continue
+            if name == "cpu":
+                from . import native
+
+                if native.load() is None:
+                    refused[name] = (
+                        f"C loops unavailable ({native.load_error()}); its PyTorch fallback is slower than the composite"
+                    )
+                    continue
             return name, refused
         refused[name] = why
     return "composite", refused
