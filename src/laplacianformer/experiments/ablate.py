@@ -24,20 +24,24 @@ from .common import environment, markdown_table, mean_std, read_json, write_json
 BASE = {
     "model": "laplacianformer_micro",
     "data": "fashion-mnist",
-    "img_size": 32,
+    "img_size": 28,
     "model_kwargs": {"stem_stride": 2},
-    "train_subset": 10000,
-    "test_subset": 2000,
+    "train_subset": 2000,
+    "test_subset": 1000,
     "epochs": 2,
     "batch_size": 64,
     "lr": 2e-3,
+    "warmup_epochs": 0.25,
+    "drop_path": 0.0,
+    "threads": 1,
 }
-QUICK = {**BASE, "train_subset": 256, "test_subset": 256, "epochs": 1, "max_steps": 6, "batch_size": 32}
+QUICK = {**BASE, "train_subset": 128, "test_subset": 64, "epochs": 1, "max_steps": 3, "batch_size": 16}
 FULL_SEEDS = {"lambda": 3, "solver": 3}
 DEFAULT_OUT = "results/ablations"
 QUICK_OUT = "runs/ablations-quick"
-_KEEP = ("top1", "top5", "loss", "train_loss", "images_per_s", "train_images_per_s", "params", "wall_time",
-         "train_time", "steps", "epochs", "history", "peak_memory")
+DEFAULT_RUNS = "runs/ablations"
+_KEEP = ("top1", "top5", "loss", "images_per_s", "params", "wall_time_s", "train_time_s", "steps",
+         "epochs_completed", "history", "peak_memory_mb", "run_dir")
 
 
 def _train_api():
@@ -84,11 +88,14 @@ def run_ablation(
     labels: list[str],
     out: Path,
     smoke_test: bool,
+    runs: Path | None = None,
     fresh: bool = False,
     progress: bool = True,
     train_fn=None,
 ) -> dict:
-    """Runs the missing (value, seed) cells of ``ablation`` and returns the record saved in OUT/NAME.json."""
+    """Runs the missing (value, seed) cells of ``ablation`` and returns the record saved in OUT/NAME.json.
+
+    Each cell's training run directory (checkpoint, curves) is RUNS/NAME/LABEL-sSEED (default OUT/runs)."""
     from tqdm.auto import tqdm
 
     TrainConfig, train = _train_api() if train_fn is None else (None, train_fn)
@@ -111,8 +118,9 @@ def run_ablation(
     for label, seed in bar:
         bar.set_postfix_str(f"{label} seed {seed}")
         fields = resolve_variant(ablation.variant(label), head_dim)
+        run_dir = Path(runs or out / "runs") / ablation.name / f"{label}-s{seed}"
         config = {**base, **fields, "model_kwargs": {**base.get("model_kwargs", {}), **fields["model_kwargs"]},
-                  "seed": seed, "progress": False}
+                  "seed": seed, "progress": False, "out": str(run_dir)}
         start = time.perf_counter()
         result = train(TrainConfig(**config)) if TrainConfig is not None else train(config)
         cell = {k: _jsonable(result[k]) for k in _KEEP if k in result}
@@ -198,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of seeds 0..N-1 (default: 3 for lambda and solver, 1 otherwise; 1 with --quick)")
     p.add_argument("--values", nargs="+", default=None, help="run only these values (labels as in --list)")
     p.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT}; {QUICK_OUT} with --quick)")
+    p.add_argument("--runs", default=None,
+                   help=f"root of the per-cell training run directories (default {DEFAULT_RUNS}; OUT/runs with --quick)")
     p.add_argument("--fresh", action="store_true", help="discard recorded cells instead of resuming")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     for flag, typ in (("epochs", int), ("train-subset", int), ("test-subset", int), ("max-steps", int),
@@ -233,7 +243,8 @@ def main(argv=None) -> int:
             for lb in labels:
                 ablation.variant(lb)
             record = run_ablation(ablation, base=base, seeds=list(range(n_seeds)), labels=labels, out=out,
-                                  smoke_test=args.quick, fresh=args.fresh, progress=not args.no_progress)
+                                  smoke_test=args.quick, fresh=args.fresh,
+                                  runs=Path(args.runs or (out / "runs" if args.quick else DEFAULT_RUNS)), progress=not args.no_progress)
         except ValueError as exc:
             print(f"ablate: {exc}", file=sys.stderr)
             return 2

@@ -21,15 +21,21 @@ from ..layers import LaplacianAttention
 from ..layers.laplacian_attention import effective_landmarks
 from ..ops.attention import pool_landmarks
 from ..ops.kernel import laplace_kernel
+from ..ops.kernel.composite import pairwise_distance
 from ..ops.newton_schulz import regularise, regularised_inverse
 from ..ops.normalization import normalize_dense, normalize_nystrom
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 @torch.no_grad()
 def capture_qk(model: torch.nn.Module, images: torch.Tensor) -> list[dict]:
     """Runs ``model(images)`` and returns, for every ``LaplacianAttention`` module in call order:
-    name, hw, scaled q and k (B, H, N, d) as the operator sees them (times qk_scale), v, and the
-    module's attention settings."""
+    name, hw, scaled q and k (B, H, N, d) as the operator sees them (times qk_scale), v, the effective
+    landmark grid (None: exact kernel) and the module's attention settings.  Half precision is upcast
+    to float32."""
     records: list[dict] = []
     names = {m: n for n, m in model.named_modules()}
 
@@ -43,8 +49,8 @@ def capture_qk(model: torch.nn.Module, images: torch.Tensor) -> list[dict]:
         kw = module.attn_kwargs
         scale = module.head_dim**-0.5 if kw["qk_scale"] is None else kw["qk_scale"]
         records.append({
-            "name": names[module], "hw": tuple(int(s) for s in hw), "q": q.float() * scale, "k": k.float() * scale,
-            "v": v.float(), "landmarks": effective_landmarks(module.landmarks, tuple(hw), n), "settings": dict(kw),
+            "name": names[module], "hw": tuple(int(s) for s in hw), "q": _upcast(q) * scale, "k": _upcast(k) * scale,
+            "v": _upcast(v), "landmarks": effective_landmarks(module.landmarks, tuple(hw), n), "settings": dict(kw),
         })
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in model.modules() if isinstance(m, LaplacianAttention)]
@@ -59,16 +65,6 @@ def capture_qk(model: torch.nn.Module, images: torch.Tensor) -> list[dict]:
         for h in handles:
             h.remove()
     return records
-
-
-def pairwise_l1(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """||x_i - y_j||_1.  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    return torch.cdist(x, y, p=1.0)
-
-
-def pairwise_sq_l2(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """||x_i - y_j||_2².  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    return torch.cdist(x, y, p=2.0).pow(2)
 
 
 def _excess_kurtosis(x: torch.Tensor) -> float:
@@ -98,8 +94,8 @@ def distance_stats(records: list[dict], bins: int = 60) -> list[dict]:
     out = []
     for r in records:
         lam = r["settings"]["lam"]
-        l1 = pairwise_l1(r["q"], r["k"])
-        l2 = pairwise_sq_l2(r["q"], r["k"])
+        l1 = pairwise_distance(r["q"], r["k"], "laplacian")
+        l2 = pairwise_distance(r["q"], r["k"], "gaussian")
         entry = {"name": r["name"], "hw": list(r["hw"]), "lam": lam, "pairs": l1.numel()}
         for key, d in (("l1", l1), ("sq_l2", l2)):
             scaled = (d / d.median()).flatten()
