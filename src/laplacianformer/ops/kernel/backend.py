@@ -110,8 +110,6 @@ def _refusal(name: str, tensors, kind: str, op: str) -> str | None:
     ok, why = triton_available()
     if not ok:
         return why
-    if importlib.util.find_spec(__package__ + ".triton") is None:
-        return "the fused Triton kernels are not part of this build yet"
     if devices != {"cuda"} and not triton_interpreted():
         return f"tensors on {sorted(devices)}, not cuda (set TRITON_INTERPRET=1 to run Triton on the CPU)"
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
