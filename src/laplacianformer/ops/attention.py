@@ -81,7 +81,8 @@ def laplacian_attention(
         qk_scale: factor applied to q and k before the distance; None means d**-0.5.
         norm: "injective" | "inline" | "rowsum" | "none" (SPEC.md §4).
         solver: "newton_schulz" | "cg" | "exact" for (W + ns_eps·I)^{-1} (SPEC.md §3).
-        iters: solver iterations; ns_eps: diagonal regulariser; norm_eps: whitening epsilon.
+        iters: solver iterations; ns_eps: diagonal regulariser; norm_eps: whitening epsilon, > 0 for
+            "injective" (with 0 a key whose similarity column is constant, e.g. all-equal tokens, gives 0/0).
         kernel: "laplacian" exp(-||x-y||_1/lam) or "gaussian" exp(-||x-y||²/lam).
         ns_backward: "implicit" (default) or "unrolled" gradient of the Newton–Schulz solver.
         check_finite_inputs: raise ValueError when q, k or v holds NaN/Inf.
@@ -103,7 +104,7 @@ def laplacian_attention(
     check_choice("ns_backward", ns_backward, ("implicit", "unrolled"))
     check_positive_int("iters", iters)
     check_positive("ns_eps", ns_eps, allow_zero=True)
-    check_positive("norm_eps", norm_eps, allow_zero=True)
+    check_positive("norm_eps", norm_eps, allow_zero=norm != "injective")
     if check_finite_inputs:
         for name, t in (("q", q), ("k", k), ("v", v)):
             check_finite(name, t)

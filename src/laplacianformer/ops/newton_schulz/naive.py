@@ -39,11 +39,25 @@ def pinv_residual(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def newton_schulz_iterate(
     p: torch.Tensor, iters: int, tol: float | None = None, symmetric: bool = True
 ) -> torch.Tensor:
-    """V ≈ P^{-1} by `iters` steps of V <- 2V - V P V (stops early once ||I - P V||_F <= tol for every matrix)."""
+    """V ≈ P^{-1} by `iters` steps of V <- 2V - V P V (stops early once ||I - P V||_F <= tol for every matrix).
+
+    Safeguard: the residual R = I - P V obeys R_{k+1} = R_k², so ||R||_F never grows in exact arithmetic.
+    A matrix whose residual grows or turns non-finite (rounding taking over, e.g. float32 with
+    cond(P) > 1e7 and eps = 0) keeps its previous iterate, so the result stays finite.
+    """
     v = initial_guess(p, symmetric)
+    eye = torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
+    pv = p @ v
+    res = torch.linalg.matrix_norm(eye - pv)
     for step in range(iters):
-        v = 2 * v - v @ (p @ v)
-        if tol is not None and (step + 1) % 5 == 0 and bool((pinv_residual(p, v) <= tol).all()):
+        v_next = 2 * v - v @ pv
+        pv_next = p @ v_next
+        res_next = torch.linalg.matrix_norm(eye - pv_next)
+        better = (res_next <= res).unsqueeze(-1).unsqueeze(-1)
+        v = torch.where(better, v_next, v)
+        pv = torch.where(better, pv_next, pv)
+        res = torch.minimum(res, res_next.nan_to_num(nan=float("inf")))
+        if tol is not None and (step + 1) % 5 == 0 and bool((res <= tol).all()):
             break
     return v
 
