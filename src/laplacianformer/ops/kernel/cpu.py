@@ -9,6 +9,8 @@ sign(0) = 0: where x_nd = y_md the L1 term contributes no gradient (torch.sign's
 minimal-norm subgradient).  D and the sign reduction run in the C loops of ``native.py`` (one pass over
 (n, m, d), no (N, M, d) temporary, vectorised and threaded); exp and the products with V use PyTorch.
 Without a C compiler the same formulas run in PyTorch on row chunks small enough to stay in cache.
+The primitives are ``torch.library.custom_op``s (``laplacianformer::laplace_kernel_cpu`` ...) with fake
+implementations and registered autograd, so torch.compile traces them without graph breaks.
 ``laplace_kernel_matmul`` works on row chunks and never stores the N×M matrix; its backward recomputes
 each chunk of C.
 """
@@ -72,65 +74,109 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()
 
 
-class _KernelCPU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, y, lam, kind):
-        xf, yf = _flat(x), _flat(y)
-        out = pairwise_distance_cpu(xf, yf, kind, -1.0 / lam).exp_()
-        ctx.save_for_backward(xf, yf, out)
-        ctx.lam, ctx.kind, ctx.shapes = lam, kind, (x.shape, y.shape)
-        return out.reshape(*x.shape[:-1], yf.shape[1])
-
-    @staticmethod
-    def backward(ctx, grad):
-        xf, yf, out = ctx.saved_tensors
-        dx, dy = pairwise_distance_grad_cpu(xf, yf, grad.reshape(out.shape), out, -1.0 / ctx.lam, ctx.kind)
-        return dx.reshape(ctx.shapes[0]), dy.reshape(ctx.shapes[1]), None, None
+@torch.library.custom_op("laplacianformer::laplace_kernel_cpu", mutates_args=(), device_types="cpu")
+def _kernel_op(x: torch.Tensor, y: torch.Tensor, scale: float, kind: str) -> torch.Tensor:
+    """exp(scale · D).  x: (B, N, d), y: (B, M, d) contiguous -> (B, N, M)."""
+    return pairwise_distance_cpu(x, y, kind, scale).exp_()
 
 
-class _KernelMatmulCPU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, y, v, lam, kind):
-        xf, yf, vf = _flat(x), _flat(y), _flat(v)
-        b, n, d = xf.shape
-        m, e = vf.shape[1], vf.shape[2]
-        out = torch.empty(b, n, e, dtype=x.dtype)
-        step = _chunk_rows(b, m, 1, _MATMUL_CHUNK_ELEMS)
-        for s in range(0, n, step):
-            c = pairwise_distance_cpu(xf[:, s : s + step].contiguous(), yf, kind, -1.0 / lam).exp_()
-            out[:, s : s + step] = torch.bmm(c, vf)
-        ctx.save_for_backward(xf, yf, vf)
-        ctx.lam, ctx.kind, ctx.shapes = lam, kind, (x.shape, y.shape, v.shape)
-        return out.reshape(*x.shape[:-1], e)
+@torch.library.custom_op("laplacianformer::laplace_kernel_cpu_bwd", mutates_args=(), device_types="cpu")
+def _kernel_bwd_op(
+    x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor, out: torch.Tensor, scale: float, kind: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return pairwise_distance_grad_cpu(x, y, grad, out, scale, kind)
 
-    @staticmethod
-    def backward(ctx, grad):
-        xf, yf, vf = ctx.saved_tensors
-        b, n, d = xf.shape
-        m = yf.shape[1]
-        gf = grad.reshape(b, n, -1)
-        dx = torch.empty_like(xf)
-        dy = torch.zeros_like(yf)
-        dv = torch.zeros_like(vf)
-        step = _chunk_rows(b, m, 1, _MATMUL_CHUNK_ELEMS)
-        for s in range(0, n, step):
-            xb, gb = xf[:, s : s + step].contiguous(), gf[:, s : s + step]
-            c = pairwise_distance_cpu(xb, yf, ctx.kind, -1.0 / ctx.lam).exp_()
-            dv.baddbmm_(c.transpose(1, 2), gb)
-            gx, gy = pairwise_distance_grad_cpu(xb, yf, torch.bmm(gb, vf.transpose(1, 2)), c, -1.0 / ctx.lam, ctx.kind)
-            dx[:, s : s + step] = gx
-            dy += gy
-        shapes = ctx.shapes
-        return dx.reshape(shapes[0]), dy.reshape(shapes[1]), dv.reshape(shapes[2]), None, None
+
+@torch.library.custom_op("laplacianformer::laplace_matmul_cpu", mutates_args=(), device_types="cpu")
+def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale: float, kind: str) -> torch.Tensor:
+    """exp(scale · D) @ V on row chunks.  x: (B, N, d), y: (B, M, d), v: (B, M, e) -> (B, N, e)."""
+    b, n, d = x.shape
+    m, e = v.shape[1], v.shape[2]
+    out = torch.empty(b, n, e, dtype=x.dtype)
+    step = _chunk_rows(b, m, 1, _MATMUL_CHUNK_ELEMS)
+    for s in range(0, n, step):
+        c = pairwise_distance_cpu(x[:, s : s + step].contiguous(), y, kind, scale).exp_()
+        out[:, s : s + step] = torch.bmm(c, v)
+    return out
+
+
+@torch.library.custom_op("laplacianformer::laplace_matmul_cpu_bwd", mutates_args=(), device_types="cpu")
+def _matmul_bwd_op(
+    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, scale: float, kind: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    b, n, d = x.shape
+    m = y.shape[1]
+    dx = torch.empty_like(x)
+    dy = torch.zeros_like(y)
+    dv = torch.zeros_like(v)
+    step = _chunk_rows(b, m, 1, _MATMUL_CHUNK_ELEMS)
+    for s in range(0, n, step):
+        xb, gb = x[:, s : s + step].contiguous(), grad[:, s : s + step]
+        c = pairwise_distance_cpu(xb, y, kind, scale).exp_()
+        dv.baddbmm_(c.transpose(1, 2), gb)
+        gx, gy = pairwise_distance_grad_cpu(xb, y, torch.bmm(gb, v.transpose(1, 2)), c, scale, kind)
+        dx[:, s : s + step] = gx
+        dy += gy
+    return dx, dy, dv
+
+
+@_kernel_op.register_fake
+def _(x, y, scale, kind):
+    return x.new_empty(x.shape[0], x.shape[1], y.shape[1])
+
+
+@_kernel_bwd_op.register_fake
+def _(x, y, grad, out, scale, kind):
+    return torch.empty_like(x), torch.empty_like(y)
+
+
+@_matmul_op.register_fake
+def _(x, y, v, scale, kind):
+    return x.new_empty(x.shape[0], x.shape[1], v.shape[2])
+
+
+@_matmul_bwd_op.register_fake
+def _(x, y, v, grad, scale, kind):
+    return torch.empty_like(x), torch.empty_like(y), torch.empty_like(v)
+
+
+def _kernel_setup(ctx, inputs, output):
+    x, y, scale, kind = inputs
+    ctx.save_for_backward(x, y, output)
+    ctx.scale, ctx.kind = scale, kind
+
+
+def _kernel_backward(ctx, grad):
+    x, y, out = ctx.saved_tensors
+    dx, dy = _kernel_bwd_op(x, y, grad.contiguous(), out, ctx.scale, ctx.kind)
+    return dx, dy, None, None
+
+
+def _matmul_setup(ctx, inputs, output):
+    x, y, v, scale, kind = inputs
+    ctx.save_for_backward(x, y, v)
+    ctx.scale, ctx.kind = scale, kind
+
+
+def _matmul_backward(ctx, grad):
+    x, y, v = ctx.saved_tensors
+    dx, dy, dv = _matmul_bwd_op(x, y, v, grad.contiguous(), ctx.scale, ctx.kind)
+    return dx, dy, dv, None, None
+
+
+_kernel_op.register_autograd(_kernel_backward, setup_context=_kernel_setup)
+_matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 
 
 def laplace_kernel_cpu(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str = "laplacian") -> torch.Tensor:
     """exp(-dist(x_i, y_j) / lam).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    return _KernelCPU.apply(x, y, float(lam), kind)
+    out = _kernel_op(_flat(x), _flat(y), -1.0 / float(lam), kind)
+    return out.reshape(*x.shape[:-1], y.shape[-2])
 
 
 def laplace_kernel_matmul_cpu(
     x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kind: str = "laplacian"
 ) -> torch.Tensor:
     """k(X, Y) @ V without storing k(X, Y).  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
-    return _KernelMatmulCPU.apply(x, y, v, float(lam), kind)
+    out = _matmul_op(_flat(x), _flat(y), _flat(v), -1.0 / float(lam), kind)
+    return out.reshape(*x.shape[:-1], v.shape[-1])
