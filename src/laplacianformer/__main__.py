@@ -1,0 +1,8 @@
+"""``python -m laplacianformer ...`` runs the command-line interface (see ``laplacianformer.cli``)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""Command-line interface: ``laplacianformer {train,eval,info,bench,demo,ablate,analyze} ...``.
+
+User errors (bad flag values, missing or corrupt data, unreadable checkpoints) end the process with exit
+status 2 and one line on stderr naming the flag or path; ``--debug`` shows the traceback instead.
+An interrupted training run (SIGINT/SIGTERM) checkpoints and exits with 128 + the signal number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+PROG = "laplacianformer"
+
+
+class UserError(ValueError):
+    """A problem the user can fix; printed as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (no usage block) and exits with status 2."""
+
+    def error(self, message: str):
+        raise UserError(message)
+
+
+def _json_dict(flag: str):
+    def parse(text: str) -> dict:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"lam\": 2.0}}' ({e.msg})")
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError("expected a JSON object such as '{\"lam\": 2.0}'")
+        return value
+    parse.__name__ = "JSON object"
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    return v
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    v = _nonneg_float(text)
+    if v == 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return v
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """Training flags; every default is None so only flags given on the command line override a config."""
+    S = argparse.SUPPRESS
+    p.add_argument("--model", default=S, help="registered model name (default laplacianformer_micro)")
+    p.add_argument("--attn", choices=("laplacian", "gaussian", "softmax"), default=S, help="token mixer")
+    p.add_argument("--attn-kwargs", type=_json_dict("--attn-kwargs"), default=S,
+                   help='JSON object passed to every attention layer, e.g. \'{"lam": 2.0, "iters": 10}\'')
+    p.add_argument("--model-kwargs", type=_json_dict("--model-kwargs"), default=S,
+                   help='JSON object of model overrides, e.g. \'{"stem_stride": 4}\'')
+    p.add_argument("--data", default=S, help="fashion-mnist (default), digits, or an ImageFolder directory")
+    p.add_argument("--img-size", type=_positive_int, default=S, help="square input size in pixels (default 32)")
+    p.add_argument("--in-chans", type=int, default=S, help="1 or 3 (default: from the data)")
+    p.add_argument("--train-subset", type=_positive_int, default=S, help="use a seeded subset of N training images")
+    p.add_argument("--test-subset", type=_positive_int, default=S, help="use a seeded subset of N test images")
+    p.add_argument("--epochs", type=_positive_int, default=S)
+    p.add_argument("--batch-size", type=_positive_int, default=S)
+    p.add_argument("--eval-batch-size", type=_positive_int, default=S)
+    p.add_argument("--lr", type=_positive_float, default=S, help="peak AdamW learning rate (default 1e-3)")
+    p.add_argument("--min-lr", type=_nonneg_float, default=S)
+    p.add_argument("--weight-decay", type=_nonneg_float, default=S)
+    p.add_argument("--warmup-epochs", type=_nonneg_float, default=S)
+    p.add_argument("--label-smoothing", type=_nonneg_float, default=S)
+    p.add_argument("--mixup", type=_nonneg_float, default=S, help="mixup alpha (0: off)")
+    p.add_argument("--cutmix", type=_nonneg_float, default=S, help="CutMix alpha (0: off)")
+    p.add_argument("--randaugment", action=argparse.BooleanOptionalAction, default=S)
+    p.add_argument("--random-crop", action=argparse.BooleanOptionalAction, default=S)
+    p.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=S)
+    p.add_argument("--drop-path", type=_nonneg_float, default=S)
+    p.add_argument("--clip-grad", type=_positive_float, default=S)
+    p.add_argument("--ema", action=argparse.BooleanOptionalAction, default=S)
+    p.add_argument("--ema-decay", type=_nonneg_float, default=S)
+    p.add_argument("--amp", choices=("bf16", "fp16", "off"), default=S)
+    p.add_argument("--seed", type=int, default=S)
+    p.add_argument("--num-workers", type=int, default=S)
+    p.add_argument("--max-steps", type=_positive_int, default=S, help="stop after N optimiser steps in total")
+    p.add_argument("--time-budget", type=_positive_float, default=S, help="stop after this many seconds")
+    p.add_argument("--save-every-steps", type=_positive_int, default=S, help="also checkpoint every N steps")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=S, help="tqdm bars (default on)")
+    p.add_argument("--verify-images", action=argparse.BooleanOptionalAction, default=S,
+                   help="decode every image of a folder before training (default on)")
+    p.add_argument("--device", default=S, help="auto (default), cpu, cuda, cuda:N")
+    p.add_argument("--threads", type=_positive_int, default=S, help="torch.set_num_threads")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="LaplacianFormer: train, evaluate, inspect and benchmark.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("train", help="train a model (DDP under torchrun)")
+    p.add_argument("--config", help="a config.json to start from (flags override it)")
+    p.add_argument("--out", default=argparse.SUPPRESS, help="run directory (default runs/<model>-<attn>-<time>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint (flags override its config)")
+    _add_run_flags(p)
+
+    p = sub.add_parser("eval", help="evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion PNG")
+    p.add_argument("--checkpoint", required=True, help="a run directory, checkpoint.pt or model.safetensors")
+    p.add_argument("--data", help="data set (default: the one it was trained on)")
+    p.add_argument("--model", help="override the model name stored with the checkpoint")
+    p.add_argument("--test-subset", type=_positive_int)
+    p.add_argument("--batch-size", type=_positive_int, default=256)
+    p.add_argument("--amp", choices=("bf16", "fp16", "off"), default="off")
+    p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
+    p.add_argument("--out", help="where to write eval.json and confusion.png (default: the run directory)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+
+    p = sub.add_parser("info", help="parameters, FLOPs and per-stage shapes of a model")
+    p.add_argument("model", help="e.g. laplacianformer_tiny")
+    p.add_argument("--img-size", type=_positive_int, default=224)
+
+    p = sub.add_parser("bench", help="run the benchmark scripts under benchmarks/")
+    p.add_argument("names", nargs="*", help="benchmark script names (default: all); see --list")
+    p.add_argument("--quick", action="store_true", help="pass --quick to each script (small sizes)")
+    p.add_argument("--list", action="store_true", help="list the available benchmarks")
+    p.add_argument("--dir", default=None, help="benchmarks directory (default: ./benchmarks or the source tree's)")
+
+    p = sub.add_parser("demo", help="Fashion-MNIST: micro model with laplacian/gaussian/softmax attention")
+    p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    p.add_argument("--attns", default="laplacian,gaussian,softmax", help="comma-separated attention variants")
+    p.add_argument("--train-subset", type=_positive_int, default=None)
+    p.add_argument("--test-subset", type=_positive_int, default=None)
+    p.add_argument("--epochs", type=_positive_int, default=None)
+    p.add_argument("--img-size", type=_positive_int, default=None)
+    p.add_argument("--batch-size", type=_positive_int, default=None)
+    p.add_argument("--time-budget", type=_positive_float, default=None, help="seconds per variant (safety stop)")
+    p.add_argument("--data", default="fashion-mnist")
+    p.add_argument("--quick", action="store_true", help="a much smaller budget (about a minute) for a smoke test")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+
+    for name, module in (("ablate", "ablate"), ("analyze", "analyze")):
+        p = sub.add_parser(name, help=f"forwarded to laplacianformer.experiments.{module} (see its --help)",
+                           add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _flag_error(e: Exception) -> str:
+    """'lr: expected ...' -> '--lr: expected ...' when the message starts with a TrainConfig field."""
+    from .train.config import TrainConfig
+
+    msg = str(e)
+    head, sep, rest = msg.partition(":")
+    if sep and head in TrainConfig.__dataclass_fields__:
+        return f"--{head.replace('_', '-')}:{rest}"
+    return msg
+
+
+def cmd_train(args) -> int:
+    from .train import TrainConfig, Trainer
+    from .train.engine import resolve_checkpoint
+    from .checkpoint import load_checkpoint
+
+    fields = set(TrainConfig.__dataclass_fields__)
+    given = {k: v for k, v in vars(args).items() if k in fields}
+    if args.resume:
+        saved = load_checkpoint(resolve_checkpoint(args.resume))
+        if "config" not in saved:
+            raise UserError(f"--resume: {args.resume}: not a training checkpoint")
+        base = saved["config"]
+    elif args.config:
+        path = Path(args.config)
+        if not path.is_file():
+            raise UserError(f"--config: {path}: no such file")
+        try:
+            base = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"--config: {path}: not valid JSON ({e.msg})") from None
+    else:
+        base = TrainConfig().to_dict()
+    config = TrainConfig.from_dict({**base, **given})
+    try:
+        config.validate()
+    except (ValueError, TypeError) as e:
+        raise UserError(_flag_error(e)) from None
+    trainer = Trainer(config, resume=args.resume)
+    try:
+        result = trainer.fit()
+    finally:
+        trainer.close()
+    if trainer.dist.is_main:
+        _print_result(result)
+    if result["interrupted"]:
+        signum = int(getattr(signal, result["interrupted"]))
+        print(f"{PROG}: interrupted by {result['interrupted']}; checkpoint saved, continue with "
+              f"`{PROG} train --resume {result['run_dir']}`", file=sys.stderr)
+        return 128 + signum
+    return 0
+
+
+def _print_result(r: dict) -> None:
+    keys = ("run_dir", "steps", "epochs_completed", "top1", "top5", "loss", "params", "images_per_s",
+            "train_time_s", "peak_memory_mb")
+    print(json.dumps({k: r.get(k) for k in keys}, indent=1))
+
+
+def cmd_eval(args) -> int:
+    from .train.evaluate_run import evaluate_checkpoint
+
+    res = evaluate_checkpoint(args.checkpoint, data=args.data, model=args.model, test_subset=args.test_subset,
+                              batch_size=args.batch_size, amp=args.amp, ema=args.ema, out=args.out,
+                              device=args.device, progress=args.progress)
+    print(f"top-1 {100 * res['top1']:.2f}%  top-5 {100 * res['top5']:.2f}%  loss {res['loss']:.4f}  (n={res['n']})")
+    width = max(len(str(c)) for c in res["classes"])
+    for c, acc in zip(res["classes"], res["per_class"]):
+        print(f"  {str(c):<{width}}  {'-' if acc is None else f'{100 * acc:6.2f}%'}")
+    print(f"wrote {res['json']} and {res['confusion_png']}")
+    return 0
+
+
+def cmd_info(args) -> int:
+    try:
+        from .models import format_model_info, model_info
+    except ImportError as e:
+        raise UserError(f"info: the model registry is not available ({e})") from None
+    try:
+        print(format_model_info(model_info(args.model, img_size=args.img_size)))
+    except ValueError as e:
+        msg = str(e)
+        raise UserError(msg if not msg.startswith("name:") else "MODEL:" + msg[5:]) from None
+    return 0
+
+
+def _bench_dir(explicit: str | None) -> Path:
+    if explicit:
+        d = Path(explicit)
+        if not d.is_dir():
+            raise UserError(f"--dir: {d}: not a directory")
+        return d
+    for d in (Path.cwd() / "benchmarks", Path(__file__).resolve().parents[2] / "benchmarks"):
+        if d.is_dir():
+            return d
+    raise UserError("bench: no benchmarks/ directory found (run from the source checkout or pass --dir)")
+
+
+def cmd_bench(args) -> int:
+    d = _bench_dir(args.dir)
+    scripts = {p.stem.removeprefix("bench_"): p for p in sorted(d.glob("bench_*.py"))}
+    if args.list or not scripts:
+        if not scripts:
+            raise UserError(f"bench: no bench_*.py scripts in {d}")
+        for name, p in scripts.items():
+            doc = (p.read_text().split('"""')[1].strip().splitlines() or [""])[0] if '"""' in p.read_text() else ""
+            print(f"{name:<24} {doc}")
+        return 0
+    names = args.names or list(scripts)
+    unknown = [n for n in names if n.removeprefix("bench_") not in scripts]
+    if unknown:
+        raise UserError(f"bench: unknown benchmark {unknown[0]!r}; available: {', '.join(scripts)}")
+    rc = 0
+    for n in names:
+        script = scripts[n.removeprefix("bench_")]
+        cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else [])
+        print(f"$ {' '.join(cmd)}", flush=True)
+        rc = subprocess.call(cmd) or rc
+    return rc
+
+
+def cmd_demo(args) -> int:
+    from .train.demo import run_demo
+
+    run_demo(out=args.out, attns=[a.strip() for a in args.attns.split(",") if a.strip()], data=args.data,
+             quick=args.quick, train_subset=args.train_subset, test_subset=args.test_subset, epochs=args.epochs,
+             img_size=args.img_size, batch_size=args.batch_size, time_budget=args.time_budget,
+             progress=args.progress)
+    return 0
+
+
+def cmd_forward(name: str, rest: list[str]) -> int:
+    import importlib
+
+    try:
+        mod = importlib.import_module(f"laplacianformer.experiments.{name}")
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("laplacianformer.experiments"):
+            raise UserError(f"{name}: laplacianformer.experiments.{name} is not installed in this version") from None
+        raise
+    return int(mod.main(rest) or 0)
+
+
+def _user_error_types():
+    """Errors shown as one line: ours name the flag or path; ValueError/TypeError from the library start
+    with the argument name; OSError names the file."""
+    from .checkpoint import CheckpointError
+    from .data import DataError
+
+    return (UserError, DataError, CheckpointError, ValueError, TypeError, FloatingPointError, OSError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        rest = argv[1:] if argv[:1] == ["--debug"] else argv
+        if rest and rest[0] in ("ablate", "analyze"):
+            return cmd_forward(rest[0], rest[1:])
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        handler = {"train": cmd_train, "eval": cmd_eval, "info": cmd_info, "bench": cmd_bench,
+                   "demo": cmd_demo}[args.command]
+        return handler(args)
+    except _user_error_types() as e:
+        if debug:
+            raise
+        print(f"{PROG}: error: {_flag_error(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""ImageFolder-style directories read with PIL: ``root/<class>/<image>``.
+
+Split layout: ``root/train/<class>/...`` and ``root/val/<class>/...`` (or ``test/``); a directory without
+those subfolders is split by a seeded permutation (last ``test_fraction`` of each class to the test split).
+Images are converted to grayscale (1 channel) or RGB (3 channels) and resized to a square ``img_size``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .errors import DataError
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+
+
+def scan_folder(root: Path) -> tuple[list[tuple[Path, int]], tuple[str, ...]]:
+    """(path, label) pairs and the sorted class names of ``root/<class>/<image>``."""
+    if not root.exists():
+        raise DataError(f"{root}: data directory does not exist")
+    if not root.is_dir():
+        raise DataError(f"{root}: expected a directory of class folders")
+    classes = tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")))
+    if not classes:
+        raise DataError(f"{root}: no class folders found (expected {root}/<class>/<image>)")
+    samples = []
+    for label, name in enumerate(classes):
+        for p in sorted((root / name).rglob("*")):
+            if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS:
+                samples.append((p, label))
+    if not samples:
+        raise DataError(f"{root}: no image files found in its class folders (extensions {', '.join(IMAGE_EXTENSIONS)})")
+    return samples, classes
+
+
+def folder_splits(root: str | Path, test_fraction: float = 0.2, seed: int = 0):
+    """Returns (train samples, test samples, classes) for an ImageFolder directory."""
+    root = Path(root)
+    train_dir = root / "train"
+    test_dir = next((root / n for n in ("val", "test") if (root / n).is_dir()), None)
+    if train_dir.is_dir() and test_dir is not None:
+        train, classes = scan_folder(train_dir)
+        test, test_classes = scan_folder(test_dir)
+        if test_classes != classes:
+            raise DataError(f"{test_dir}: class folders {list(test_classes)} differ from {train_dir}'s {list(classes)}")
+        return train, test, classes
+    samples, classes = scan_folder(root)
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for label in range(len(classes)):
+        own = [s for s in samples if s[1] == label]
+        order = rng.permutation(len(own))
+        n_test = int(round(len(own) * test_fraction)) if len(own) > 1 else 0
+        test += [own[i] for i in order[len(own) - n_test :]]
+        train += [own[i] for i in order[: len(own) - n_test]]
+    return train, test, classes
+
+
+def read_image(path: Path, img_size: int, in_chans: int) -> torch.Tensor:
+    """uint8 (in_chans, img_size, img_size); DataError naming the file when PIL cannot decode it."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im = im.convert("L" if in_chans == 1 else "RGB").resize((img_size, img_size), Image.BILINEAR)
+            arr = np.asarray(im, dtype=np.uint8)
+    except Exception as e:  # PIL raises many types for corrupt files
+        raise DataError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
+
+
+class FolderDataset(Dataset):
+    """Decodes and resizes each image on access; items are (uint8 (C, S, S), int label)."""
+
+    def __init__(self, samples, classes, img_size: int, in_chans: int = 3) -> None:
+        self.samples = list(samples)
+        self.classes = tuple(classes)
+        self.img_size = img_size
+        self.in_chans = in_chans
+        self.labels = torch.tensor([s[1] for s in self.samples], dtype=torch.long)
+        self.mean = (0.485, 0.456, 0.406) if in_chans == 3 else (0.5,)
+        self.std = (0.229, 0.224, 0.225) if in_chans == 3 else (0.5,)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, label = self.samples[i]
+        return read_image(path, self.img_size, self.in_chans), label
+
+    def check_readable(self) -> None:
+        """Decodes every image once, so a corrupt file is reported before training starts."""
+        for path, _ in self.samples:
+            read_image(path, 8, self.in_chans)

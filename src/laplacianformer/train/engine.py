@@ -1,0 +1,470 @@
+"""The training loop: ``Trainer(config).fit()`` and the functional ``train(config)``.
+
+One step: batch (seeded order, see ``batches``) -> seeded augmentation -> autocast forward -> soft-target
+cross-entropy -> backward (GradScaler for fp16) -> gradient clipping -> AdamW step at the scheduled rate
+-> EMA update -> one JSON line in ``log.jsonl``. After each epoch: evaluation on the test split, a row in
+``epochs.csv``/``epochs.json``, the curves PNG and an atomic checkpoint (model, optimiser, schedule step,
+scaler, EMA, RNG states, data position). SIGINT/SIGTERM set a flag; the loop checkpoints at the next step
+boundary and returns with ``interrupted`` set. Resuming restores all of it, so a killed-and-resumed run
+ends with the same weights as an uninterrupted one (same machine, thread count and world size).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import signal
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint, save_weights
+from ..data import DataSplits, build_datasets
+from . import augment
+from .batches import epoch_indices, iterate, steps_per_epoch
+from .config import TrainConfig
+from .distributed import DistInfo, barrier, broadcast_object, cleanup, init_distributed
+from .ema import ModelEma
+from .evaluate import autocast_context, evaluate
+from .plots import plot_curves
+from .runlog import StepLog, write_epochs
+from .schedule import lr_at
+from .state import FORMAT, capture_rng, restore_rng, seed_everything, step_seed
+
+CHECKPOINT = "checkpoint.pt"
+WEIGHTS = "model.safetensors"
+EMA_WEIGHTS = "model_ema.safetensors"
+SUMMARY = "summary.json"
+CURVES = "curves.png"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {name!r} requested but CUDA is not available")
+    return dev
+
+
+def model_kwargs_for(config: TrainConfig) -> dict:
+    """Model overrides: ``config.model_kwargs`` plus stem_stride=2 for images under 128 px unless given."""
+    kw = dict(config.model_kwargs)
+    if "stem_stride" not in kw and config.img_size < 128:
+        kw["stem_stride"] = 2
+    return kw
+
+
+def build_model(config: TrainConfig, num_classes: int, in_chans: int) -> nn.Module:
+    """``laplacianformer.models.create_model`` with the run's attention, drop path and overrides."""
+    from ..models import create_model
+
+    return create_model(
+        config.model, num_classes=num_classes, in_chans=in_chans, attn=config.attn,
+        attn_kwargs=dict(config.attn_kwargs) or None, drop_path_rate=config.drop_path, **model_kwargs_for(config),
+    )
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def peak_memory_mb(device: torch.device) -> tuple[float, str]:
+    """(peak MiB, what it measures): CUDA allocator peak, or this process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process_peak_rss"
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """No weight decay on biases, norms (1-D tensors) and the model's ``no_weight_decay()`` names."""
+    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def default_run_dir(config: TrainConfig) -> Path:
+    return Path("runs") / f"{config.model}-{config.attn}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A run directory (its checkpoint.pt) or a checkpoint file; CheckpointError naming the path otherwise."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / CHECKPOINT
+    if not p.exists():
+        raise CheckpointError(f"checkpoint: {p}: no such file (expected a run directory or a checkpoint file)")
+    return p
+
+
+def load_model_state(model: nn.Module, state: dict, where: str) -> None:
+    """``load_state_dict`` with a one-line CheckpointError when the weights belong to another architecture."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shapes:
+        detail = []
+        if missing:
+            detail.append(f"{len(missing)} missing keys (e.g. {missing[0]})")
+        if unexpected:
+            detail.append(f"{len(unexpected)} unexpected keys (e.g. {unexpected[0]})")
+        if shapes:
+            k = shapes[0]
+            detail.append(f"{len(shapes)} shape mismatches (e.g. {k}: {tuple(state[k].shape)} vs {tuple(own[k].shape)})")
+        raise CheckpointError(f"checkpoint: {where}: weights do not fit this model: {'; '.join(detail)}")
+    model.load_state_dict(state)
+
+
+class _StopFlag:
+    """SIGINT/SIGTERM handler that only records the signal; the loop acts at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> "_StopFlag":
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+class Trainer:
+    """Holds the model, optimiser, data and run directory of one training run.
+
+    ``resume``: a run directory or checkpoint file to continue from (its saved config is used unless a
+    ``config`` is given; the model fields must match). ``splits``: prebuilt data (skips ``build_datasets``).
+    """
+
+    def __init__(self, config: TrainConfig | None = None, *, resume: str | Path | None = None,
+                 splits: DataSplits | None = None) -> None:
+        self.resume_state = None
+        if resume is not None:
+            ckpt_path = resolve_checkpoint(resume)
+            self.resume_state = load_checkpoint(ckpt_path)
+            if self.resume_state.get("format") != FORMAT:
+                raise CheckpointError(f"checkpoint: {ckpt_path}: not a training checkpoint (format "
+                                      f"{self.resume_state.get('format')!r}, expected {FORMAT!r})")
+            if config is None:
+                config = TrainConfig.from_dict(self.resume_state["config"])
+            if config.out is None:
+                config.out = str(ckpt_path.parent)
+            saved = self.resume_state["config"]
+            for key in ("model", "attn", "attn_kwargs", "model_kwargs", "img_size", "data"):
+                if saved.get(key) != getattr(config, key):
+                    raise CheckpointError(f"checkpoint: {ckpt_path}: was written with {key}={saved.get(key)!r}, "
+                                          f"not {getattr(config, key)!r}")
+        self.config = (config or TrainConfig()).validate()
+        cfg = self.config
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.device = resolve_device(cfg.device)
+        self.dist = init_distributed(self.device)
+        if self.device.type == "cuda" and self.dist.enabled:
+            self.device = torch.device("cuda", self.dist.local_rank)
+            torch.cuda.set_device(self.device)
+        seed_everything(cfg.seed)
+        self.splits = splits or build_datasets(
+            cfg.data, cfg.img_size, in_chans=cfg.in_chans, train_subset=cfg.train_subset,
+            test_subset=cfg.test_subset, seed=cfg.seed, check_images=cfg.verify_images)
+        self.classes = self.splits.classes
+        self.num_classes = len(self.classes)
+        self.model = build_model(cfg, self.num_classes, self.splits.in_chans).to(self.device)
+        self.net = self.model
+        if self.dist.enabled:
+            self.net = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.amp == "fp16")
+        self.ema = ModelEma(self.model, cfg.ema_decay) if cfg.ema else None
+        self.steps_per_epoch = steps_per_epoch(len(self.splits.train), cfg.batch_size, self.dist.world_size)
+        self.total_steps = cfg.epochs * self.steps_per_epoch
+        if cfg.max_steps is not None:
+            self.total_steps = min(self.total_steps, cfg.max_steps)
+        self.warmup_steps = min(int(round(cfg.warmup_epochs * self.steps_per_epoch)), max(self.total_steps - 1, 0))
+        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
+        self.history: list[dict] = []
+        self.epoch_stats = {"loss_sum": 0.0, "correct": 0, "seen": 0, "train_time": 0.0}
+        self.train_time = 0.0
+        self.images_seen = 0
+        run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+        self.run_dir = Path(broadcast_object(str(run_dir), self.dist))
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.resume_state is not None:
+            self._restore(self.resume_state)
+            self.resume_state = None
+        if self.dist.is_main:
+            cfg.save(self.run_dir / "config.json")
+        barrier(self.dist)
+
+    def state_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "config": self.config.to_dict(),
+            "classes": [str(c) for c in self.classes],
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": {"step": self.global_step, "total_steps": self.total_steps,
+                          "warmup_steps": self.warmup_steps},
+            "scaler": self.scaler.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "rng": capture_rng(),
+            "position": {"epoch": self.epoch, "step": self.step_in_epoch, "global_step": self.global_step,
+                         "sampler_seed": self.config.seed, "world_size": self.dist.world_size},
+            "epoch_stats": dict(self.epoch_stats),
+            "history": self.history,
+            "counters": {"train_time": self.train_time, "images_seen": self.images_seen},
+        }
+
+    def _restore(self, st: dict) -> None:
+        load_model_state(self.model, st["model"], str(self.run_dir))
+        self.optimizer.load_state_dict(st["optimizer"])
+        if st["scaler"]:
+            self.scaler.load_state_dict(st["scaler"])
+        if self.ema is not None and st.get("ema"):
+            self.ema.load_state_dict(st["ema"])
+        pos = st["position"]
+        if pos.get("world_size", 1) != self.dist.world_size:
+            raise CheckpointError(f"checkpoint: {self.run_dir}: written with world size {pos['world_size']}, "
+                                  f"resumed with {self.dist.world_size} (the data order would differ)")
+        self.epoch, self.step_in_epoch, self.global_step = pos["epoch"], pos["step"], pos["global_step"]
+        self.epoch_stats = dict(st["epoch_stats"])
+        self.history = list(st["history"])
+        self.train_time = st["counters"]["train_time"]
+        self.images_seen = st["counters"]["images_seen"]
+        restore_rng(st["rng"])
+
+    def save(self) -> None:
+        if self.dist.is_main:
+            save_checkpoint(self.state_dict(), self.run_dir / CHECKPOINT)
+        barrier(self.dist)
+
+    def _train_step(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[float, int, int]:
+        cfg = self.config
+        g = torch.Generator().manual_seed(step_seed(cfg.seed, self.epoch, self.step_in_epoch))
+        if cfg.randaugment:
+            images = augment.rand_augment(images, int(torch.randint(0, 2**31 - 1, (), generator=g)))
+        images = images.to(self.device, non_blocking=True)
+        labels = labels.to(self.device, non_blocking=True)
+        images = augment.random_crop_flip(images, g, pad=max(1, cfg.img_size // 8), crop=cfg.random_crop,
+                                          flip=cfg.hflip)
+        x = augment.normalize(images, self.splits.train.mean, self.splits.train.std)
+        x, target = augment.mix_batch(x, labels, g, num_classes=self.num_classes, mixup=cfg.mixup,
+                                      cutmix=cfg.cutmix, prob=cfg.mix_prob, smoothing=cfg.label_smoothing)
+        lr = lr_at(self.global_step, total_steps=self.total_steps, warmup_steps=self.warmup_steps,
+                   base_lr=cfg.lr, min_lr=cfg.min_lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with autocast_context(self.device, cfg.amp):
+            logits = self.net(x)
+        logits = logits.float()
+        loss = torch.sum(-target * F.log_softmax(logits, dim=1), dim=1).mean()
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss: not finite ({loss.item()}) at step {self.global_step}; "
+                                     "try a lower --lr or --amp off")
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if cfg.clip_grad is not None:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if self.ema is not None:
+            self.ema.update(self.model)
+        correct = int((logits.argmax(1) == labels).sum())
+        return float(loss.detach()), correct, lr
+
+    def _eval_model(self) -> nn.Module:
+        if self.ema is None:
+            return self.model
+        shadow = build_model(self.config, self.num_classes, self.splits.in_chans).to(self.device)
+        self.ema.copy_to(shadow)
+        return shadow
+
+    def _evaluate(self, desc: str) -> dict:
+        cfg = self.config
+        return evaluate(self._eval_model(), self.splits.test, batch_size=cfg.eval_batch_size, device=self.device,
+                        amp=cfg.amp, num_classes=self.num_classes, progress=cfg.progress,
+                        num_workers=cfg.num_workers, dist_info=self.dist, desc=desc)
+
+    def _end_epoch(self) -> None:
+        st = self.epoch_stats
+        ev = self._evaluate(f"eval {self.epoch + 1}")
+        row = {
+            "epoch": self.epoch + 1,
+            "steps": self.global_step,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "train_loss": st["loss_sum"] / max(st["seen"], 1),
+            "train_top1": st["correct"] / max(st["seen"], 1),
+            "test_loss": ev["loss"],
+            "test_top1": ev["top1"],
+            "test_top5": ev["top5"],
+            "epoch_train_time": st["train_time"],
+        }
+        self.history.append(row)
+        self.last_eval = ev
+        if self.dist.is_main:
+            write_epochs(self.run_dir, self.history)
+            plot_curves({self.config.attn: self.history}, self.run_dir / CURVES,
+                        title=f"{self.config.model} ({self.config.attn}) on {self.config.data}")
+
+    def fit(self) -> dict:
+        """Runs until the epochs, ``max_steps`` or ``time_budget`` are used up, or a signal arrives."""
+        cfg = self.config
+        start_wall = time.perf_counter()
+        log = StepLog(self.run_dir, resume_step=self.global_step) if self.dist.is_main else None
+        self.last_eval = None
+        interrupted = None
+        from tqdm.auto import tqdm
+
+        try:
+            with _StopFlag() as stop:
+                while self.epoch < cfg.epochs and self.global_step < self.total_steps and interrupted is None:
+                    idx = epoch_indices(len(self.splits.train), epoch=self.epoch, seed=cfg.seed,
+                                        rank=self.dist.rank, world=self.dist.world_size)
+                    n_steps = min(self.steps_per_epoch, self.step_in_epoch + self.total_steps - self.global_step)
+                    bar = tqdm(total=n_steps, initial=self.step_in_epoch, desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
+                               disable=not cfg.progress or not self.dist.is_main, dynamic_ncols=True, leave=True)
+                    batches = iterate(self.splits.train, idx, cfg.batch_size, start_step=self.step_in_epoch,
+                                      num_workers=cfg.num_workers)
+                    t0 = time.perf_counter()
+                    for images, labels in batches:
+                        if self.step_in_epoch >= n_steps:
+                            break
+                        loss, correct, lr = self._train_step(images, labels)
+                        b = labels.shape[0] * self.dist.world_size
+                        self.epoch_stats["loss_sum"] += loss * labels.shape[0]
+                        self.epoch_stats["correct"] += correct
+                        self.epoch_stats["seen"] += labels.shape[0]
+                        self.images_seen += b
+                        self.global_step += 1
+                        self.step_in_epoch += 1
+                        if log is not None:
+                            log.write({"step": self.global_step, "epoch": self.epoch + 1,
+                                       "step_in_epoch": self.step_in_epoch, "loss": loss, "lr": lr,
+                                       "batch_top1": correct / labels.shape[0], "time": time.time()})
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", refresh=False)
+                        signum = broadcast_object(stop.signum, self.dist)
+                        over_time = cfg.time_budget is not None and time.perf_counter() - start_wall > cfg.time_budget
+                        over_time = bool(broadcast_object(over_time, self.dist))
+                        if signum is not None:
+                            interrupted = signal.Signals(signum).name
+                        if cfg.save_every_steps and self.global_step % cfg.save_every_steps == 0 \
+                                and self.step_in_epoch < n_steps:
+                            self._account(t0)
+                            t0 = time.perf_counter()
+                            self.save()
+                        if interrupted or over_time or self.global_step >= self.total_steps:
+                            break
+                    bar.close()
+                    self._account(t0)
+                    if interrupted is not None:
+                        self.save()
+                        break
+                    self._end_epoch()
+                    finished_epoch = self.step_in_epoch >= self.steps_per_epoch
+                    if finished_epoch:
+                        self.epoch += 1
+                        self.step_in_epoch = 0
+                        self.epoch_stats = {"loss_sum": 0.0, "correct": 0, "seen": 0, "train_time": 0.0}
+                    self.save()
+                    if over_time or not finished_epoch:
+                        break
+        finally:
+            if log is not None:
+                log.close()
+        result = self._finish(interrupted, time.perf_counter() - start_wall)
+        return result
+
+    def _account(self, t0: float) -> None:
+        dt = time.perf_counter() - t0
+        self.train_time += dt
+        self.epoch_stats["train_time"] += dt
+
+    def _finish(self, interrupted: str | None, wall: float) -> dict:
+        cfg = self.config
+        ev = self.last_eval
+        if interrupted is None and ev is None:
+            ev = self._evaluate("eval")
+        peak, peak_kind = peak_memory_mb(self.device)
+        result = {
+            "run_dir": str(self.run_dir),
+            "model": cfg.model,
+            "attn": cfg.attn,
+            "data": cfg.data,
+            "img_size": cfg.img_size,
+            "epochs_completed": self.epoch,
+            "steps": self.global_step,
+            "interrupted": interrupted,
+            "params": count_params(self.model),
+            "train_time_s": self.train_time,
+            "wall_time_s": wall,
+            "images_per_s": self.images_seen / self.train_time if self.train_time > 0 else None,
+            "peak_memory_mb": peak,
+            "peak_memory_kind": peak_kind,
+            "history": self.history,
+            "classes": [str(c) for c in self.classes],
+        }
+        if ev is not None:
+            result.update(top1=ev["top1"], top5=ev["top5"], loss=ev["loss"], per_class=ev["per_class"],
+                          confusion=ev["confusion"], eval_n=ev["n"])
+        if self.dist.is_main and interrupted is None:
+            meta = {"model": cfg.model, "attn": cfg.attn, "config": json.dumps(cfg.to_dict()),
+                    "classes": json.dumps(result["classes"])}
+            save_weights(self.model.state_dict(), self.run_dir / WEIGHTS, meta)
+            if self.ema is not None:
+                save_weights(self.ema.shadow, self.run_dir / EMA_WEIGHTS, meta)
+        if self.dist.is_main:
+            (self.run_dir / SUMMARY).write_text(json.dumps(result, indent=1) + "\n")
+        barrier(self.dist)
+        return result
+
+    def close(self) -> None:
+        cleanup(self.dist)
+
+
+def train(config: TrainConfig | None = None, *, resume: str | Path | None = None, **overrides) -> dict:
+    """Trains one model and returns its final metrics.
+
+    Args:
+        config: a ``TrainConfig`` (default settings when None); ``overrides`` replace its fields.
+        resume: a run directory or checkpoint file to continue from.
+
+    Returns a dict with ``top1``, ``top5``, ``loss`` (test split; EMA weights when ``ema``), ``history`` (one
+    row per epoch), ``images_per_s``, ``peak_memory_mb`` (+ ``peak_memory_kind``), ``params``,
+    ``train_time_s``, ``wall_time_s``, ``run_dir``, ``interrupted`` (signal name or None) and more.
+    """
+    if overrides:
+        base = config.to_dict() if config is not None else TrainConfig().to_dict()
+        unknown = set(overrides) - set(base)
+        if unknown:
+            raise TypeError(f"{sorted(unknown)[0]}: not a TrainConfig field")
+        config = TrainConfig.from_dict({**base, **overrides})
+    trainer = Trainer(config, resume=resume)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
