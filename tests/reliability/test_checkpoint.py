@@ -337,7 +337,7 @@ def _writer_loop(path: Path) -> None:
         view = memoryview(data)
         for start in range(0, len(view), 1 << 18):
             original(f, view[start : start + (1 << 18)])
-            time.sleep(0.001)
+            time.sleep(0.004)
 
     ckpt._write_payload = slow
     step = 0
@@ -368,4 +368,57 @@ def test_sigkill_during_save_never_corrupts_the_latest_checkpoint(tmp_path):
             prev = load_checkpoint(previous_path(path))
             assert prev["step"] in (latest["step"] - 1, latest["step"])
         mid_write += any(p.suffix == ".tmp" for p in path.parent.iterdir())
-    assert mid_write >= trials // 2, f"only {mid_write}/{trials} kills landed mid-write"
+    assert mid_write >= 2, f"only {mid_write}/{trials} kills landed mid-write"
+
+
+def _crash_at(point: str, path: Path) -> str:
+    """Child: save step 2 over step 1 and SIGKILL itself at ``point`` of the save sequence."""
+
+    def die(*_args, **_kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    original_write, original_replace = ckpt._write_payload, os.replace
+    if point == "mid_payload":
+        def write(f, data):
+            original_write(f, memoryview(data)[: len(data) // 2])
+            f.flush()
+            die()
+
+        ckpt._write_payload = write
+    elif point == "before_rotation":
+        ckpt._rotate_previous = die
+    elif point == "mid_rotation":
+        ckpt.os.link = die
+    elif point == "before_replace":
+        def replace(src, dst):
+            if Path(dst) == path:
+                die()
+            original_replace(src, dst)
+
+        ckpt.os.replace = replace
+    elif point == "before_dir_fsync":
+        ckpt._fsync_dir = die
+    save_checkpoint({"step": 2, "w": torch.full((4096,), 2.0)}, path)
+    return "not killed"
+
+
+@pytest.mark.parametrize(
+    ("point", "latest_step"),
+    [("mid_payload", 1), ("before_rotation", 1), ("mid_rotation", 1), ("before_replace", 1), ("before_dir_fsync", 2)],
+)
+def test_crash_at_each_step_of_save_leaves_valid_checkpoints(tmp_path, point, latest_step):
+    path = tmp_path / "c.pt"
+    save_checkpoint({"step": 0, "w": torch.full((4096,), 0.0)}, path)
+    save_checkpoint({"step": 1, "w": torch.full((4096,), 1.0)}, path)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            torch.set_num_threads(1)
+            _crash_at(point, path)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    latest = load_checkpoint(path)
+    assert latest["step"] == latest_step and torch.equal(latest["w"], torch.full((4096,), float(latest_step)))
+    assert load_checkpoint(previous_path(path))["step"] in (0, 1)
