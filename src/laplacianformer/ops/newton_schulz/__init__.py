@@ -5,6 +5,8 @@ dL/dW = -V^T (dL/dV) V^T, evaluated at the returned V and never differentiated t
 (the authors' and SOFT's choice). When the iteration has not converged this differs from the gradient
 of the truncated iteration; ``backward="unrolled"`` gives that one instead.
 ``solver="cg"`` (ablation) and ``solver="exact"`` (tests; torch.linalg.solve) share the implicit backward.
+On CUDA, with m <= 128 and no ``tol``, the iteration and the implicit backward run in the batched Triton
+kernels of ``triton.py`` (selection "auto" or "triton" of ``laplacianformer.ops.kernel.backend``).
 """
 
 from __future__ import annotations
@@ -26,8 +28,26 @@ __all__ = [
 ]
 
 
+def _use_triton(p: torch.Tensor, tol: float | None = None) -> bool:
+    from ..kernel.backend import _onnx_exporting, get_backend, triton_available
+
+    return (
+        p.is_cuda
+        and tol is None
+        and p.shape[-1] <= 128
+        and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        and get_backend() in ("auto", "triton")
+        and triton_available()[0]
+        and not _onnx_exporting()
+    )
+
+
 def _solve(p: torch.Tensor, solver: str, iters: int, tol: float | None) -> torch.Tensor:
     if solver == "newton_schulz":
+        if _use_triton(p, tol):
+            from .triton import newton_schulz_iterate_triton
+
+            return newton_schulz_iterate_triton(p, iters)
         return newton_schulz_iterate(p, iters, tol)
     if solver == "cg":
         return conjugate_gradient_inverse(p, iters, tol)
@@ -47,6 +67,10 @@ class _ImplicitInverse(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_v):
         (v,) = ctx.saved_tensors
+        if _use_triton(v):
+            from .triton import implicit_grad_triton
+
+            return implicit_grad_triton(v, grad_v), None, None, None, None
         vt = v.transpose(-1, -2)
         return -(vt @ grad_v @ vt), None, None, None, None
 
