@@ -1,0 +1,46 @@
+"""LaplacianFormer model zoo (SPEC.md §5): the backbone family, named sizes, MAC counting, timm entry points.
+
+    from laplacianformer.models import create_model, model_info
+    model = create_model("laplacianformer_tiny", num_classes=10, attn="laplacian")
+
+When timm is installed, importing this package also registers every name with timm
+(``timm.create_model("laplacianformer_tiny")``); without timm nothing of timm is imported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from .info import count_macs, format_model_info, model_info
+from .laplacianformer import ATTENTIONS, LaplacianFormer, checkpoint_filter_fn
+from .registry import MODEL_CONFIGS, PAPER, create_model, list_models, model_config
+
+__all__ = [
+    "ATTENTIONS",
+    "LaplacianFormer",
+    "MODEL_CONFIGS",
+    "PAPER",
+    "checkpoint_filter_fn",
+    "count_macs",
+    "create_model",
+    "format_model_info",
+    "list_models",
+    "model_config",
+    "model_info",
+    "register_timm",
+]
+
+
+def register_timm() -> bool:
+    """Register the family with timm's model registry if timm can be imported; returns whether it did."""
+    if importlib.util.find_spec("timm") is None:
+        return False
+    try:
+        import timm  # noqa: F401
+    except ImportError:
+        return False
+    from . import _timm  # noqa: F401  (importing it registers the entry points)
+    return True
+
+
+register_timm()

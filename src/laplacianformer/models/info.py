@@ -1,0 +1,129 @@
+"""Parameter and MAC counts of a model (SPEC.md §5: "FLOPs are multiply-accumulates at 224²").
+
+Convention (the one of fvcore and of the vision papers whose tables we compare with): one MAC per
+multiply-accumulate of every matmul / linear / convolution / scaled-dot-product attention, counted by
+``torch.utils.flop_counter.FlopCounterMode`` (which reports 2 FLOPs per MAC; we halve it), plus the
+L1-distance work of the Laplacian kernel, N·M·d per (N×M) kernel matrix over d dims (``aten._cdist_forward``,
+which FlopCounterMode does not know; we register that formula). Element-wise work (exp, LayerNorm, GELU,
+additions, pooling) is not counted, as in fvcore. The Gaussian kernel's distances are matmuls and are
+counted by the default rules.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..ops.kernel.backend import backend as kernel_backend
+
+from .laplacianformer import LaplacianFormer
+from .registry import PAPER, create_model
+
+__all__ = ["count_macs", "model_info", "format_model_info"]
+
+
+def _cdist_flops(x_shape, y_shape, *args, **kwargs) -> int:
+    """FLOPs (2 per MAC) of an L1 distance matrix: x (..., N, d), y (..., M, d) -> N·M·d MACs per batch."""
+    batch = 1
+    for s in x_shape[:-2]:
+        batch *= s
+    return 2 * batch * x_shape[-2] * y_shape[-2] * x_shape[-1]
+
+
+def count_macs(model: nn.Module, x: torch.Tensor) -> tuple[int, dict[str, int]]:
+    """MACs of ``model(x)`` (no gradient) under the convention above, and MACs per top-level submodule.
+
+    The kernel primitives run on the "composite" backend during the count, so that every L1 distance
+    is one ``aten._cdist_forward`` call the counter sees (the fused backends compute the same products).
+    Per-module keys are dotted paths below the model ("patch_embed", "stages.0", "head", ...).
+    """
+    mapping = {torch.ops.aten._cdist_forward: lambda x_shape, y_shape, *a, out_shape=None, **k: _cdist_flops(x_shape, y_shape)}
+    counter = FlopCounterMode(display=False, custom_mapping=mapping)
+    with torch.no_grad(), kernel_backend("composite"), counter:
+        model(x)
+    per_module = {}
+    for name, counts in counter.get_flop_counts().items():
+        if name != "Global" and "." in name:
+            per_module[name.split(".", 1)[1]] = sum(counts.values()) // 2
+    return counter.get_total_flops() // 2, per_module
+
+
+def model_info(name_or_model, img_size=224, *, batch: int = 1) -> dict:
+    """Params, MACs at ``img_size`` (int or (h, w)), per-stage output shapes and the paper's numbers.
+
+    ``name_or_model``: a registered name (built with 1000 classes, laplacian attention) or a LaplacianFormer.
+    MACs are per image. Returns a dict with keys name, params, params_m, macs, gmacs, flops (= 2·MACs),
+    img_size, stages (list of dict(index, channels, reduction, shape, macs)), stem_macs, head_macs, paper.
+    """
+    if isinstance(name_or_model, str):
+        name = name_or_model
+        model = create_model(name)
+    elif isinstance(name_or_model, LaplacianFormer):
+        model = name_or_model
+        name = getattr(model, "pretrained_cfg", {}).get("architecture", type(model).__name__)
+    else:
+        raise TypeError(f"name_or_model: expected a model name or a LaplacianFormer, got {type(name_or_model).__name__}")
+    h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    was_training = model.training
+    model.eval()
+    ref = next(model.parameters())
+    x = torch.zeros(batch, model.in_chans, h, w, device=ref.device, dtype=ref.dtype)
+    macs, per_module = count_macs(model, x)
+    shapes = [_out_shape(model, i, h, w) for i in range(len(model.stages))]
+    model.train(was_training)
+    stages = [
+        dict(index=i, channels=info["num_chs"], reduction=info["reduction"], shape=shape,
+             depth=len(model.stages[i].blocks), macs=per_module.get(f"stages.{i}", 0) // batch)
+        for i, (info, shape) in enumerate(zip(model.feature_info, shapes))
+    ]
+    params = sum(p.numel() for p in model.parameters())
+    return dict(
+        name=name,
+        attn=model.attn,
+        img_size=(h, w),
+        params=params,
+        params_m=params / 1e6,
+        macs=macs // batch,
+        gmacs=macs / batch / 1e9,
+        flops=2 * macs // batch,
+        stem_macs=per_module.get("patch_embed", 0) // batch,
+        head_macs=per_module.get("head", 0) // batch,
+        stages=stages,
+        paper=PAPER.get(name),
+    )
+
+
+def _out_shape(model: LaplacianFormer, i: int, h: int, w: int) -> tuple[int, int, int]:
+    """(C, H, W) after stage i: the 7×7 stem (padding 3) then 3×3/s2 convs (padding 1) round up."""
+    s = model.feature_info[0]["reduction"]
+    h, w = (h - 1) // s + 1, (w - 1) // s + 1
+    for _ in range(i):
+        h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
+    return (model.feature_info[i]["num_chs"], h, w)
+
+
+def format_model_info(name_or_model, img_size=224) -> str:
+    """A human-readable table of ``model_info`` (what ``laplacianformer info MODEL`` prints)."""
+    info = name_or_model if isinstance(name_or_model, dict) else model_info(name_or_model, img_size)
+    h, w = info["img_size"]
+    lines = [
+        f"{info['name']}  (attention: {info['attn']}, input {h}x{w})",
+        f"  params: {info['params_m']:.2f} M    MACs: {info['gmacs']:.3f} G    (FLOPs = 2 x MACs = {2 * info['gmacs']:.3f} G)",
+    ]
+    if info.get("paper"):
+        p = info["paper"]
+        lines.append(
+            f"  paper:  {p['params_m']:.2f} M    MACs: {p['gmacs']:.3f} G    "
+            f"(ours/paper: params {info['params_m'] / p['params_m']:.3f}, MACs {info['gmacs'] / p['gmacs']:.3f};"
+            f" paper ImageNet top-1 {p['top1']})"
+        )
+    lines.append(f"  stem: {info['stem_macs'] / 1e6:.1f} M MACs   head: {info['head_macs'] / 1e6:.1f} M MACs")
+    lines.append("  stage  depth  channels  stride  output (C, H, W)     MACs")
+    for s in info["stages"]:
+        lines.append(
+            f"  {s['index']:>5}  {s['depth']:>5}  {s['channels']:>8}  {s['reduction']:>6}  {str(s['shape']):<19}"
+            f"  {s['macs'] / 1e9:.3f} G"
+        )
+    lines.append("  MACs: matmul/linear/conv/SDPA multiply-accumulates + N*m*d per L1 kernel matrix; element-wise ops not counted.")
+    return "\n".join(lines)

@@ -1,0 +1,528 @@
+"""LaplacianFormer: a PVTv2-style hierarchical vision backbone with Laplacian–Nyström attention (SPEC.md §5).
+
+Paper: "LaplacianFormer: Rethinking Linear Attention with Laplacian Kernel" (arXiv 2604.20368). The paper
+names a PVT backbone with self-attention replaced but gives no depths or widths; the macro design here is
+ours (SPEC.md §5): overlapping conv patch embedding (7×7 stride 4, then 3×3 stride 2 per stage), four
+stages of pre-norm blocks
+
+    x = x + DropPath(Attention(LayerNorm(x)))
+    x = x + DropPath(MLP(LayerNorm(x)))          MLP = fc -> 3×3 depthwise conv -> GELU -> fc
+
+a LayerNorm per stage and a global-average-pool linear head. The attention is ``LaplacianAttention``
+(``attn="laplacian"``), the same module with the Gaussian kernel (``attn="gaussian"``), or PVTv2's
+spatial-reduction softmax attention (``attn="softmax"``, the quadratic baseline). No position embedding:
+position information comes from the depthwise convolutions, so any input size works.
+
+This module does not import timm; ``models/_timm.py`` registers the family with timm when timm exists.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..layers import LaplacianAttention
+
+__all__ = [
+    "LaplacianFormer",
+    "Mlp",
+    "SpatialReductionAttention",
+    "Block",
+    "OverlapPatchEmbed",
+    "Stage",
+    "checkpoint_filter_fn",
+    "ATTENTIONS",
+    "LAPLACIAN_ATTN_KWARGS",
+]
+
+ATTENTIONS = ("laplacian", "gaussian", "softmax")
+LAPLACIAN_ATTN_KWARGS = ("lam", "qk_scale", "norm", "solver", "iters", "ns_eps", "tie_qk", "landmarks", "dwconv")
+SOFTMAX_ATTN_KWARGS = ("sr_ratio",)
+
+
+def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Stochastic depth: zero whole samples of a residual branch with probability p, rescale the rest."""
+    if p == 0.0 or not training:
+        return x
+    keep = 1.0 - p
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+    return x * mask / keep
+
+
+class DropPath(nn.Module):
+    """Module form of ``drop_path`` (per-sample stochastic depth)."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return drop_path(x, self.p, self.training)
+
+
+class Mlp(nn.Module):
+    """fc -> 3×3 depthwise conv on the token grid -> GELU -> fc.  x: (B, N, C), hw = (h, w) -> (B, N, C)."""
+
+    def __init__(self, dim: int, hidden: int, drop: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.dwconv = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden)
+        self.act = nn.GELU()
+        self.drop = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        b, n, _ = x.shape
+        x = self.fc1(x)
+        x = self.dwconv(x.transpose(1, 2).reshape(b, -1, hw[0], hw[1])).flatten(2).transpose(1, 2)
+        x = self.drop(self.act(x))
+        return self.drop(self.fc2(x))
+
+
+class SpatialReductionAttention(nn.Module):
+    """PVTv2 softmax attention: keys/values from a stride-``sr_ratio`` conv of the token map (the baseline).
+
+    x: (B, N, C), hw = (h, w) -> (B, N, C). Cost O(N · N / sr²). Grids smaller than ``sr_ratio`` are
+    zero-padded up to one reduction cell so every input size works.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        sr_ratio: int = 1,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim: expected a multiple of num_heads = {num_heads}, got {dim}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.sr_ratio = sr_ratio
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        if sr_ratio > 1:
+            self.sr = nn.Conv2d(dim, dim, sr_ratio, stride=sr_ratio)
+            self.norm = nn.LayerNorm(dim)
+        else:
+            self.sr = None
+            self.norm = None
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        b, n, c = x.shape
+        q = self.q(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        if self.sr is not None:
+            grid = x.transpose(1, 2).reshape(b, c, hw[0], hw[1])
+            pad_h, pad_w = max(0, self.sr_ratio - hw[0]), max(0, self.sr_ratio - hw[1])
+            if pad_h or pad_w:
+                grid = F.pad(grid, (0, pad_w, 0, pad_h))
+            x = self.norm(self.sr(grid).flatten(2).transpose(1, 2))
+        kv = self.kv(x).reshape(b, -1, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        k, v = kv.unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+
+
+def make_attention(
+    attn: str, dim: int, num_heads: int, *, sr_ratio: int, landmarks, qkv_bias: bool,
+    attn_drop: float, proj_drop: float, attn_kwargs: Mapping | None,
+) -> nn.Module:
+    """The token mixer of one block: Laplacian/Gaussian Nyström attention or PVTv2 softmax attention."""
+    kwargs = dict(attn_kwargs or {})
+    if attn == "softmax":
+        unknown = sorted(set(kwargs) - set(SOFTMAX_ATTN_KWARGS))
+        if unknown:
+            raise ValueError(f"attn_kwargs: keys {unknown} do not apply to attn='softmax' (allowed: {list(SOFTMAX_ATTN_KWARGS)})")
+        return SpatialReductionAttention(
+            dim, num_heads, sr_ratio=kwargs.get("sr_ratio", sr_ratio), qkv_bias=qkv_bias,
+            attn_drop=attn_drop, proj_drop=proj_drop,
+        )
+    unknown = sorted(set(kwargs) - set(LAPLACIAN_ATTN_KWARGS))
+    if unknown:
+        raise ValueError(f"attn_kwargs: unknown keys {unknown} for attn={attn!r} (allowed: {list(LAPLACIAN_ATTN_KWARGS)})")
+    kwargs.setdefault("landmarks", landmarks)
+    return LaplacianAttention(
+        dim, num_heads, kernel=attn, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop, **kwargs
+    )
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block on a token grid.  x: (B, N, C), hw = (h, w) -> (B, N, C)."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float,
+        *,
+        attn: str = "laplacian",
+        attn_kwargs: Mapping | None = None,
+        sr_ratio: int = 1,
+        landmarks=(7, 7),
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = make_attention(
+            attn, dim, num_heads, sr_ratio=sr_ratio, landmarks=landmarks, qkv_bias=qkv_bias,
+            attn_drop=attn_drop, proj_drop=proj_drop, attn_kwargs=attn_kwargs,
+        )
+        self.drop_path1 = DropPath(drop_path)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
+        self.drop_path2 = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        x = x + self.drop_path1(self.attn(self.norm1(x), hw))
+        return x + self.drop_path2(self.mlp(self.norm2(x), hw))
+
+
+class OverlapPatchEmbed(nn.Module):
+    """Overlapping conv patch embedding + LayerNorm.  x: (B, C_in, H, W) -> (B, C_out, H/s, W/s) (ceil)."""
+
+    def __init__(self, in_chans: int, embed_dim: int, patch_size: int = 7, stride: int = 4) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=stride, padding=patch_size // 2)
+        self.norm = nn.LayerNorm(embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.proj(x)
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class Stage(nn.Module):
+    """Optional 3×3/s2 downsample, ``depth`` blocks, LayerNorm.  x: (B, C_in, H, W) -> (B, C, H', W')."""
+
+    def __init__(
+        self, dim_in: int, dim: int, depth: int, *, downsample: bool, drop_path: Sequence[float], **block_kwargs
+    ) -> None:
+        super().__init__()
+        self.grad_checkpointing = False
+        self.downsample = OverlapPatchEmbed(dim_in, dim, patch_size=3, stride=2) if downsample else None
+        self.blocks = nn.ModuleList(Block(dim, drop_path=drop_path[i], **block_kwargs) for i in range(depth))
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.downsample is not None:
+            x = self.downsample(x)
+        b, c, h, w = x.shape
+        hw = (h, w)
+        x = x.flatten(2).transpose(1, 2)
+        for blk in self.blocks:
+            if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
+                x = checkpoint(blk, x, hw, use_reentrant=False)
+            else:
+                x = blk(x, hw)
+        x = self.norm(x)
+        return x.transpose(1, 2).reshape(b, c, h, w)
+
+
+def _take_indices(num: int, indices) -> tuple[list[int], int]:
+    """Stage indices to return: None -> all, int n -> last n, sequence -> those (negatives from the end)."""
+    if indices is None:
+        indices = num
+    if isinstance(indices, int):
+        if not 0 < indices <= num:
+            raise ValueError(f"indices: expected 1..{num} (last n stages), got {indices}")
+        take = list(range(num - indices, num))
+    else:
+        take = [i + num if i < 0 else i for i in indices]
+        if not take or any(not 0 <= i < num for i in take):
+            raise ValueError(f"indices: expected stage indices in [-{num}, {num}), got {list(indices)}")
+    return take, max(take)
+
+
+def _per_stage(name: str, value, n: int) -> tuple:
+    if isinstance(value, (int, float)):
+        return (value,) * n
+    value = tuple(value)
+    if len(value) != n:
+        raise ValueError(f"{name}: expected {n} values (one per stage), got {len(value)}")
+    return value
+
+
+class LaplacianFormer(nn.Module):
+    """Hierarchical LaplacianFormer backbone and classifier (SPEC.md §5).
+
+    Args:
+        in_chans: input channels. num_classes: classes of the linear head (0: no head).
+        global_pool: "avg" (pool in ``forward_head``) or "" (keep 4-D maps).
+        depths, embed_dims, num_heads, mlp_ratios: per stage (4 stages).
+        attn: "laplacian" | "gaussian" | "softmax" token mixer in every block.
+        attn_kwargs: forwarded to the attention. laplacian/gaussian: lam, qk_scale, norm, solver, iters,
+            ns_eps, tie_qk, landmarks, dwconv (see ``LaplacianAttention``); softmax: sr_ratio.
+        landmarks: landmark grid of the Nyström attention in every stage (clamped to the token grid).
+        sr_ratios: spatial reduction of the softmax baseline per stage (PVTv2: 8, 4, 2, 1).
+        stem_stride: stride of the 7×7 stem conv (4 as in PVTv2; 2 or 1 keep token grids useful for
+            28–64 px images). Total stride = stem_stride · 8.
+        drop_rate: dropout before the head; proj_drop_rate / attn_drop_rate: inside blocks;
+        drop_path_rate: stochastic depth, linearly increasing over all blocks up to this value.
+
+    Input (B, in_chans, H, W) with H, W >= total stride; ``forward`` -> (B, num_classes) logits;
+    ``forward_features`` -> (B, num_features, H/stride, W/stride) unpooled maps.
+    """
+
+    def __init__(
+        self,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "avg",
+        depths: Sequence[int] = (2, 2, 2, 2),
+        embed_dims: Sequence[int] = (64, 128, 320, 512),
+        num_heads: Sequence[int] = (1, 2, 5, 8),
+        mlp_ratios: Sequence[float] = (8.0, 8.0, 4.0, 4.0),
+        attn: str = "laplacian",
+        attn_kwargs: Mapping | None = None,
+        landmarks=(7, 7),
+        sr_ratios: Sequence[int] = (8, 4, 2, 1),
+        qkv_bias: bool = True,
+        stem_stride: int = 4,
+        drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if attn not in ATTENTIONS:
+            raise ValueError(f"attn: expected one of {list(ATTENTIONS)}, got {attn!r}")
+        if global_pool not in ("avg", ""):
+            raise ValueError(f"global_pool: expected 'avg' or '', got {global_pool!r}")
+        if stem_stride not in (1, 2, 4):
+            raise ValueError(f"stem_stride: expected 1, 2 or 4, got {stem_stride!r}")
+        if in_chans < 1 or num_classes < 0:
+            raise ValueError(f"in_chans, num_classes: expected in_chans >= 1 and num_classes >= 0, got {in_chans}, {num_classes}")
+        n = len(depths)
+        embed_dims = _per_stage("embed_dims", embed_dims, n)
+        num_heads = _per_stage("num_heads", num_heads, n)
+        mlp_ratios = _per_stage("mlp_ratios", mlp_ratios, n)
+        sr_ratios = _per_stage("sr_ratios", sr_ratios, n)
+        if isinstance(landmarks, list):
+            landmarks = tuple(landmarks)
+        self.config = dict(
+            in_chans=in_chans, num_classes=num_classes, global_pool=global_pool, depths=list(depths),
+            embed_dims=list(embed_dims), num_heads=list(num_heads), mlp_ratios=list(mlp_ratios), attn=attn,
+            attn_kwargs=dict(attn_kwargs or {}), landmarks=landmarks, sr_ratios=list(sr_ratios), qkv_bias=qkv_bias,
+            stem_stride=stem_stride, drop_rate=drop_rate, proj_drop_rate=proj_drop_rate,
+            attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate,
+        )
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.global_pool = global_pool
+        self.attn = attn
+        self.stride = stem_stride * 2 ** (n - 1)
+        self.patch_embed = OverlapPatchEmbed(in_chans, embed_dims[0], patch_size=7, stride=stem_stride)
+        total = sum(depths)
+        rates = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
+        stages, self.feature_info, start, prev = [], [], 0, embed_dims[0]
+        for i in range(n):
+            stages.append(Stage(
+                prev, embed_dims[i], depths[i], downsample=i > 0, drop_path=rates[start:start + depths[i]],
+                num_heads=num_heads[i], mlp_ratio=mlp_ratios[i], attn=attn, attn_kwargs=attn_kwargs,
+                sr_ratio=sr_ratios[i], landmarks=landmarks, qkv_bias=qkv_bias, proj_drop=proj_drop_rate,
+                attn_drop=attn_drop_rate,
+            ))
+            start += depths[i]
+            prev = embed_dims[i]
+            self.feature_info.append(dict(num_chs=prev, reduction=stem_stride * 2**i, module=f"stages.{i}"))
+        self.stages = nn.Sequential(*stages)
+        self.num_features = self.head_hidden_size = embed_dims[-1]
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Conv2d):
+            fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels // m.groups
+            nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / fan_out))
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def check_input(self, x: torch.Tensor) -> None:
+        """Raise ValueError naming ``x`` unless x is (B, in_chans, H, W) with H, W >= the total stride."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x: expected a torch.Tensor of shape (B, {self.in_chans}, H, W), got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"x: expected a 4-D image batch (B, {self.in_chans}, H, W), got shape {tuple(x.shape)}")
+        if x.shape[1] != self.in_chans:
+            raise ValueError(f"x: expected {self.in_chans} channels (B, {self.in_chans}, H, W), got shape {tuple(x.shape)}")
+        if x.shape[2] < self.stride or x.shape[3] < self.stride:
+            raise ValueError(
+                f"x: expected height and width >= the total stride {self.stride}, got shape {tuple(x.shape)}"
+            )
+        if not x.is_floating_point():
+            raise TypeError(f"x: expected a floating-point tensor, got dtype {x.dtype}")
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set:
+        return set()
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict:
+        return dict(stem=r"^patch_embed", blocks=r"^stages\.(\d+)")
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        for stage in self.stages:
+            stage.grad_checkpointing = enable
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """New head with ``num_classes`` outputs (0: identity); ``global_pool`` "avg" or "" (4-D maps)."""
+        if global_pool is not None:
+            if global_pool not in ("avg", ""):
+                raise ValueError(f"global_pool: expected 'avg' or '', got {global_pool!r}")
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        self.config.update(num_classes=num_classes, global_pool=self.global_pool)
+        ref = next(self.parameters())
+        self.head = (
+            nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype)
+            if num_classes > 0 else nn.Identity()
+        )
+        self.head.train(self.training)
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices=None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ):
+        """Final features and the NCHW maps of the selected stages (timm's contract; ``norm`` is a no-op:
+        every stage already ends in its LayerNorm).  Returns (x, [maps]) or [maps] if ``intermediates_only``."""
+        if output_fmt != "NCHW":
+            raise ValueError(f"output_fmt: expected 'NCHW', got {output_fmt!r}")
+        self.check_input(x)
+        take, last = _take_indices(len(self.stages), indices)
+        x = self.patch_embed(x)
+        stages = self.stages[: last + 1] if stop_early or intermediates_only else self.stages
+        maps = []
+        for i, stage in enumerate(stages):
+            x = stage(x)
+            if i in take:
+                maps.append(x)
+        return maps if intermediates_only else (x, maps)
+
+    def prune_intermediate_layers(self, indices=1, prune_norm: bool = False, prune_head: bool = True) -> list[int]:
+        """Drop stages after the last one in ``indices`` (and the head); returns the kept indices."""
+        take, last = _take_indices(len(self.stages), indices)
+        if last < len(self.stages) - 1:
+            self.stages = self.stages[: last + 1]
+            self.num_features = self.head_hidden_size = self.feature_info[last]["num_chs"]
+            prune_head = True
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (B, in_chans, H, W) -> (B, num_features, ceil(H/stride), ceil(W/stride)), unpooled."""
+        self.check_input(x)
+        return self.stages(self.patch_embed(x))
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """(B, C, h, w) maps -> (B, num_classes) logits, or the pooled (B, C) features if ``pre_logits``."""
+        if self.global_pool == "avg":
+            x = x.mean(dim=(-1, -2))
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (B, in_chans, H, W) -> (B, num_classes) logits."""
+        return self.forward_head(self.forward_features(x))
+
+    def save_pretrained(self, path) -> None:
+        """Write ``model.safetensors`` and ``config.json`` to the directory ``path`` (see ``laplacianformer.hub``)."""
+        from ..hub import save_pretrained
+
+        save_pretrained(self, path)
+
+    @classmethod
+    def from_pretrained(cls, path, **overrides) -> "LaplacianFormer":
+        """Rebuild a model saved by ``save_pretrained`` (safetensors + JSON; nothing is unpickled)."""
+        from ..hub import from_pretrained
+
+        return from_pretrained(path, **overrides)
+
+
+def _split_rows(t: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
+    return list(torch.split(t, list(sizes), dim=0))
+
+
+def checkpoint_filter_fn(state_dict: Mapping[str, torch.Tensor], model: LaplacianFormer) -> dict[str, torch.Tensor]:
+    """Map a LaplacianFormer state dict onto ``model``, also across attention variants.
+
+    - strips a leading ``module.`` (DDP) and unwraps {"state_dict": ...} / {"model": ...};
+    - Nyström ``attn.qkv`` (3C or tied 2C rows) <-> softmax ``attn.q`` + ``attn.kv`` rows;
+    - parameters the target needs but the source lacks (softmax ``sr``/``norm``, the Nyström value
+      ``dwconv``, a head of another size) keep the target's initialisation; source parameters the target
+      has no slot for are dropped. Shapes that differ otherwise raise ValueError naming the key.
+    Returns a complete state dict for ``model.load_state_dict(..., strict=True)``.
+    """
+    for wrapper in ("state_dict", "model"):
+        if wrapper in state_dict and isinstance(state_dict[wrapper], Mapping):
+            state_dict = state_dict[wrapper]
+    src = {re.sub(r"^module\.", "", k): v for k, v in state_dict.items()}
+    target = model.state_dict()
+    out: dict[str, torch.Tensor] = {}
+    for key, ref in target.items():
+        value = src.get(key)
+        m = re.match(r"(.*\.attn\.)(q|kv|qkv)\.(weight|bias)$", key)
+        if value is None and m:
+            value = _convert_attn_proj(src, m.group(1), m.group(2), m.group(3), ref.shape[0])
+        if value is None or (key.startswith("head.") and value.shape != ref.shape):
+            out[key] = ref
+            continue
+        if value.shape != ref.shape:
+            raise ValueError(f"state_dict: {key} has shape {tuple(value.shape)}, the model expects {tuple(ref.shape)}")
+        out[key] = value.to(ref.dtype)
+    return out
+
+
+def _convert_attn_proj(src: Mapping, prefix: str, name: str, kind: str, rows: int) -> torch.Tensor | None:
+    """Build ``prefix + name`` (q, kv or qkv rows) from the other attention layout found in ``src``."""
+    qkv, q, kv = (src.get(f"{prefix}{n}.{kind}") for n in ("qkv", "q", "kv"))
+    if name in ("q", "kv") and qkv is not None:
+        dim = rows if name == "q" else rows // 2
+        if qkv.shape[0] == 3 * dim:
+            pq, pk, pv = _split_rows(qkv, (dim, dim, dim))
+        elif qkv.shape[0] == 2 * dim:
+            pq, pv = _split_rows(qkv, (dim, dim))
+            pk = pq
+        else:
+            return None
+        return pq if name == "q" else torch.cat([pk, pv], 0)
+    if name == "qkv" and q is not None and kv is not None:
+        dim = q.shape[0]
+        pk, pv = _split_rows(kv, (dim, dim))
+        if rows == 3 * dim:
+            return torch.cat([q, pk, pv], 0)
+        if rows == 2 * dim:
+            return torch.cat([q, pv], 0)
+    return None

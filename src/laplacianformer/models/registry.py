@@ -1,0 +1,78 @@
+"""Named LaplacianFormer configurations and ``create_model`` (SPEC.md §5); works without timm.
+
+The five paper sizes (Tiny–Huge) have depths/widths chosen by us so that parameters and MACs at 224²
+land within ±5% of the paper's table (``PAPER`` below; checked by tests/models). ``laplacianformer_micro``
+is not a paper size: a small configuration for CPU demos, tests and ablations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .laplacianformer import ATTENTIONS, LaplacianFormer
+
+__all__ = ["MODEL_CONFIGS", "PAPER", "create_model", "list_models", "model_config"]
+
+_W4 = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8))
+_W5 = dict(embed_dims=(64, 128, 320, 640), num_heads=(1, 2, 5, 10))
+
+MODEL_CONFIGS: dict[str, dict] = {
+    "laplacianformer_micro": dict(
+        depths=(1, 1, 2, 1), embed_dims=(32, 64, 128, 256), num_heads=(1, 2, 4, 8), mlp_ratios=(4, 4, 4, 4)
+    ),
+    "laplacianformer_tiny": dict(depths=(2, 2, 2, 2), mlp_ratios=(4, 6, 4, 4), **_W4),
+    "laplacianformer_small": dict(depths=(3, 4, 7, 4), mlp_ratios=(4, 8, 4, 4), **_W4),
+    "laplacianformer_medium": dict(depths=(3, 4, 14, 5), mlp_ratios=(4, 8, 4, 4), **_W5),
+    "laplacianformer_large": dict(depths=(3, 4, 27, 5), mlp_ratios=(4, 8, 4, 4), **_W5),
+    "laplacianformer_huge": dict(depths=(4, 6, 39, 5), mlp_ratios=(4, 8, 4, 4), **_W5),
+}
+
+PAPER: dict[str, dict] = {
+    "laplacianformer_tiny": dict(params_m=12.1, gmacs=2.1, top1=81.4),
+    "laplacianformer_small": dict(params_m=25.7, gmacs=4.8, top1=83.8),
+    "laplacianformer_medium": dict(params_m=46.3, gmacs=7.43, top1=85.3),
+    "laplacianformer_large": dict(params_m=63.1, gmacs=11.2, top1=85.6),
+    "laplacianformer_huge": dict(params_m=78.5, gmacs=15.5, top1=85.8),
+}
+
+
+def list_models() -> list[str]:
+    """Registered model names, smallest first."""
+    return list(MODEL_CONFIGS)
+
+
+def model_config(name: str) -> dict:
+    """The architecture arguments of a registered name (a copy)."""
+    if name not in MODEL_CONFIGS:
+        raise ValueError(f"name: expected one of {list(MODEL_CONFIGS)}, got {name!r}")
+    return dict(MODEL_CONFIGS[name])
+
+
+def create_model(
+    name: str,
+    *,
+    num_classes: int = 1000,
+    in_chans: int = 3,
+    attn: str = "laplacian",
+    attn_kwargs: Mapping | None = None,
+    drop_rate: float = 0.0,
+    drop_path_rate: float = 0.0,
+    **overrides,
+) -> LaplacianFormer:
+    """Build a registered LaplacianFormer (no timm needed).
+
+    Args:
+        name: one of ``list_models()``.
+        attn: "laplacian" (default) | "gaussian" | "softmax" (PVTv2 spatial-reduction baseline).
+        attn_kwargs: forwarded to every attention layer (laplacian/gaussian: lam, qk_scale, norm,
+            solver, iters, ns_eps, tie_qk, landmarks, dwconv; softmax: sr_ratio).
+        overrides: any other ``LaplacianFormer`` argument (depths, embed_dims, landmarks, stem_stride, ...).
+    """
+    if attn not in ATTENTIONS:
+        raise ValueError(f"attn: expected one of {list(ATTENTIONS)}, got {attn!r}")
+    cfg = model_config(name)
+    cfg.update(overrides)
+    return LaplacianFormer(
+        num_classes=num_classes, in_chans=in_chans, attn=attn, attn_kwargs=attn_kwargs,
+        drop_rate=drop_rate, drop_path_rate=drop_path_rate, **cfg,
+    )
