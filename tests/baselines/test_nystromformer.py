@@ -44,8 +44,8 @@ def test_fewer_landmarks_approximates(randn):
 
 
 def test_gradcheck(randn):
-    q, k, v = (randn(1, 1, 6, 3).requires_grad_() for _ in range(3))
-    assert torch.autograd.gradcheck(lambda a, b, c: nystrom_attention(a, b, c, num_landmarks=3, iters=4), (q, k, v))
+    q, k, v = (randn(1, 1, 4, 2).requires_grad_() for _ in range(3))
+    assert torch.autograd.gradcheck(lambda a, b, c: nystrom_attention(a, b, c, num_landmarks=2, iters=3), (q, k, v))
 
 
 def test_nystrom_validation(randn):

@@ -9,9 +9,10 @@ the exponent is shifted before the exp. Each query row subtracts its own max ove
 that query alone, identical in the numerator and the denominator of its output, so it cancels); the
 keys subtract one max over all keys and features of each (batch, head) (a factor shared by every term of
 every sum, so it cancels as well). The largest feature of every query, and of every (batch, head)'s
-keys, is then exactly exp(0)/sqrt(M), so the denominators cannot underflow to zero. The estimate is
-unchanged; the shifts are detached since their gradient is zero. The key max is per (batch, head), not
-over the whole batch, so samples never influence each other.
+keys, is then exactly exp(0)/sqrt(M): nothing overflows. The estimate is unchanged; the shifts are
+detached since their gradient is zero. The key max is per (batch, head), not over the whole batch, so
+samples never influence each other. With extreme logits (a nearly one-hot softmax) the random-feature
+products themselves can underflow to 0/0; that is a limit of the estimator, not of the shift.
 The features are drawn once from a seeded generator and kept; ``redraw_features()`` redraws them on
 request (no QR decomposition inside the forward pass).
 """

@@ -1,0 +1,52 @@
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks import attention_scaling  # noqa: E402
+from benchmarks.common import fit_exponent, markdown_table, peak_memory, time_call  # noqa: E402
+
+
+def allocate(mb: int):
+    """Factory for the peak-memory test: the callable touches ``mb`` MiB once."""
+
+    def fn():
+        return float(torch.ones(mb * 2**18).sum()) if mb else 0.0
+
+    return fn
+
+
+def test_peak_memory_subprocess_sees_an_allocation():
+    spec = "tests.baselines.test_benchmark_scripts:allocate"
+    big = peak_memory(spec, {"mb": 96})
+    assert 90 <= big["peak_mb"] <= 140, big
+    assert big["baseline_mb"] > 0 and big["method"]
+
+
+def test_time_call_and_helpers():
+    t = time_call(lambda: sum(range(1000)), warmup=1, repeats=4)
+    assert t.repeats == 4 and t.q1_ms <= t.median_ms <= t.q3_ms and len(t.warmup_ms) == 1
+    assert fit_exponent([1024, 4096, 16384], [2.0, 8.0, 32.0]) == pytest.approx(1.0)
+    assert fit_exponent([1024], [2.0]) is None
+    table = markdown_table(["a", "b"], [[1, 0.123456], ["x", None]])
+    assert table.splitlines() == ["| a | b |", "|---|---|", "| 1 | 0.1235 |", "| x |  |"]
+
+
+def test_attention_scaling_quick_smoke(tmp_path):
+    out = tmp_path / "scaling"
+    attention_scaling.main(
+        ["--quick", "--sizes", "8", "--methods", "laplacian", "softmax_sdpa", "--no-memory", "--out", str(out)]
+    )
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["machine"]["torch_threads"] >= 1 and data["settings"]["sizes"] == [8]
+    recs = data["results"]["records"]
+    assert [(r["method"], r["n"], r["status"]) for r in recs] == [("laplacian", 64, "ok"), ("softmax_sdpa", 64, "ok")]
+    assert all(r["time"]["median_ms"] > 0 for r in recs)
+    assert "| 64 (8x8) |" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").stat().st_size > 0
