@@ -95,7 +95,8 @@ def run_ablation(
 ) -> dict:
     """Runs the missing (value, seed) cells of ``ablation`` and returns the record saved in OUT/NAME.json.
 
-    Each cell's training run directory (checkpoint, curves) is RUNS/NAME/LABEL-sSEED (default OUT/runs)."""
+    Each cell's training run directory (checkpoint, curves) is RUNS/NAME/LABEL-sSEED (default OUT/runs).
+    ``train_fn``, when given, replaces ``train(TrainConfig(**cell))`` and receives the cell's config dict."""
     from tqdm.auto import tqdm
 
     TrainConfig, train = _train_api() if train_fn is None else (None, train_fn)

@@ -92,7 +92,7 @@ def run_distances(out: Path, records, desc: str) -> None:
         for key, label in (("l1", "L1"), ("sq_l2", "squared L2")):
             edges = s[key]["hist_edges_over_median"]
             centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
-            ax.semilogy(centres, [max(v, 1e-6) for v in s[key]["hist_density"]], label=label)
+            ax.semilogy(centres, [v if v > 0 else float("nan") for v in s[key]["hist_density"]], label=label)
             rows.append([s["name"], f"{s['hw'][0]}x{s['hw'][1]}", label, f"{s[key]['median']:.3g}",
                          f"{s[key]['p99_over_median']:.2f}", f"{s[key]['excess_kurtosis']:.2f}",
                          f"{100 * s[key]['kernel_below_1e-3']:.2f}"])
