@@ -71,6 +71,10 @@ def test_runner_resumes_and_refuses_other_settings(tmp_path):
         ablate.run_ablation(a, base={"epochs": 2}, **kw)
     ablate.run_ablation(a, base={"epochs": 2}, fresh=True, **kw)
     assert len(rec.calls) == 9
+    before = len(rec.calls)
+    solver = ablate.run_ablation(get_ablation("solver"), base={"epochs": 2}, **{**kw, "labels": ["newton_schulz"]})
+    assert len(rec.calls) == before
+    assert solver["cells"]["newton_schulz|seed=1"]["reused_from"] == "lambda/lam=4|seed=1"
     rows = ablate.summarise(record)
     assert [r["label"] for r in rows] == ["lam=1", "lam=4"]
     assert rows[1]["top1_mean"] == pytest.approx(0.5405)
@@ -79,6 +83,16 @@ def test_runner_resumes_and_refuses_other_settings(tmp_path):
     assert "lam=4 (default)" in table and "54.05 ± 0.07" in table
     ablate.plot_ablation(record, rows, tmp_path / "lambda.png")
     assert (tmp_path / "lambda.png").stat().st_size > 1000
+
+
+def test_interrupted_training_is_not_recorded(tmp_path):
+    def interrupted(config):
+        return {"top1": 0.1, "loss": 2.0, "interrupted": "SIGTERM"}
+
+    with pytest.raises(KeyboardInterrupt):
+        ablate.run_ablation(get_ablation("tie_qk"), base={}, seeds=[0], labels=["tied"], out=tmp_path,
+                            smoke_test=True, progress=False, train_fn=interrupted)
+    assert not (tmp_path / "tie_qk.json").exists()
 
 
 def test_cli_errors_name_the_argument(capsys):

@@ -66,6 +66,39 @@ def cell_key(label: str, seed: int) -> str:
     return f"{label}|seed={seed}"
 
 
+def canonical_attention(attn: str, attn_kwargs: dict, head_dim: int | None) -> dict:
+    """The attention settings with every default filled in (qk_scale None -> d**-0.5 when d is known),
+    so that two variants that build the same model compare equal."""
+    import inspect
+
+    from ..layers import LaplacianAttention
+    from ..models.laplacianformer import LAPLACIAN_ATTN_KWARGS
+
+    if attn == "softmax":
+        return {"attn": attn, **attn_kwargs}
+    params = inspect.signature(LaplacianAttention.__init__).parameters
+    full = {k: params[k].default for k in LAPLACIAN_ATTN_KWARGS if k in params}
+    full.update(attn_kwargs)
+    if full.get("qk_scale") is None and head_dim is not None:
+        full["qk_scale"] = float(head_dim) ** -0.5
+    full = {k: list(v) if isinstance(v, tuple) else v for k, v in full.items()}
+    return {"attn": attn, **_jsonable(full)}
+
+
+def find_same_cell(out: Path, settings: dict, config: dict, seed: int, head_dim: int | None) -> tuple[str, dict] | None:
+    """A cell recorded in any OUT/*.json (same budget settings) whose model is identical to ``config``:
+    the ablations share their default value, so its run is trained once.  Returns (where, cell) or None."""
+    for path in sorted(out.glob("*.json")):
+        rec = read_json(path)
+        if not isinstance(rec, dict) or rec.get("settings") != settings:
+            continue
+        for key, cell in rec.get("cells", {}).items():
+            if cell.get("seed") == seed and "reused_from" not in cell and \
+                    canonical_attention(cell["attn"], cell["attn_kwargs"], head_dim) == config:
+                return f"{rec['ablation']}/{key}", cell
+    return None
+
+
 def _jsonable(value):
     if isinstance(value, (str, int, bool)) or value is None:
         return value
@@ -112,18 +145,27 @@ def run_ablation(
         record = {"ablation": ablation.name, "setting": ablation.setting, "question": ablation.question,
                   "default": ablation.default, "settings": _jsonable(settings), "environment": environment(),
                   "cells": {}}
-    needs_d = any(ablation.variant(lb).qk_scale_power is not None for lb in labels)
-    head_dim = head_dim_of(base) if needs_d else None
+    head_dim = head_dim_of(base) if train_fn is None else None
     todo = [(lb, s) for lb in labels for s in seeds if cell_key(lb, s) not in record["cells"]]
     bar = tqdm(todo, desc=f"ablate {ablation.name}", disable=not progress)
     for label, seed in bar:
         bar.set_postfix_str(f"{label} seed {seed}")
         fields = resolve_variant(ablation.variant(label), head_dim)
+        canonical = canonical_attention(fields["attn"], fields["attn_kwargs"], head_dim)
+        same = find_same_cell(out, record["settings"], canonical, seed, head_dim)
+        if same is not None:
+            record["cells"][cell_key(label, seed)] = {**same[1], "label": label, "attn_kwargs": _jsonable(fields["attn_kwargs"]),
+                                                      "reused_from": same[0]}
+            write_json(path, record)
+            continue
         run_dir = Path(runs or out / "runs") / ablation.name / f"{label}-s{seed}"
         config = {**base, **fields, "model_kwargs": {**base.get("model_kwargs", {}), **fields["model_kwargs"]},
                   "seed": seed, "progress": False, "out": str(run_dir)}
         start = time.perf_counter()
         result = train(TrainConfig(**config)) if TrainConfig is not None else train(config)
+        if result.get("interrupted"):
+            raise KeyboardInterrupt(f"training of {label} seed {seed} was interrupted ({result['interrupted']}); "
+                                    "that cell is not recorded, rerun the same command to resume")
         cell = {k: _jsonable(result[k]) for k in _KEEP if k in result}
         cell["top1"] = _jsonable(result["top1"])
         cell.update({"label": label, "seed": seed, "attn": fields["attn"], "attn_kwargs": _jsonable(fields["attn_kwargs"]),
@@ -249,6 +291,9 @@ def main(argv=None) -> int:
         except ValueError as exc:
             print(f"ablate: {exc}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt as exc:
+            print(f"ablate: {exc}", file=sys.stderr)
+            return 130
         rows = summarise(record, labels)
         table = ablation_table(record, rows)
         title = f"### ablation `{ablation.name}`" + (" (SMOKE TEST, not a result)" if args.quick else "")
