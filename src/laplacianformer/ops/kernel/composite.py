@@ -10,8 +10,14 @@ import torch
 
 
 def pairwise_distance(x: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tensor:
-    """L1 (laplacian) or squared-L2 (gaussian) distances.  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
+    """L1 (laplacian) or squared-L2 (gaussian) distances.  x: (..., N, d), y: (..., M, d) -> (..., N, M).
+
+    torch.cdist has no half-precision CPU kernel: float16/bfloat16 CPU inputs are computed in float32 and
+    the result is cast back.
+    """
     if kind == "laplacian":
+        if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
+            return torch.cdist(x.float(), y.float(), p=1.0).to(x.dtype)
         return torch.cdist(x, y, p=1.0)
     x2 = x.pow(2).sum(-1, keepdim=True)
     y2 = y.pow(2).sum(-1).unsqueeze(-2)

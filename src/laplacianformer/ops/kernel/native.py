@@ -101,8 +101,16 @@ _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 _CHUNKS = 64
 
 
+_SERIAL_WORK = 1 << 18
+
+
 def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
+
+
+def _threads(work: int) -> int:
+    """One thread for small problems (an OpenMP fork costs more than it saves), else torch's count."""
+    return 1 if work < _SERIAL_WORK else torch.get_num_threads()
 
 
 def pairwise_distance_native(x: torch.Tensor, y: torch.Tensor, l1: bool, scale: float = 1.0) -> torch.Tensor:
@@ -113,7 +121,7 @@ def pairwise_distance_native(x: torch.Tensor, y: torch.Tensor, l1: bool, scale: 
     yt = y.transpose(1, 2).contiguous()
     out = torch.empty(b, n, m, dtype=x.dtype)
     getattr(lib, f"lf_dist_{_SUFFIX[x.dtype]}")(
-        _ptr(x), _ptr(yt), _ptr(out), b, n, m, d, scale, int(l1), torch.get_num_threads()
+        _ptr(x), _ptr(yt), _ptr(out), b, n, m, d, scale, int(l1), _threads(b * n * m * d)
     )
     return out
 
@@ -132,6 +140,6 @@ def pairwise_distance_grad_native(
     parts = torch.empty(b, chunks, m, d, dtype=x.dtype)
     getattr(lib, f"lf_grad_{_SUFFIX[x.dtype]}")(
         _ptr(x), _ptr(y), _ptr(g), None if c is None else _ptr(c), _ptr(dx), _ptr(parts),
-        b, n, m, d, chunks, scale, int(l1), torch.get_num_threads(),
+        b, n, m, d, chunks, scale, int(l1), _threads(b * n * m * d),
     )
     return dx, parts.sum(1)

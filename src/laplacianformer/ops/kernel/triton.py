@@ -8,7 +8,8 @@
   dY and dV are reduced over N in fixed splits into float32 workspaces and summed by a second pass
   (deterministic, no atomics). sign(0) = 0.
 
-Inputs float32/float16/bfloat16, accumulation in float32, outputs in the input dtype. The host functions
+Inputs float32/float16/bfloat16, accumulation in float32, outputs in the input dtype. Products with V
+run as float32 ``tl.dot`` (IEEE for float32 inputs, TF32 on GPU for half inputs). The host functions
 are registered with ``torch.library.triton_op`` (``laplacianformer::...``) so torch.compile traces them,
 with autograd through ``register_autograd``.
 """
@@ -79,7 +80,7 @@ def laplace_matmul_fwd_kernel(
         if IEEE:
             acc += tl.dot(c, v.to(tl.float32), input_precision="ieee")
         else:
-            acc += tl.dot(c.to(v.dtype), v)
+            acc += tl.dot(c, v.to(tl.float32))
     tl.store(OUT + b * N * E + rn[:, None] * E + re[None, :], acc.to(OUT.dtype.element_ty),
              mask=(rn[:, None] < N) & (re[None, :] < E))
 
