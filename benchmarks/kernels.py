@@ -16,6 +16,7 @@ building the C loops or compiling the Triton kernels).
 
     python -m benchmarks.kernels                 # CPU (and CUDA when present), writes benchmarks/results/
     python -m benchmarks.kernels --quick         # seconds: small N, one repeat, no memory
+    python -m benchmarks.kernels --cases attention --sizes 16384 --devices cpu   # the CPU target
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def check(case: str, backend_name: str, n: int, device: str) -> float:
 
 def run(args) -> list[dict]:
     rows = []
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() and not args.cpu_only else [])
+    devices = args.devices
     plan = []
     for device in devices:
         for case in args.cases:
@@ -198,7 +199,8 @@ def main(argv=None) -> None:
     p.add_argument("--naive-max-n", type=int, default=4096, help="largest N for the broadcasting reference")
     p.add_argument("--check-max-n", type=int, default=16384, help="largest N of the correctness check")
     p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--cpu-only", action="store_true")
+    p.add_argument("--devices", nargs="+", choices=("cpu", "cuda"), default=None,
+                   help="default: cpu, plus cuda when available")
     p.add_argument("--quick", action="store_true", help="N = 256, 1024; one repeat; no memory")
     p.add_argument("--out", default=None, help="output prefix (default benchmarks/results/kernels_<cpu|cuda>)")
     args = p.parse_args(argv)
@@ -207,7 +209,11 @@ def main(argv=None) -> None:
     for n in args.sizes:
         if int(round(n**0.5)) ** 2 != n:
             p.error(f"--sizes: expected perfect squares (2-D token grids), got {n}")
-    tag = "cuda" if torch.cuda.is_available() and not args.cpu_only else "cpu"
+    if args.devices is None:
+        args.devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    if "cuda" in args.devices and not torch.cuda.is_available():
+        p.error("--devices: cuda requested but torch.cuda.is_available() is False")
+    tag = "cuda" if "cuda" in args.devices else "cpu"
     out = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / f"kernels_{tag}"
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = run(args)

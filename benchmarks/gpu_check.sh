@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# GPU check for the fused kernels (docs/KERNELS.md), for a machine with CUDA and Triton.
+# Usage: bash benchmarks/gpu_check.sh OUTDIR      (run from anywhere; at most 8 minutes: 150 + 150 + 170 s limits)
+#   1. the Triton tests for real on CUDA (no interpreter): kernel primitives and Newton-Schulz;
+#   2. benchmarks/kernels.py on CUDA and CPU (correctness-gated speedups, first-call compile times);
+#   3. benchmarks/attention_scaling.py on CUDA against SDPA (N = 1k ... 64k).
+# Every step writes its log and results under OUTDIR; the script exits non-zero when a step fails,
+# after running the others.
+set -uo pipefail
+if [ $# -ne 1 ]; then
+  echo "usage: $0 OUTDIR" >&2
+  exit 2
+fi
+root="$(cd "$(dirname "$0")/.." && pwd)"
+mkdir -p "$1"
+out="$(cd "$1" && pwd)"
+py="${LF_PYTHON:-$root/.venv/bin/python}"
+[ -x "$py" ] || py="$(command -v python3)"
+cd "$root"
+unset TRITON_INTERPRET
+export PYTHONPATH="$root/src:$root${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+
+step() {
+  local name="$1" limit="$2"
+  shift 2
+  echo "== $name (limit ${limit}s): $*"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "   rc=$rc in $((SECONDS - t0))s, log: $out/$name.log"
+  tail -n 5 "$out/$name.log"
+  [ "$rc" = 0 ] || status=1
+}
+
+"$py" - >"$out/machine.json" <<'PY'
+import json, sys
+sys.path.insert(0, ".")
+from benchmarks.common import machine_info
+info = machine_info()
+print(json.dumps(info, indent=2))
+if not info["cuda_available"]:
+    sys.exit("gpu_check: no CUDA device visible")
+PY
+[ $? = 0 ] || { cat "$out/machine.json"; echo "gpu_check: no CUDA device, stopping" >&2; exit 1; }
+
+step triton_tests 150 "$py" -m pytest -q -p no:cacheprovider -m triton \
+  tests/ops/test_kernel_triton.py tests/ops/test_newton_schulz_triton.py
+step kernels_bench 150 "$py" -m benchmarks.kernels --devices cuda --sizes 1024 4096 16384 65536 --naive-max-n 4096 \
+  --check-max-n 16384 --repeats 10 --out "$out/kernels_cuda"
+step attention_scaling 170 "$py" -m benchmarks.attention_scaling --device cuda --repeats 5 \
+  --out "$out/attention_scaling_cuda"
+echo "gpu_check: results in $out (status $status)"
+exit "$status"
