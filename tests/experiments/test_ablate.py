@@ -83,6 +83,9 @@ def test_runner_resumes_and_refuses_other_settings(tmp_path):
     assert "lam=4 (default)" in table and "54.05 ± 0.07" in table
     ablate.plot_ablation(record, rows, tmp_path / "lambda.png")
     assert (tmp_path / "lambda.png").stat().st_size > 1000
+    assert ablate.main(["lambda", "--report", "--out", str(tmp_path)]) == 0
+    assert "lam=4 (default)" in (tmp_path / "lambda.md").read_text()
+    assert len(rec.calls) == 9
 
 
 def test_interrupted_training_is_not_recorded(tmp_path):
@@ -100,6 +103,8 @@ def test_cli_errors_name_the_argument(capsys):
     assert "name: unknown ablation" in capsys.readouterr().err
     assert ablate.main(["lambda", "--values", "lam=3", "--quick"]) == 2
     assert "values:" in capsys.readouterr().err
+    assert ablate.main(["norm", "--report", "--out", "/nonexistent-dir"]) == 2
+    assert "out:" in capsys.readouterr().err
     assert ablate.main(["--list"]) == 0
     assert "tie_qk" in capsys.readouterr().out
 

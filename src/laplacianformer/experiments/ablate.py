@@ -230,7 +230,7 @@ def plot_ablation(record: dict, rows: list[dict], path: Path) -> None:
     ax.set_ylabel("test top-1 (%)")
     base = record["settings"]["base"]
     tag = "SMOKE TEST, not a result" if record["settings"]["smoke_test"] else f"{base.get('epochs')} ep on {base.get('train_subset')} imgs"
-    ax.set_title(f"ablation {record['ablation']} ({tag}); orange = default", fontsize=9)
+    ax.set_title(f"ablation {record['ablation']} ({tag}); orange = default, dots = seeds, y axis truncated", fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -251,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT}; {QUICK_OUT} with --quick)")
     p.add_argument("--runs", default=None,
                    help=f"root of the per-cell training run directories (default {DEFAULT_RUNS}; OUT/runs with --quick)")
+    p.add_argument("--report", action="store_true", help="train nothing: redo the table and plot from the recorded JSON")
     p.add_argument("--fresh", action="store_true", help="discard recorded cells instead of resuming")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     for flag, typ in (("epochs", int), ("train-subset", int), ("test-subset", int), ("max-steps", int),
@@ -285,9 +286,16 @@ def main(argv=None) -> int:
             labels = args.values or (list(ablation.quick) if args.quick else ablation.labels)
             for lb in labels:
                 ablation.variant(lb)
-            record = run_ablation(ablation, base=base, seeds=list(range(n_seeds)), labels=labels, out=out,
-                                  smoke_test=args.quick, fresh=args.fresh,
-                                  runs=Path(args.runs or (out / "runs" if args.quick else DEFAULT_RUNS)), progress=not args.no_progress)
+            if args.report:
+                record = read_json(out / f"{ablation.name}.json")
+                if record is None:
+                    raise ValueError(f"out: {out / (ablation.name + '.json')} does not exist (nothing recorded yet)")
+                labels = args.values or [lb for lb in ablation.labels if any(c["label"] == lb for c in record["cells"].values())]
+            else:
+                record = run_ablation(ablation, base=base, seeds=list(range(n_seeds)), labels=labels, out=out,
+                                      smoke_test=args.quick, fresh=args.fresh,
+                                      runs=Path(args.runs or (out / "runs" if args.quick else DEFAULT_RUNS)),
+                                      progress=not args.no_progress)
         except ValueError as exc:
             print(f"ablate: {exc}", file=sys.stderr)
             return 2
@@ -296,7 +304,8 @@ def main(argv=None) -> int:
             return 130
         rows = summarise(record, labels)
         table = ablation_table(record, rows)
-        title = f"### ablation `{ablation.name}`" + (" (SMOKE TEST, not a result)" if args.quick else "")
+        smoke = record["settings"]["smoke_test"]
+        title = f"### ablation `{ablation.name}`" + (" (SMOKE TEST, not a result)" if smoke else "")
         (out / f"{ablation.name}.md").write_text(f"{title}\n\n{ablation.question}\n\n{table}\n")
         plot_ablation(record, rows, out / f"{ablation.name}.png")
         print(f"\n{title}\n\n{table}\n\nwrote {out / (ablation.name + '.json')}, .md, .png")
