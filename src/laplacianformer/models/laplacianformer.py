@@ -316,10 +316,13 @@ class LaplacianFormer(nn.Module):
         sr_ratios = _per_stage("sr_ratios", sr_ratios, n)
         if isinstance(landmarks, list):
             landmarks = tuple(landmarks)
+        attn_kwargs = dict(attn_kwargs or {})
+        if isinstance(attn_kwargs.get("landmarks"), list):
+            attn_kwargs["landmarks"] = tuple(attn_kwargs["landmarks"])
         self.config = dict(
             in_chans=in_chans, num_classes=num_classes, global_pool=global_pool, depths=list(depths),
             embed_dims=list(embed_dims), num_heads=list(num_heads), mlp_ratios=list(mlp_ratios), attn=attn,
-            attn_kwargs=dict(attn_kwargs or {}), landmarks=landmarks, sr_ratios=list(sr_ratios), qkv_bias=qkv_bias,
+            attn_kwargs=attn_kwargs, landmarks=landmarks, sr_ratios=list(sr_ratios), qkv_bias=qkv_bias,
             stem_stride=stem_stride, drop_rate=drop_rate, proj_drop_rate=proj_drop_rate,
             attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate,
         )

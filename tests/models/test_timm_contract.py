@@ -1,0 +1,131 @@
+"""timm's model-test contract, run on our family (micro keeps it fast), and cross-variant loading."""
+
+import pytest
+import torch
+
+from laplacianformer.models import checkpoint_filter_fn, create_model
+
+timm = pytest.importorskip("timm")
+
+NAME = "laplacianformer_micro"
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return timm.create_model(NAME, num_classes=7)
+
+
+def test_timm_create_model_kwargs_and_registry():
+    assert "laplacianformer_tiny" in timm.list_models("laplacianformer_*")
+    m = timm.create_model(NAME, num_classes=10, drop_path_rate=0.1, in_chans=1)
+    assert m.num_classes == 10 and m.in_chans == 1
+    assert m.stages[-1].blocks[-1].drop_path1.p == pytest.approx(0.1)
+    assert m(torch.randn(1, 1, 64, 64)).shape == (1, 10)
+
+
+def test_forward_no_nan_and_every_param_gets_grad(model):
+    model.train()
+    out = model(torch.randn(2, 3, 64, 64))
+    assert torch.isfinite(out).all()
+    out.mean().backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+    model.zero_grad(set_to_none=True)
+
+
+def test_grad_checkpointing_gives_identical_output(model):
+    model.eval()
+    x = torch.randn(1, 3, 64, 64)
+    ref = model(x)
+    model.set_grad_checkpointing(True)
+    try:
+        with torch.enable_grad():
+            out = model(x)
+    finally:
+        model.set_grad_checkpointing(False)
+    torch.testing.assert_close(out, ref)
+
+
+def test_cfg_names_and_feature_shape(model):
+    cfg = model.pretrained_cfg
+    names = dict(model.named_modules())
+    assert cfg["first_conv"] in names and cfg["classifier"] in names
+    x = torch.randn(1, *cfg["input_size"])
+    with torch.no_grad():
+        feats = model.forward_features(x)
+    assert feats.shape == (1, model.num_features, *cfg["pool_size"])
+    assert model.head_hidden_size == model.num_features
+    assert model.forward_head(feats, pre_logits=True).shape == (1, model.num_features)
+
+
+def test_reset_classifier():
+    m = timm.create_model(NAME, num_classes=7).eval()
+    x = torch.randn(1, 3, 64, 64)
+    m.reset_classifier(0)
+    assert m(x).shape == (1, m.num_features)
+    m.reset_classifier(0, "")
+    assert m(x).shape == (1, m.num_features, 2, 2)
+    m.reset_classifier(3, "avg")
+    assert m(x).shape == (1, 3) and m.get_classifier().out_features == 3
+
+
+def test_features_only_strides_and_channels():
+    f = timm.create_model(NAME, features_only=True, out_indices=(0, 1, 2, 3))
+    assert f.feature_info.reduction() == [4, 8, 16, 32]
+    assert f.feature_info.channels() == [32, 64, 128, 256]
+    maps = f(torch.randn(1, 3, 64, 96))
+    assert [tuple(m.shape[1:]) for m in maps] == [(32, 16, 24), (64, 8, 12), (128, 4, 6), (256, 2, 3)]
+    f = timm.create_model(NAME, features_only=True, out_indices=(2, 3))
+    assert f.feature_info.reduction() == [16, 32]
+
+
+def test_forward_intermediates_and_prune(model):
+    model.eval()
+    x = torch.randn(1, 3, 96, 64)
+    with torch.no_grad():
+        final, maps = model.forward_intermediates(x)
+        assert torch.equal(final, model.forward_features(x))
+        assert len(maps) == 4 and torch.equal(maps[-1], final)
+        early = model.forward_intermediates(x, indices=[1], intermediates_only=True)
+    assert early[0].shape == (1, 64, 12, 8)
+    m = create_model(NAME)
+    assert m.prune_intermediate_layers([0, 1]) == [0, 1]
+    assert len(m.stages) == 2 and m.num_features == 64
+
+
+def test_group_matcher_and_no_weight_decay(model):
+    matcher = model.group_matcher()
+    assert set(matcher) == {"stem", "blocks"}
+    assert isinstance(model.no_weight_decay(), set)
+
+
+@pytest.mark.parametrize(
+    "src, dst", [("laplacian", "gaussian"), ("laplacian", "softmax"), ("softmax", "laplacian")]
+)
+def test_checkpoint_filter_fn_across_attention_variants(src, dst):
+    torch.manual_seed(0)
+    a = create_model(NAME, attn=src, num_classes=5)
+    b = create_model(NAME, attn=dst, num_classes=5)
+    sd = {"module." + k: v for k, v in a.state_dict().items()}
+    b.load_state_dict(checkpoint_filter_fn(sd, b), strict=True)
+    pa, pb = a.state_dict(), b.state_dict()
+    torch.testing.assert_close(pb["stages.1.blocks.0.mlp.fc1.weight"], pa["stages.1.blocks.0.mlp.fc1.weight"])
+    torch.testing.assert_close(pb["head.weight"], pa["head.weight"])
+    prefix = "stages.0.blocks.0.attn."
+    dim = 32
+    if dst == "softmax":
+        torch.testing.assert_close(pb[prefix + "q.weight"], pa[prefix + "qkv.weight"][:dim])
+        torch.testing.assert_close(pb[prefix + "kv.weight"], pa[prefix + "qkv.weight"][dim:])
+    elif src == "softmax":
+        torch.testing.assert_close(pb[prefix + "qkv.weight"], torch.cat([pa[prefix + "q.weight"], pa[prefix + "kv.weight"]]))
+
+
+def test_checkpoint_filter_fn_tied_keys_and_shape_errors():
+    tied = create_model(NAME, attn_kwargs=dict(tie_qk=True))
+    soft = create_model(NAME, attn="softmax")
+    soft.load_state_dict(checkpoint_filter_fn(tied.state_dict(), soft))
+    w = tied.state_dict()["stages.0.blocks.0.attn.qkv.weight"]
+    torch.testing.assert_close(soft.state_dict()["stages.0.blocks.0.attn.kv.weight"], torch.cat([w[:32], w[32:]]))
+    bigger = create_model("laplacianformer_tiny")
+    with pytest.raises(ValueError, match="^state_dict: "):
+        checkpoint_filter_fn(bigger.state_dict(), create_model(NAME))
