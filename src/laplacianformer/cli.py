@@ -263,26 +263,41 @@ def _bench_dir(explicit: str | None) -> Path:
     raise UserError("bench: no benchmarks/ directory found (run from the source checkout or pass --dir)")
 
 
+def _bench_scripts(d: Path) -> dict[str, Path]:
+    """Benchmark modules of ``d``: every ``*.py`` except shared helpers (``common.py``, ``_*.py``)."""
+    return {p.stem: p for p in sorted(d.glob("*.py")) if p.stem not in ("common", "__init__")
+            and not p.stem.startswith("_")}
+
+
+def _first_doc_line(p: Path) -> str:
+    text = p.read_text()
+    if '"""' not in text:
+        return ""
+    lines = text.split('"""')[1].strip().splitlines()
+    return lines[0] if lines else ""
+
+
 def cmd_bench(args) -> int:
     d = _bench_dir(args.dir)
-    scripts = {p.stem.removeprefix("bench_"): p for p in sorted(d.glob("bench_*.py"))}
-    if args.list or not scripts:
-        if not scripts:
-            raise UserError(f"bench: no bench_*.py scripts in {d}")
+    scripts = _bench_scripts(d)
+    if not scripts:
+        raise UserError(f"bench: no benchmark scripts in {d}")
+    if args.list:
         for name, p in scripts.items():
-            doc = (p.read_text().split('"""')[1].strip().splitlines() or [""])[0] if '"""' in p.read_text() else ""
-            print(f"{name:<24} {doc}")
+            print(f"{name:<24} {_first_doc_line(p)}")
         return 0
     names = args.names or list(scripts)
-    unknown = [n for n in names if n.removeprefix("bench_") not in scripts]
+    unknown = [n for n in names if n not in scripts]
     if unknown:
         raise UserError(f"bench: unknown benchmark {unknown[0]!r}; available: {', '.join(scripts)}")
     rc = 0
     for n in names:
-        script = scripts[n.removeprefix("bench_")]
-        cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else [])
+        quick = args.quick and '"--quick"' in scripts[n].read_text()
+        cmd = [sys.executable, "-m", f"{d.name}.{n}"] + (["--quick"] if quick else [])
+        if args.quick and not quick:
+            print(f"[bench] {n} has no --quick option; running its defaults", file=sys.stderr)
         print(f"$ {' '.join(cmd)}", flush=True)
-        rc = subprocess.call(cmd) or rc
+        rc = subprocess.call(cmd, cwd=d.parent) or rc
     return rc
 
 
