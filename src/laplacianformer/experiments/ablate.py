@@ -201,12 +201,14 @@ def _pct(x: float) -> float:
 
 
 def ablation_table(record: dict, rows: list[dict]) -> str:
-    """Markdown table of ``summarise`` rows; the SPEC default is marked with (default)."""
+    """Markdown table of ``summarise`` rows (± only where there are several seeds); the SPEC default is marked."""
     out = []
     for r in rows:
         name = r["label"] + (" (default)" if r["label"] == record.get("default") else "")
-        out.append([name, f"{_pct(r['top1_mean']):.2f} ± {_pct(r['top1_std']):.2f}", len(r["seeds"]),
-                    f"{r['loss_mean']:.3f} ± {r['loss_std']:.3f}", f"{r['seconds_mean']:.0f}"])
+        many = len(r["seeds"]) > 1
+        top1 = f"{_pct(r['top1_mean']):.2f}" + (f" ± {_pct(r['top1_std']):.2f}" if many else "")
+        loss = f"{r['loss_mean']:.3f}" + (f" ± {r['loss_std']:.3f}" if many else "")
+        out.append([name, top1, len(r["seeds"]), loss, f"{r['seconds_mean']:.0f}"])
     return markdown_table([record["setting"], "top-1 % (mean ± std)", "seeds", "test loss", "s / run"], out)
 
 
