@@ -10,8 +10,11 @@ token grids (default 32x32 ... 256x256, i.e. 1k to 64k tokens), m = 49 (7x7) lan
     performer            FAVOR+ with 256 orthogonal random features
     nystromformer        Nystromformer with 49 segment-mean landmarks, 6 pinv iterations
 
-    python -m benchmarks.attention_scaling                      # the full run, writes benchmarks/results/
+    python -m benchmarks.attention_scaling --threads 1          # the full run, writes benchmarks/results/
     python -m benchmarks.attention_scaling --quick --no-memory  # seconds: tiny sizes, one repeat
+
+On a shared CPU, --threads 1 gives far steadier numbers: with several threads every small op pays an
+OpenMP barrier, which costs milliseconds when the cores are oversubscribed.
 
 A method whose single call exceeds --cap-seconds is not run at larger N ("skipped (cap)"). Time is the
 median of --repeats calls after one warm-up; memory is measured by benchmarks.common.peak_memory (a fresh
@@ -55,6 +58,7 @@ METHODS = (
 )
 DEFAULT_SIDES = (32, 45, 64, 91, 128, 181, 256)
 QUICK_SIDES = (8, 12)
+WARMUP_SIDE = 8
 FIT_RANGE = (4096, 65536)
 BATCH, HEADS, HEAD_DIM, LANDMARKS = 1, 2, 32, (7, 7)
 PERFORMER_FEATURES = 256
@@ -144,7 +148,9 @@ def run(args) -> dict:
             continue
         try:
             step = make_case(method, side, args.device)
-            timing = time_call(step, device=args.device, warmup=1, repeats=args.repeats, max_seconds=args.cap_seconds)
+            timing = time_call(
+                step, device=args.device, warmup=1, repeats=args.repeats, max_seconds=args.cap_seconds * args.repeats
+            )
             rec["time"] = timing.as_dict()
             del step
             if args.memory:
@@ -153,6 +159,8 @@ def run(args) -> dict:
                     {"method": method, "side": side, "device": args.device},
                     device=args.device,
                     timeout=max(120.0, 20 * args.cap_seconds),
+                    warmup_kwargs={"side": WARMUP_SIDE},
+                    threads=args.threads,
                 )
         except Exception as exc:
             rec["status"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -210,8 +218,9 @@ def markdown_report(result: dict, args, info: dict) -> str:
         f"{gpu}; torch {info['torch']}, triton {info['triton']}.",
         f"B={BATCH}, H={HEADS}, d={HEAD_DIM}, m={LANDMARKS[0] * LANDMARKS[1]} ({LANDMARKS[0]}x{LANDMARKS[1]}) landmarks,"
         f" Performer {PERFORMER_FEATURES} features, Nystromformer {NYSTROM_ITERS} pinv iterations, float32.",
-        f"Each cell: median of up to {args.repeats} timed calls after one warm-up / peak memory above the inputs"
-        " (CPU: peak RSS increase of a fresh subprocess; CUDA: max_memory_allocated).",
+        f"Each cell: median of {args.repeats} timed calls after one warm-up (one when a call exceeds the cap) /"
+        " peak memory above the inputs (CPU: peak RSS increase of a fresh subprocess after an 8x8 warm-up"
+        " call of the same method; CUDA: max_memory_allocated).",
         "**Shared, noisy machine**: other jobs ran on the same cores during this run, so treat single cells as"
         " rough (the IQR of every cell is in the JSON); compare methods within a row.",
         f"Cap: a method whose call exceeded {args.cap_seconds:g} s is not run at larger N.",
@@ -241,6 +250,7 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cap-seconds", type=float, default=8.0, help="skip larger N once a call exceeds this")
     p.add_argument("--exact-max-n", type=int, default=4096, help="largest N for laplacian_exact")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True, help="measure peak memory")
     p.add_argument("--out", default=None, help="output prefix (default benchmarks/results/attention_scaling_<device>)")
     args = p.parse_args(argv)
@@ -258,6 +268,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     info = machine_info()
     result = run(args)
     out = Path(args.out)
@@ -273,6 +285,7 @@ def main(argv=None) -> dict:
         "sizes": args.sizes,
         "methods": args.methods,
         "repeats": args.repeats,
+        "torch_threads": torch.get_num_threads(),
         "cap_seconds": args.cap_seconds,
         "exact_max_n": args.exact_max_n,
         "composite_backend": "laplacianformer.ops.kernel.backend('composite')"

@@ -7,7 +7,8 @@ Import from the repository root (``python -m benchmarks.<script>``) or put the r
 Peak memory (``peak_memory``):
 - CUDA: ``torch.cuda.max_memory_allocated`` during the call minus ``torch.cuda.memory_allocated`` before
   it (inputs excluded), after ``torch.cuda.reset_peak_memory_stats``.
-- CPU: the case runs in a fresh Python subprocess. The child imports the factory's module, builds the
+- CPU: the case runs in a fresh Python subprocess. The child imports the factory's module, optionally
+  runs a small warm-up case (``warmup_kwargs``) so one-time initialisation is not counted, builds the
   callable and its inputs, records its resident set size (RSS, from /proc/self/statm), resets the kernel's
   high-water mark (writing 5 to /proc/self/clear_refs, so transient import peaks do not count), runs the
   call once and reads the new high-water mark (VmHWM). Where the reset is not allowed it reads
@@ -167,8 +168,13 @@ def resolve_factory(spec: str) -> Callable[..., Callable[[], object]]:
     return getattr(importlib.import_module(module), name)
 
 
-def _peak_memory_child(spec: str, kwargs: dict) -> dict:
-    fn = resolve_factory(spec)(**kwargs)
+def _peak_memory_child(spec: str, kwargs: dict, warmup_kwargs: dict | None, threads: int | None) -> dict:
+    if threads is not None:
+        torch.set_num_threads(threads)
+    factory = resolve_factory(spec)
+    if warmup_kwargs is not None:
+        factory(**{**kwargs, **warmup_kwargs})()
+    fn = factory(**kwargs)
     before = _rss_bytes()
     reset_ok = _reset_peak_rss()
     fn()
@@ -183,16 +189,25 @@ def peak_memory(
     *,
     device: str | torch.device = "cpu",
     timeout: float | None = None,
+    warmup_kwargs: Mapping | None = None,
+    threads: int | None = None,
 ) -> dict:
     """Peak memory of one call of ``factory(**kwargs)()`` beyond its inputs, in MiB (see module docstring).
 
     ``factory`` is 'module:function'; the function builds the inputs and returns the callable to
     measure. ``kwargs`` must be JSON-serialisable (it crosses a process boundary on CPU).
+    ``warmup_kwargs``: when given, ``factory(**kwargs, **warmup_kwargs)()`` runs first (e.g. a tiny size)
+    so one-time initialisation (thread pools, lazily built kernels) is not counted.
+    ``threads``: torch.set_num_threads in the CPU subprocess (default: torch's default).
     Returns {"peak_mb", "baseline_mb", "method"}.
     """
     kwargs = dict(kwargs or {})
+    warmup_kwargs = None if warmup_kwargs is None else dict(warmup_kwargs)
     if torch.device(device).type == "cuda":
-        fn = resolve_factory(factory)(**kwargs)
+        factory_fn = resolve_factory(factory)
+        if warmup_kwargs is not None:
+            factory_fn(**{**kwargs, **warmup_kwargs})()
+        fn = factory_fn(**kwargs)
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
@@ -202,7 +217,8 @@ def peak_memory(
         return {"peak_mb": (peak - before) / MIB, "baseline_mb": before / MIB, "method": "cuda max_memory_allocated"}
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "benchmarks.common", "--peak-memory-child", factory, json.dumps(kwargs)]
+    child_args = {"kwargs": kwargs, "warmup_kwargs": warmup_kwargs, "threads": threads}
+    cmd = [sys.executable, "-m", "benchmarks.common", "--peak-memory-child", factory, json.dumps(child_args)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(REPO_ROOT))
     if proc.returncode != 0:
         raise RuntimeError(f"peak-memory subprocess failed ({factory} {kwargs}):\n{proc.stderr[-2000:]}")
@@ -292,6 +308,7 @@ def fit_exponent(xs: Sequence[float], ys: Sequence[float]) -> float | None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--peak-memory-child":
-        print(json.dumps(_peak_memory_child(sys.argv[2], json.loads(sys.argv[3]))))
+        child = json.loads(sys.argv[3])
+        print(json.dumps(_peak_memory_child(sys.argv[2], child["kwargs"], child["warmup_kwargs"], child["threads"])))
     else:
         print(json.dumps(machine_info(), indent=2))
