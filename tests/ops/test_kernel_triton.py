@@ -86,6 +86,25 @@ def test_leading_dims_and_sign_zero_convention(nan_empty):
     _check(laplace_kernel, laplace_kernel_naive, [x, y], "laplacian", torch.float32, seed)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch.compile of the Triton ops needs CUDA")
+def test_compiles_without_graph_breaks_on_cuda():
+    seed, (x, y, v) = _inputs((2, 300, 49, 32, 32), torch.float32)
+
+    def f(a, b, c):
+        return laplace_kernel(a, b, 4.0).sum() + laplace_kernel_matmul(a, b, c, 4.0).square().sum()
+
+    with backend("triton"):
+        out = torch.compile(f, fullgraph=True)(x, y, v)
+        got = torch.autograd.grad(out, (x, y, v))
+    ref_args = [t.detach().double().requires_grad_() for t in (x, y, v)]
+    with backend("naive"):
+        ref = f(*ref_args)
+    exp = torch.autograd.grad(ref, ref_args)
+    assert _rel(out, ref) < 1e-5, f"seed {seed}"
+    for g, r in zip(got, exp):
+        assert _rel(g, r) < 1e-4, f"seed {seed}"
+
+
 def test_triton_suite_under_interpreter(triton_interpreter):
     if RUNS_HERE:
         pytest.skip("the Triton tests run in this process")

@@ -115,8 +115,8 @@ def _refusal(name: str, tensors, kind: str, op: str) -> str | None:
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return f"dtype {dtype} (the Triton kernels take float32/float16/bfloat16)"
     d = tensors[0].shape[-1]
-    if d > 256:
-        return f"feature dim d={d} > 256"
+    if d > 128:
+        return f"feature dim d={d} > 128 (the (N, M, d) register tile would not fit)"
     if op == "matmul" and tensors[2].shape[-1] > 256:
         return f"value dim e={tensors[2].shape[-1]} > 256"
     return None
