@@ -33,13 +33,16 @@ def _use_native(x: torch.Tensor) -> bool:
     return x.dtype in (torch.float32, torch.float64) and native.load() is not None
 
 
-def pairwise_distance_cpu(x: torch.Tensor, y: torch.Tensor, kind: str, scale: float = 1.0) -> torch.Tensor:
-    """scale · D (B, N, M) for contiguous x (B, N, d), y (B, M, d); no autograd."""
+def pairwise_distance_cpu(
+    x: torch.Tensor, y: torch.Tensor, kind: str, scale: float = 1.0, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """scale · D (B, N, M) for contiguous x (B, N, d), y (B, M, d), into ``out`` when given; no autograd."""
     if _use_native(x):
-        return native.pairwise_distance_native(x, y, kind == "laplacian", scale)
+        return native.pairwise_distance_native(x, y, kind == "laplacian", scale, out)
     b, n, d = x.shape
     m = y.shape[1]
-    out = torch.empty(b, n, m, dtype=x.dtype)
+    if out is None:
+        out = torch.empty(b, n, m, dtype=x.dtype)
     step = _chunk_rows(b, m, d, _CHUNK_ELEMS)
     for s in range(0, n, step):
         diff = x[:, s : s + step].unsqueeze(-2) - y.unsqueeze(-3)
@@ -49,16 +52,25 @@ def pairwise_distance_cpu(x: torch.Tensor, y: torch.Tensor, kind: str, scale: fl
 
 
 def pairwise_distance_grad_cpu(
-    x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, c: torch.Tensor | None, scale: float, kind: str
+    x: torch.Tensor,
+    y: torch.Tensor,
+    g: torch.Tensor,
+    c: torch.Tensor | None,
+    scale: float,
+    kind: str,
+    dx: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dX (B, N, d), dY (B, M, d)) for dL/dD = g · c · scale (B, N, M) (c None means 1); no autograd."""
+    """(dX (B, N, d), dY (B, M, d)) for dL/dD = g · c · scale (B, N, M) (c None means 1); no autograd.
+
+    dX is written into ``dx`` (contiguous (B, N, d)) when given."""
     if _use_native(x):
         c = None if c is None else c.contiguous()
-        return native.pairwise_distance_grad_native(x, y, g.contiguous(), c, scale, kind == "laplacian")
+        return native.pairwise_distance_grad_native(x, y, g.contiguous(), c, scale, kind == "laplacian", dx)
     gp = g * scale if c is None else (g * c).mul_(scale)
     b, n, d = x.shape
     m = y.shape[1]
-    dx = torch.empty_like(x)
+    if dx is None:
+        dx = torch.empty_like(x)
     dy = torch.zeros_like(y)
     step = _chunk_rows(b, m, d, _CHUNK_ELEMS)
     for s in range(0, n, step):
@@ -87,16 +99,25 @@ def _kernel_bwd_op(
     return pairwise_distance_grad_cpu(x, y, grad, out, scale, kind)
 
 
+def _row_chunks(b: int, n: int, m: int):
+    """(batch index, first row, row count) over all rows, at most _MATMUL_CHUNK_ELEMS kernel entries each."""
+    step = max(1, _MATMUL_CHUNK_ELEMS // max(1, m))
+    for bi in range(b):
+        for s in range(0, n, step):
+            yield bi, s, min(step, n - s)
+
+
 @torch.library.custom_op("laplacianformer::laplace_matmul_cpu", mutates_args=(), device_types="cpu")
 def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale: float, kind: str) -> torch.Tensor:
     """exp(scale · D) @ V on row chunks.  x: (B, N, d), y: (B, M, d), v: (B, M, e) -> (B, N, e)."""
     b, n, d = x.shape
     m, e = v.shape[1], v.shape[2]
     out = torch.empty(b, n, e, dtype=x.dtype)
-    step = _chunk_rows(b, m, 1, _MATMUL_CHUNK_ELEMS)
-    for s in range(0, n, step):
-        c = pairwise_distance_cpu(x[:, s : s + step].contiguous(), y, kind, scale).exp_()
-        out[:, s : s + step] = torch.bmm(c, v)
+    buf = torch.empty(min(n, max(1, _MATMUL_CHUNK_ELEMS // max(1, m))) * m, dtype=x.dtype)
+    for bi, s, r in _row_chunks(b, n, m):
+        c = buf[: r * m].view(1, r, m)
+        pairwise_distance_cpu(x[bi, s : s + r].unsqueeze(0), y[bi].unsqueeze(0), kind, scale, out=c).exp_()
+        torch.mm(c[0], v[bi], out=out[bi, s : s + r])
     return out
 
 
@@ -109,14 +130,18 @@ def _matmul_bwd_op(
     dx = torch.empty_like(x)
     dy = torch.zeros_like(y)
     dv = torch.zeros_like(v)
-    step = _chunk_rows(b, m, 1, _MATMUL_CHUNK_ELEMS)
-    for s in range(0, n, step):
-        xb, gb = x[:, s : s + step].contiguous(), grad[:, s : s + step]
-        c = pairwise_distance_cpu(xb, y, kind, scale).exp_()
-        dv.baddbmm_(c.transpose(1, 2), gb)
-        gx, gy = pairwise_distance_grad_cpu(xb, y, torch.bmm(gb, v.transpose(1, 2)), c, scale, kind)
-        dx[:, s : s + step] = gx
-        dy += gy
+    rows = min(n, max(1, _MATMUL_CHUNK_ELEMS // max(1, m)))
+    cbuf = torch.empty(rows * m, dtype=x.dtype)
+    gbuf = torch.empty(rows * m, dtype=x.dtype)
+    for bi, s, r in _row_chunks(b, n, m):
+        xb, gb = x[bi, s : s + r].unsqueeze(0), grad[bi, s : s + r]
+        c = cbuf[: r * m].view(1, r, m)
+        pairwise_distance_cpu(xb, y[bi].unsqueeze(0), kind, scale, out=c).exp_()
+        dv[bi].addmm_(c[0].t(), gb)
+        gc = gbuf[: r * m].view(1, r, m)
+        torch.mm(gb, v[bi].t(), out=gc[0])
+        _, gy = pairwise_distance_grad_cpu(xb, y[bi].unsqueeze(0), gc, c, scale, kind, dx=dx[bi, s : s + r].unsqueeze(0))
+        dy[bi] += gy[0]
     return dx, dy, dv
 
 

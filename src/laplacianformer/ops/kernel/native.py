@@ -113,13 +113,17 @@ def _threads(work: int) -> int:
     return 1 if work < _SERIAL_WORK else torch.get_num_threads()
 
 
-def pairwise_distance_native(x: torch.Tensor, y: torch.Tensor, l1: bool, scale: float = 1.0) -> torch.Tensor:
-    """scale · D (B, N, M) for contiguous x (B, N, d), y (B, M, d) of one float dtype."""
+def pairwise_distance_native(
+    x: torch.Tensor, y: torch.Tensor, l1: bool, scale: float = 1.0, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """scale · D (B, N, M) for contiguous x (B, N, d), y (B, M, d) of one float dtype (into ``out``, a
+    contiguous (B, N, M) tensor, when given)."""
     lib = load()
     b, n, d = x.shape
     m = y.shape[1]
     yt = y.transpose(1, 2).contiguous()
-    out = torch.empty(b, n, m, dtype=x.dtype)
+    if out is None:
+        out = torch.empty(b, n, m, dtype=x.dtype)
     getattr(lib, f"lf_dist_{_SUFFIX[x.dtype]}")(
         _ptr(x), _ptr(yt), _ptr(out), b, n, m, d, scale, int(l1), _threads(b * n * m * d)
     )
@@ -127,16 +131,23 @@ def pairwise_distance_native(x: torch.Tensor, y: torch.Tensor, l1: bool, scale: 
 
 
 def pairwise_distance_grad_native(
-    x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, c: torch.Tensor | None, scale: float, l1: bool
+    x: torch.Tensor,
+    y: torch.Tensor,
+    g: torch.Tensor,
+    c: torch.Tensor | None,
+    scale: float,
+    l1: bool,
+    dx: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dX (B, N, d), dY (B, M, d)) for dL/dD = g · c · scale (g, c: (B, N, M); c None means 1).
 
-    All contiguous, one dtype."""
+    All contiguous, one dtype; dX is written into ``dx`` when given."""
     lib = load()
     b, n, d = x.shape
     m = y.shape[1]
     chunks = max(1, min(_CHUNKS, n))
-    dx = torch.empty_like(x)
+    if dx is None:
+        dx = torch.empty_like(x)
     parts = torch.empty(b, chunks, m, d, dtype=x.dtype)
     getattr(lib, f"lf_grad_{_SUFFIX[x.dtype]}")(
         _ptr(x), _ptr(y), _ptr(g), None if c is None else _ptr(c), _ptr(dx), _ptr(parts),
