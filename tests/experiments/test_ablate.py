@@ -81,6 +81,8 @@ def test_runner_resumes_and_refuses_other_settings(tmp_path):
     assert rows[1]["top1_std"] == pytest.approx(0.001 / 2**0.5)
     table = ablate.ablation_table(record, rows)
     assert "lam=4 (default)" in table and "54.05 ± 0.07" in table
+    assert rows[0]["delta_mean"] == pytest.approx(-0.03) and rows[0]["delta_std"] == pytest.approx(0.0, abs=1e-12)
+    assert "| -3.00 ± 0.00 |" in table
     ablate.plot_ablation(record, rows, tmp_path / "lambda.png")
     assert (tmp_path / "lambda.png").stat().st_size > 1000
     assert ablate.main(["lambda", "--report", "--out", str(tmp_path)]) == 0

@@ -177,7 +177,8 @@ def run_ablation(
 
 
 def summarise(record: dict, labels: list[str] | None = None) -> list[dict]:
-    """Per value: top-1 and test loss mean ± std over the recorded seeds, in registry order."""
+    """Per value: top-1 and test loss mean ± std over the recorded seeds, in registry order, and the paired
+    difference to the default value (same seeds: same data subsets and initialisation)."""
     by_label: dict[str, list[dict]] = {}
     for cell in record["cells"].values():
         by_label.setdefault(cell["label"], []).append(cell)
@@ -190,7 +191,11 @@ def summarise(record: dict, labels: list[str] | None = None) -> list[dict]:
         top1 = mean_std([c["top1"] for c in cells])
         loss = mean_std([c["loss"] for c in cells if isinstance(c.get("loss"), (int, float))])
         secs = mean_std([c["seconds"] for c in cells])
+        ref = {c["seed"]: c["top1"] for c in by_label.get(record.get("default"), [])}
+        diffs = [c["top1"] - ref[c["seed"]] for c in cells if c["seed"] in ref]
+        delta = mean_std(diffs) if diffs and label != record.get("default") else (math.nan, math.nan)
         rows.append({"label": label, "seeds": [c["seed"] for c in cells], "top1": [c["top1"] for c in cells],
+                     "delta_mean": delta[0], "delta_std": delta[1], "delta_n": len(diffs),
                      "top1_mean": top1[0], "top1_std": top1[1], "loss_mean": loss[0], "loss_std": loss[1],
                      "seconds_mean": secs[0]})
     return rows
@@ -208,8 +213,13 @@ def ablation_table(record: dict, rows: list[dict]) -> str:
         many = len(r["seeds"]) > 1
         top1 = f"{_pct(r['top1_mean']):.2f}" + (f" ± {_pct(r['top1_std']):.2f}" if many else "")
         loss = f"{r['loss_mean']:.3f}" + (f" ± {r['loss_std']:.3f}" if many else "")
-        out.append([name, top1, len(r["seeds"]), loss, f"{r['seconds_mean']:.0f}"])
-    return markdown_table([record["setting"], "top-1 % (mean ± std)", "seeds", "test loss", "s / run"], out)
+        if math.isnan(r["delta_mean"]):
+            delta = "—"
+        else:
+            delta = f"{100 * r['delta_mean']:+.2f}" + (f" ± {100 * r['delta_std']:.2f}" if r["delta_n"] > 1 else "")
+        out.append([name, top1, delta, len(r["seeds"]), loss, f"{r['seconds_mean']:.0f}"])
+    header = [record["setting"], "top-1 % (mean ± std)", "paired Δ vs default (points)", "seeds", "test loss", "s / run"]
+    return markdown_table(header, out)
 
 
 def plot_ablation(record: dict, rows: list[dict], path: Path) -> None:
