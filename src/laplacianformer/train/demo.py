@@ -1,6 +1,8 @@
 """``laplacianformer demo``: the same small backbone with three token mixers on Fashion-MNIST.
 
-Each variant (laplacian, gaussian, softmax attention in ``laplacianformer_micro``) trains in its own
+Each variant (laplacian, gaussian, softmax attention in ``laplacianformer_micro``, PVTv2's stride-4 stem,
+so 32-px inputs give 8x8, 4x4, 2x2, 1x1 token grids; the softmax baseline without spatial reduction, i.e.
+full softmax attention, which is cheap at these sizes) trains in its own
 subprocess (``python -m laplacianformer train``) so that its peak resident memory is its own, then is
 evaluated on the test split. Writes into the output directory: one run directory per variant,
 ``results.md`` and ``results.json`` (the table) and ``curves.png`` (test accuracy and losses per epoch).
@@ -16,8 +18,9 @@ from pathlib import Path
 
 from .plots import plot_curves
 
-DEFAULTS = dict(train_subset=12000, test_subset=2000, epochs=6, img_size=32, batch_size=96)
-QUICK = dict(train_subset=1000, test_subset=500, epochs=2, img_size=32, batch_size=100)
+DEFAULTS = dict(train_subset=5000, test_subset=1000, epochs=2, img_size=32, batch_size=64, lr=1.5e-3)
+QUICK = dict(train_subset=1000, test_subset=500, epochs=2, img_size=32, batch_size=100, lr=1.5e-3)
+MODEL_KWARGS = {"stem_stride": 4, "sr_ratios": [1, 1, 1, 1]}
 
 
 def _macs(model: str, attn: str, img_size: int, in_chans: int, model_kwargs: dict) -> float | None:
@@ -61,7 +64,8 @@ def run_demo(out="runs/demo", attns=("laplacian", "gaussian", "softmax"), data="
         cmd = [sys.executable, "-m", "laplacianformer", "train", "--attn", attn, "--data", data,
                "--out", str(run_dir), "--epochs", str(budget["epochs"]), "--img-size", str(budget["img_size"]),
                "--batch-size", str(budget["batch_size"]), "--train-subset", str(budget["train_subset"]),
-               "--test-subset", str(budget["test_subset"]), "--warmup-epochs", "0.5",
+               "--test-subset", str(budget["test_subset"]), "--lr", str(budget["lr"]), "--warmup-epochs", "0.3",
+               "--model-kwargs", json.dumps(MODEL_KWARGS),
                "--progress" if progress else "--no-progress"]
         if time_budget:
             cmd += ["--time-budget", str(time_budget)]
