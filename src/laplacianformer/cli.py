@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--img-size", type=_positive_int, default=None)
     p.add_argument("--batch-size", type=_positive_int, default=None)
     p.add_argument("--time-budget", type=_positive_float, default=None, help="seconds per variant (safety stop)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="threads per training run (default 1)")
     p.add_argument("--data", default="fashion-mnist")
     p.add_argument("--quick", action="store_true", help="a much smaller budget (about a minute) for a smoke test")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
@@ -306,7 +307,7 @@ def cmd_demo(args) -> int:
 
     run_demo(out=args.out, attns=[a.strip() for a in args.attns.split(",") if a.strip()], data=args.data,
              quick=args.quick, train_subset=args.train_subset, test_subset=args.test_subset, epochs=args.epochs,
-             img_size=args.img_size, batch_size=args.batch_size, time_budget=args.time_budget,
+             img_size=args.img_size, batch_size=args.batch_size, threads=args.threads, time_budget=args.time_budget,
              progress=args.progress)
     return 0
 

@@ -28,3 +28,22 @@ def test_short_run_learns_far_above_chance_and_writes_its_run_dir(tmp_path):
     assert [int(x["epoch"]) for x in rows] == [1, 2]
     assert json.loads((out / "config.json").read_text())["attn"] == "laplacian"
     assert sum(map(sum, r["confusion"])) == 300
+
+
+def test_image_folder_bf16_randaugment_and_resume_with_more_epochs(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path / "imgs"
+    rng = np.random.default_rng(0)
+    for c in ("a", "b", "c"):
+        (root / c).mkdir(parents=True)
+        for i in range(6):
+            Image.fromarray(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    out = tmp_path / "run"
+    cfg = tiny_config(out, data=str(root), train_subset=None, test_subset=None, batch_size=8, amp="bf16",
+                      randaugment=True, hflip=True)
+    r = train(cfg)
+    assert r["steps"] == 2 and r["eval_n"] == 3 and len(r["per_class"]) == 3
+    r2 = train(resume=out, epochs=2)
+    assert r2["steps"] == 4 and [h["epoch"] for h in r2["history"]] == [1, 2]

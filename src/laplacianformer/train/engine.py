@@ -177,6 +177,7 @@ class Trainer:
                                           f"not {getattr(config, key)!r}")
         self.config = (config or TrainConfig()).validate()
         cfg = self.config
+        self._prev_threads = torch.get_num_threads()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device = resolve_device(cfg.device)
@@ -323,7 +324,10 @@ class Trainer:
             "test_top5": ev["top5"],
             "epoch_train_time": st["train_time"],
         }
-        self.history.append(row)
+        if self.history and self.history[-1]["epoch"] == row["epoch"]:
+            self.history[-1] = row
+        else:
+            self.history.append(row)
         self.last_eval = ev
         if self.dist.is_main:
             write_epochs(self.run_dir, self.history)
@@ -443,7 +447,9 @@ class Trainer:
         return result
 
     def close(self) -> None:
+        """Leaves the process group (if this trainer created it) and restores the thread count."""
         cleanup(self.dist)
+        torch.set_num_threads(self._prev_threads)
 
 
 def train(config: TrainConfig | None = None, *, resume: str | Path | None = None, **overrides) -> dict:
@@ -458,7 +464,12 @@ def train(config: TrainConfig | None = None, *, resume: str | Path | None = None
     ``train_time_s``, ``wall_time_s``, ``run_dir``, ``interrupted`` (signal name or None) and more.
     """
     if overrides:
-        base = config.to_dict() if config is not None else TrainConfig().to_dict()
+        if config is not None:
+            base = config.to_dict()
+        elif resume is not None:
+            base = load_checkpoint(resolve_checkpoint(resume))["config"]
+        else:
+            base = TrainConfig().to_dict()
         unknown = set(overrides) - set(base)
         if unknown:
             raise TypeError(f"{sorted(unknown)[0]}: not a TrainConfig field")
