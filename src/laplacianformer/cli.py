@@ -114,7 +114,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="LaplacianFormer: train, evaluate, inspect and benchmark.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors (accepted anywhere)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("train", help="train a model (DDP under torchrun)")
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         if rest and rest[0] in ("ablate", "analyze"):
             return cmd_forward(rest[0], rest[1:])
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args = parser.parse_args([a for a in argv if a != "--debug"])
         handler = {"train": cmd_train, "eval": cmd_eval, "info": cmd_info, "bench": cmd_bench,
                    "demo": cmd_demo}[args.command]
         return handler(args)

@@ -71,6 +71,8 @@ def test_debug_shows_the_traceback(tmp_path):
 
     with pytest.raises(DataError):
         main(["--debug", "train", "--data", str(tmp_path / "nope")])
+    with pytest.raises(DataError):
+        main(["train", "--data", str(tmp_path / "nope"), "--debug"])
 
 
 def test_eval_writes_metrics_and_confusion_png(capsys, run_dir, tmp_path):
