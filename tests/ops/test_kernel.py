@@ -136,3 +136,15 @@ def test_cpu_path_compiles_without_graph_breaks():
         ref = f(xr)
         ref.backward()
     assert torch.allclose(out, ref, rtol=1e-5) and torch.allclose(x.grad, xr.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cpu_matmul_row_chunks(nan_empty, loops, kind, monkeypatch):
+    """Several row chunks with a ragged last one give the same values and gradients as one chunk."""
+    monkeypatch.setattr(kcpu, "_MATMUL_CHUNK_ELEMS", 3 * 11 * 4)
+    seed, gen = _seeded()
+    x = torch.randn(3, 37, 5, dtype=torch.float64, generator=gen).requires_grad_()
+    y = torch.randn(3, 11, 5, dtype=torch.float64, generator=gen).requires_grad_()
+    v = torch.randn(3, 11, 4, dtype=torch.float64, generator=gen).requires_grad_()
+    assert len(kcpu._row_chunks(3, 37, 11)) == 10
+    assert torch.autograd.gradcheck(lambda a, b, c: kcpu.laplace_kernel_matmul_cpu(a, b, c, 2.0, kind), (x, y, v)), seed

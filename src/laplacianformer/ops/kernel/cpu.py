@@ -22,7 +22,7 @@ import torch
 from . import native
 
 _CHUNK_ELEMS = 1 << 16
-_MATMUL_CHUNK_ELEMS = 1 << 20
+_MATMUL_CHUNK_ELEMS = 1 << 22
 
 
 def _chunk_rows(batch: int, m: int, d: int, elems: int) -> int:
@@ -100,11 +100,17 @@ def _kernel_bwd_op(
 
 
 def _row_chunks(b: int, n: int, m: int):
-    """(batch index, first row, row count) over all rows, at most _MATMUL_CHUNK_ELEMS kernel entries each."""
-    step = max(1, _MATMUL_CHUNK_ELEMS // max(1, m))
-    for bi in range(b):
-        for s in range(0, n, step):
-            yield bi, s, min(step, n - s)
+    """(first row, row count) chunks of N with at most _MATMUL_CHUNK_ELEMS kernel entries over all batches."""
+    step = max(1, _MATMUL_CHUNK_ELEMS // max(1, b * m))
+    return [(s, min(step, n - s)) for s in range(0, n, step)]
+
+
+def _rows(t: torch.Tensor, s: int, r: int, buf: torch.Tensor) -> torch.Tensor:
+    """Rows s:s+r of t (B, N, k) as a contiguous tensor: t itself when it is one chunk, else copied into buf."""
+    if r == t.shape[1]:
+        return t
+    out = buf[: t.shape[0] * r * t.shape[2]].view(t.shape[0], r, t.shape[2])
+    return out.copy_(t[:, s : s + r])
 
 
 @torch.library.custom_op("laplacianformer::laplace_matmul_cpu", mutates_args=(), device_types="cpu")
@@ -112,12 +118,19 @@ def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale: float, 
     """exp(scale · D) @ V on row chunks.  x: (B, N, d), y: (B, M, d), v: (B, M, e) -> (B, N, e)."""
     b, n, d = x.shape
     m, e = v.shape[1], v.shape[2]
+    chunks = _row_chunks(b, n, m)
+    rmax = chunks[0][1]
     out = torch.empty(b, n, e, dtype=x.dtype)
-    buf = torch.empty(min(n, max(1, _MATMUL_CHUNK_ELEMS // max(1, m))) * m, dtype=x.dtype)
-    for bi, s, r in _row_chunks(b, n, m):
-        c = buf[: r * m].view(1, r, m)
-        pairwise_distance_cpu(x[bi, s : s + r].unsqueeze(0), y[bi].unsqueeze(0), kind, scale, out=c).exp_()
-        torch.mm(c[0], v[bi], out=out[bi, s : s + r])
+    cbuf = torch.empty(b * rmax * m, dtype=x.dtype)
+    xbuf = torch.empty(b * rmax * d if len(chunks) > 1 else 0, dtype=x.dtype)
+    obuf = torch.empty(b * rmax * e if len(chunks) > 1 else 0, dtype=x.dtype)
+    for s, r in chunks:
+        c = cbuf[: b * r * m].view(b, r, m)
+        pairwise_distance_cpu(_rows(x, s, r, xbuf), y, kind, scale, out=c).exp_()
+        if r == n:
+            torch.bmm(c, v, out=out)
+        else:
+            out[:, s : s + r] = torch.bmm(c, v, out=obuf[: b * r * e].view(b, r, e))
     return out
 
 
@@ -126,22 +139,29 @@ def _matmul_bwd_op(
     x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, scale: float, kind: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     b, n, d = x.shape
-    m = y.shape[1]
+    m, e = v.shape[1], v.shape[2]
+    chunks = _row_chunks(b, n, m)
+    rmax = chunks[0][1]
     dx = torch.empty_like(x)
     dy = torch.zeros_like(y)
     dv = torch.zeros_like(v)
-    rows = min(n, max(1, _MATMUL_CHUNK_ELEMS // max(1, m)))
-    cbuf = torch.empty(rows * m, dtype=x.dtype)
-    gbuf = torch.empty(rows * m, dtype=x.dtype)
-    for bi, s, r in _row_chunks(b, n, m):
-        xb, gb = x[bi, s : s + r].unsqueeze(0), grad[bi, s : s + r]
-        c = cbuf[: r * m].view(1, r, m)
-        pairwise_distance_cpu(xb, y[bi].unsqueeze(0), kind, scale, out=c).exp_()
-        dv[bi].addmm_(c[0].t(), gb)
-        gc = gbuf[: r * m].view(1, r, m)
-        torch.mm(gb, v[bi].t(), out=gc[0])
-        _, gy = pairwise_distance_grad_cpu(xb, y[bi].unsqueeze(0), gc, c, scale, kind, dx=dx[bi, s : s + r].unsqueeze(0))
-        dy[bi] += gy[0]
+    cbuf = torch.empty(b * rmax * m, dtype=x.dtype)
+    gbuf = torch.empty(b * rmax * m, dtype=x.dtype)
+    many = len(chunks) > 1
+    xbuf = torch.empty(b * rmax * d if many else 0, dtype=x.dtype)
+    obuf = torch.empty(b * rmax * e if many else 0, dtype=x.dtype)
+    dxbuf = torch.empty(b * rmax * d if many else 0, dtype=x.dtype)
+    for s, r in chunks:
+        xb, gb = _rows(x, s, r, xbuf), _rows(grad, s, r, obuf)
+        c = cbuf[: b * r * m].view(b, r, m)
+        pairwise_distance_cpu(xb, y, kind, scale, out=c).exp_()
+        dv.baddbmm_(c.transpose(1, 2), gb)
+        gc = torch.bmm(gb, v.transpose(1, 2), out=gbuf[: b * r * m].view(b, r, m))
+        dxb = dx if not many else dxbuf[: b * r * d].view(b, r, d)
+        _, gy = pairwise_distance_grad_cpu(xb, y, gc, c, scale, kind, dx=dxb)
+        if many:
+            dx[:, s : s + r] = dxb
+        dy += gy
     return dx, dy, dv
 
 
