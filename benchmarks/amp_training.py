@@ -30,7 +30,7 @@ def _running_mean(xs: list[float], w: int = 20) -> list[float]:
     return [sum(xs[max(0, i - w + 1) : i + 1]) / len(xs[max(0, i - w + 1) : i + 1]) for i in range(len(xs))]
 
 
-def run_mode(amp: str, steps: int, data: str, out: Path) -> dict:
+def run_mode(amp: str, steps: int, data: str, out: Path, threads: int | None) -> dict:
     import json
 
     from laplacianformer.train import TrainConfig
@@ -38,7 +38,7 @@ def run_mode(amp: str, steps: int, data: str, out: Path) -> dict:
 
     config = TrainConfig(data=data, img_size=16, model_kwargs=dict(MODEL_KWARGS), train_subset=32 * steps,
                          test_subset=1000, batch_size=32, epochs=1, max_steps=steps, amp=amp, seed=0,
-                         out=str(out / amp), progress=True, warmup_epochs=0.1)
+                         out=str(out / amp), progress=True, warmup_epochs=0.1, threads=threads)
     trainer = Trainer(config)
     scales: list[float] = []
     update = trainer.scaler.update
@@ -55,6 +55,8 @@ def run_mode(amp: str, steps: int, data: str, out: Path) -> dict:
         result, error = {}, str(exc)
     finally:
         trainer.close()
+    if result.get("interrupted"):
+        raise SystemExit(f"amp={amp}: interrupted by {result['interrupted']}")
     losses = [json.loads(line)["loss"] for line in (out / amp / "log.jsonl").read_text().splitlines()]
     skipped = sum(1 for a, b in zip(scales, scales[1:]) if b < a)
     return {
@@ -78,21 +80,22 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--data", default="fashion-mnist")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: stable timings on a shared machine)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [run_mode(amp, args.steps, args.data, Path(tmp)) for amp in MODES]
+        runs = [run_mode(amp, args.steps, args.data, Path(tmp), args.threads) for amp in MODES]
     ref = _running_mean(runs[0]["losses"])
     for r in runs:
         mine = _running_mean(r["losses"])
         r["max_gap_to_fp32_running_loss"] = max((abs(a - b) for a, b in zip(mine, ref)), default=None)
     header = ["amp", "steps run", "non-finite losses", "GradScaler skipped steps", "final scale", "weights finite",
-              "first loss", "mean loss, last 20", "max |running loss - fp32|", "test top-1", "test loss", "train s"]
+              "first loss", "mean loss, last 20", "max gap to fp32 running loss", "test top-1", "test loss", "train s"]
     rows = [[r["amp"], r["steps_run"], r["nonfinite_losses"], r["skipped_steps"], r["final_scale"], r["weights_finite"],
              r["first_loss"], r["last20_loss"], r["max_gap_to_fp32_running_loss"], r["test_top1"], r["test_loss"],
              r["train_time_s"]] for r in runs]
     table = markdown_table(header, rows)
-    settings = {"steps": args.steps, "data": args.data, "img_size": 16, "batch_size": 32, "model": "laplacianformer_micro",
+    settings = {"steps": args.steps, "threads": args.threads, "data": args.data, "img_size": 16, "batch_size": 32, "model": "laplacianformer_micro",
                 "model_kwargs": MODEL_KWARGS}
     write_json(args.out / "amp_training.json", runs, settings=settings)
     text = (f"# Mixed-precision training, {args.steps} steps ({args.data}, 16 px, batch 32, laplacianformer_micro)\n\n"

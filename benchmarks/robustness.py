@@ -92,8 +92,8 @@ def kill_part(trials: int, seed: int = 0) -> dict:
     from laplacianformer.checkpoint import CheckpointError, load_checkpoint, previous_path, save_checkpoint
 
     rng = random.Random(seed)
-    counts = {"trials": trials, "latest_ok": 0, "latest_corrupt": 0, "prev_ok": 0, "killed_mid_write": 0,
-              "steps_completed": 0}
+    counts = {"trials": trials, "latest_ok": 0, "latest_corrupt": 0, "prev_exists": 0, "prev_ok": 0,
+              "killed_mid_write": 0, "steps_completed": 0}
     with tempfile.TemporaryDirectory() as root:
         for trial in tqdm(range(trials), desc="SIGKILL trials"):
             path = Path(root) / f"t{trial}" / "c.pt"
@@ -116,6 +116,7 @@ def kill_part(trials: int, seed: int = 0) -> dict:
                 ok = False
             counts["latest_ok" if ok else "latest_corrupt"] += 1
             if previous_path(path).exists():
+                counts["prev_exists"] += 1
                 try:
                     load_checkpoint(previous_path(path))
                     counts["prev_ok"] += 1
