@@ -1,5 +1,8 @@
 """Model zoo: sizes vs the paper, forward/backward for every registered size, bad input, attention variants."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -158,3 +161,16 @@ def test_bad_arguments_name_the_argument():
     with pytest.raises(TypeError, match="^x: expected a torch.Tensor"):
         create_model("laplacianformer_micro")([1, 2, 3])
     assert isinstance(create_model("laplacianformer_micro"), LaplacianFormer)
+
+
+def test_models_work_without_timm_and_do_not_import_it():
+    code = (
+        "import sys; sys.modules['timm'] = None\n"
+        "import torch, laplacianformer.models as lm\n"
+        "assert lm.register_timm() is False\n"
+        "m = lm.create_model('laplacianformer_micro', num_classes=3, depths=(1, 1, 1, 1))\n"
+        "assert m(torch.randn(1, 3, 32, 32)).shape == (1, 3)\n"
+        "assert sys.modules['timm'] is None and 'torchvision' not in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

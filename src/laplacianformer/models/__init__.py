@@ -33,11 +33,11 @@ __all__ = [
 
 def register_timm() -> bool:
     """Register the family with timm's model registry if timm can be imported; returns whether it did."""
-    if importlib.util.find_spec("timm") is None:
-        return False
     try:
+        if importlib.util.find_spec("timm") is None:
+            return False
         import timm  # noqa: F401
-    except ImportError:
+    except (ImportError, ValueError):
         return False
     from . import _timm  # noqa: F401  (importing it registers the entry points)
     return True
