@@ -86,6 +86,16 @@ def test_micro_192x256_and_tiny_224_forward_backward():
     _check_fwd_bwd(create_model("laplacianformer_tiny", num_classes=3), torch.randn(1, 3, 224, 224), 3)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SIZES[1:])
+def test_forward_backward_224_and_192x256_larger_sizes(name):
+    torch.manual_seed(0)
+    model = create_model(name, num_classes=3)
+    _check_fwd_bwd(model, torch.randn(1, 3, 224, 224), 3)
+    model.zero_grad(set_to_none=True)
+    _check_fwd_bwd(model, torch.randn(1, 3, 192, 256), 3)
+
+
 @pytest.mark.parametrize("attn", ["laplacian", "gaussian", "softmax"])
 def test_attention_variants_same_backbone(attn):
     torch.manual_seed(0)
