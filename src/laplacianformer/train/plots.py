@@ -26,7 +26,10 @@ def plot_curves(histories: dict[str, list[dict]], path: str | Path, title: str =
         ax_acc.plot(ep, [100 * r["test_top1"] for r in rows], "-o", ms=3, color=line.get_color(), label=f"{name} test")
     ax_loss.set(xlabel="epoch", ylabel="loss (train: smoothed/mixed targets)", title="loss")
     ax_acc.set(xlabel="epoch", ylabel="top-1 accuracy (%)", title="accuracy")
+    from matplotlib.ticker import MaxNLocator
+
     for ax in (ax_loss, ax_acc):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     if title:
