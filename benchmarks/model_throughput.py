@@ -13,6 +13,7 @@ Peak memory: one call in a fresh subprocess (CPU: RSS high-water mark) or the CU
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -106,10 +107,12 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
     rows = run(args)
     rel = ratios(rows)
+    load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
     stem = Path(args.out) if args.out else RESULTS / f"model_throughput_{torch.device(args.device).type}"
-    write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel), settings=vars(args))
+    write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, load_average=load), settings=vars(args))
     table = markdown_table(
         ["attn", "size", "mode", "batch", "median ms", "IQR ms", "images/s", "peak MiB"],
         [[r["attn"], r["size"], r["mode"], r["batch"], r["median_ms"], r["iqr_ms"], r["images_per_s"], r["peak_mb"]] for r in rows],
@@ -119,7 +122,10 @@ def main(argv=None) -> None:
         [[r["attn"], r["size"], r["mode"], r["time_vs_softmax"], r["memory_vs_softmax"]] for r in rel],
     )
     info = machine_info()
-    header = f"# {args.model} throughput ({args.device}; {info.get('cpu', '')}; torch {torch.__version__})\n\n"
+    header = (
+        f"# {args.model} throughput ({args.device}; {info.get('cpu', '')}; torch {torch.__version__})\n\n"
+        f"Load average (1 min) before/after: {load['before'][0]:.1f} / {load['after'][0]:.1f} on {load['cpus']} CPUs.\n\n"
+    )
     stem.with_suffix(".md").write_text(header + table)
     print(header + table)
     panels = []
