@@ -4,6 +4,9 @@ Two implementations of each variant, which tests hold equal:
 - ``normalize_dense(g, v, norm)``: the formula applied to a materialised (B, H, N, N) matrix ĝ;
 - ``normalize_nystrom(c_q, b, v, norm)``: the same output from the Nyström factors ĝ = C_q Bᵀ with
   C_q (B, H, N, m) and B = C_k W⁺ᵀ (B, H, N, m), in O(N·m² + N·m·d) time and O(N·m) memory.
+  "injective" and "inline" run the fused functions of ``ops/injective.py`` (hand-written backward,
+  few (N, m) temporaries); ``normalize_nystrom_reference`` is the plain autograd composite they are
+  tested against, also used under torch.compile, tracing and ONNX export.
 
 Injective variant, per image and head (Eq. 4 and 6 of the paper, with our choices of SPEC.md §4):
   h_ij = ĝ_ij - mean_j ĝ_ij,  mu_j = mean_i h_ij,  s_j² = var_i h_ij (population variance),
@@ -13,6 +16,10 @@ Injective variant, per image and head (Eq. 4 and 6 of the paper, with our choice
 from __future__ import annotations
 
 import torch
+
+from .injective import InjectiveNormalization, InlineNormalization, injective_forward, inline_forward
+
+_NORM_ERROR = "norm: expected one of ['injective', 'inline', 'rowsum', 'none'], got {!r}"
 
 
 def normalize_dense(g: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e-6) -> torch.Tensor:
@@ -30,8 +37,12 @@ def normalize_dense(g: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e
         var = h.var(-2, unbiased=False, keepdim=True)
         z = (h - mu) / torch.sqrt(var + eps) + 1.0 / n_keys
     else:
-        raise ValueError(f"norm: expected one of ['injective', 'inline', 'rowsum', 'none'], got {norm!r}")
+        raise ValueError(_NORM_ERROR.format(norm))
     return z @ v
+
+
+def _graph_capture() -> bool:
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
 
 def normalize_nystrom(
@@ -39,9 +50,29 @@ def normalize_nystrom(
 ) -> torch.Tensor:
     """Z(C_q Bᵀ) V without forming the N×N matrix.
 
-    c_q: (B, H, N, m) query–landmark kernel; b: (B, H, N, m) with row j = W⁺ c_kj (key side);
-    v: (B, H, N, e).  Returns (B, H, N, e).
+    c_q: (..., N, m) query–landmark kernel; b: (..., N, m) with row j = W⁺ c_kj (key side);
+    v: (..., N, e); leading dimensions broadcast.  Returns (..., N, e).
+
+    "injective" and "inline" use the fused functions of ``ops/injective.py``; their backward is first
+    order only (double backward raises).  Under torch.compile, tracing or ONNX export, and for the
+    other variants, this is ``normalize_nystrom_reference``.
     """
+    if norm not in ("injective", "inline") or _graph_capture():
+        return normalize_nystrom_reference(c_q, b, v, norm, eps)
+    batch = torch.broadcast_shapes(c_q.shape[:-2], b.shape[:-2], v.shape[:-2])
+    c3, b3, v3 = (t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:]) for t in (c_q, b, v))
+    needs_grad = torch.is_grad_enabled() and (c_q.requires_grad or b.requires_grad or v.requires_grad)
+    if norm == "injective":
+        out = InjectiveNormalization.apply(c3, b3, v3, float(eps)) if needs_grad else injective_forward(c3, b3, v3, eps)
+    else:
+        out = InlineNormalization.apply(c3, b3, v3) if needs_grad else inline_forward(c3, b3, v3)
+    return out.reshape(*batch, *out.shape[-2:])
+
+
+def normalize_nystrom_reference(
+    c_q: torch.Tensor, b: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e-6
+) -> torch.Tensor:
+    """Plain autograd composite of ``normalize_nystrom`` (same arguments and shapes; double-differentiable)."""
     n_keys = b.shape[-2]
     if norm == "none":
         return c_q @ (b.transpose(-1, -2) @ v)
@@ -59,4 +90,4 @@ def normalize_nystrom(
         var = ((b_centred @ cov_q) * b_centred).sum(-1).clamp_min(0.0)
         m_mat = (b_centred * torch.rsqrt(var + eps).unsqueeze(-1)).transpose(-1, -2) @ v
         return c_centred @ m_mat + v_mean
-    raise ValueError(f"norm: expected one of ['injective', 'inline', 'rowsum', 'none'], got {norm!r}")
+    raise ValueError(_NORM_ERROR.format(norm))

@@ -1,0 +1,128 @@
+"""Normalisation benchmark: the fused injective / inline functions (``ops/injective.py``) versus the
+autograd composite ``normalize_nystrom_reference``, forward and forward+backward, interleaved in one
+process (SPEC.md §4).
+
+Inputs per case: C_q and B of shape (1, 2, N, 49) and V of shape (1, 2, N, 32), float32, as in the
+default attention (B=1, H=2, m=49, d=32).  Before timing, the fused output and gradients are compared
+with the composite in float64.
+
+    python -m benchmarks.normalization --threads 1                       # writes benchmarks/results/normalization_cpu.*
+    python -m benchmarks.normalization --sizes 16384 --repeats 7 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+from tqdm import tqdm
+
+from benchmarks.common import markdown_table, plot_loglog, write_json
+from benchmarks.kernels import interleaved
+from laplacianformer.ops.normalization import normalize_nystrom, normalize_nystrom_reference
+
+M_LANDMARKS, E, HEADS = 49, 32, 2
+IMPLS = {"fused": normalize_nystrom, "composite": normalize_nystrom_reference}
+
+
+def _inputs(n: int, dtype=torch.float32, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    c = torch.rand(1, HEADS, n, M_LANDMARKS, generator=gen, dtype=dtype)
+    b = torch.randn(1, HEADS, n, M_LANDMARKS, generator=gen, dtype=dtype)
+    v = torch.randn(1, HEADS, n, E, generator=gen, dtype=dtype)
+    return [c, b, v]
+
+
+def make_call(impl: str, norm: str, n: int, with_backward: bool):
+    """A zero-argument callable running one normalisation (forward, and backward with ones)."""
+    args = [t.requires_grad_(with_backward) for t in _inputs(n)]
+    fn = IMPLS[impl]
+
+    def call():
+        out = fn(*args, norm)
+        if with_backward:
+            out.backward(torch.ones_like(out))
+            for t in args:
+                t.grad = None
+        return out
+
+    return call
+
+
+def check(norm: str, n: int) -> float:
+    """Largest relative error of the fused output and gradients against the float64 composite."""
+    inputs = _inputs(n)
+    probe = torch.randn(1, HEADS, n, E, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    results = []
+    for impl, dtype in (("fused", torch.float32), ("composite", torch.float64)):
+        args = [t.to(dtype).requires_grad_() for t in inputs]
+        out = IMPLS[impl](*args, norm)
+        grads = torch.autograd.grad(out, args, probe.to(dtype))
+        results.append([out.double(), *[g.double() for g in grads]])
+    return max(((a - b).norm() / b.norm()).item() for a, b in zip(*results))
+
+
+def run(args) -> list[dict]:
+    rows = []
+    plan = [(norm, n) for norm in args.norms for n in args.sizes]
+    for norm, n in tqdm(plan, desc="normalisation benchmark", file=sys.stderr):
+        err = check(norm, min(n, 4096))
+        for mode, bwd in (("fwd", False), ("fwd+bwd", True)):
+            calls = {impl: make_call(impl, norm, n, bwd) for impl in IMPLS}
+            timings = interleaved(calls, "cpu", args.repeats)
+            for impl, t in timings.items():
+                rows.append(
+                    {
+                        "norm": norm, "n": n, "impl": impl, "mode": mode, "median_ms": t.median_ms,
+                        "iqr_ms": t.iqr_ms, "min_ms": t.min_ms, "check_rel_err": err,
+                        "speedup_vs_composite": timings["composite"].median_ms / t.median_ms,
+                    }
+                )
+    return rows
+
+
+def report(rows: list[dict], out: Path, settings: dict) -> None:
+    header = ["norm", "N", "impl", "mode", "median ms", "IQR ms", "min ms", "check rel err (fp32 vs fp64)",
+              "speedup vs composite"]
+    table = [[r["norm"], r["n"], r["impl"], r["mode"], r["median_ms"], r["iqr_ms"], r["min_ms"],
+              f"{r['check_rel_err']:.1e}", f"{r['speedup_vs_composite']:.2f}x"] for r in rows]
+    text = f"Command: `{settings['command']}`\n\n" + markdown_table(header, table) + "\n"
+    print(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text)
+    write_json(out.with_suffix(".json"), rows, settings=settings)
+    panels = []
+    for norm in sorted({r["norm"] for r in rows}):
+        series = {}
+        for r in rows:
+            if r["norm"] == norm:
+                xs, ys = series.setdefault(f"{r['impl']} {r['mode']}", ([], []))
+                xs.append(r["n"])
+                ys.append(r["median_ms"])
+        panels.append({"ylabel": "median ms", "title": f"norm={norm}", "series": series})
+    plot_loglog(out.with_suffix(".png"), panels, xlabel="N (tokens)", title="normalize_nystrom, B·H=2, m=49, e=32")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
+    p.add_argument("--norms", nargs="+", choices=("injective", "inline"), default=["injective", "inline"])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    p.add_argument("--out", default=None, help="output prefix (default benchmarks/results/normalization_cpu)")
+    args = p.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / "normalization_cpu"
+    settings = {"command": "python -m benchmarks.normalization " + " ".join(sys.argv[1:]), **vars(args),
+                "threads_used": torch.get_num_threads()}
+    report(run(args), out, settings)
+
+
+if __name__ == "__main__":
+    main()
