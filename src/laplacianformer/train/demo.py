@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .plots import plot_curves
 
-DEFAULTS = dict(train_subset=8000, test_subset=2000, epochs=2, img_size=32, batch_size=64, lr=1.5e-3, threads=1)
+DEFAULTS = dict(train_subset=8000, test_subset=2000, epochs=3, img_size=32, batch_size=64, lr=1.5e-3, threads=1)
 QUICK = dict(train_subset=1000, test_subset=500, epochs=2, img_size=32, batch_size=100, lr=1.5e-3, threads=1)
 MODEL_KWARGS = {"stem_stride": 4, "sr_ratios": [1, 1, 1, 1]}
 
