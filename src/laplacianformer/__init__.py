@@ -3,12 +3,22 @@
     from laplacianformer import laplacian_attention, LaplacianAttention
 """
 
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint, save_weights
 from .layers import LaplacianAttention
+from .models import create_model, format_model_info, list_models, model_info  # registers timm models when timm is installed
 from .ops import laplace_kernel, laplace_kernel_matmul, laplacian_attention, newton_schulz_pinv, regularised_inverse
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "create_model",
+    "list_models",
+    "model_info",
+    "format_model_info",
+    "load_checkpoint",
+    "save_checkpoint",
+    "save_weights",
+    "CheckpointError",
     "LaplacianAttention",
     "laplacian_attention",
     "laplace_kernel",
