@@ -15,10 +15,11 @@ Backward with G = dL/dout (N×e), Ḡ = (1/N_keys) Σ_i G_i (queries and keys ma
     db̃ = r ⊙ (v dMᵀ) + 2 u S,  dc = dc̃ − mean_i dc̃_i,  db = db̃ − mean_j db̃_j
 
 Why a custom function: autograd of the composite keeps and creates about ten (N, m) temporaries
-per call; here the forward keeps only its inputs and m×m / m×e / N-sized results, and the backward
-recomputes c̃ and b̃, writes each gradient into a buffer it reuses (three (N, m) allocations in all,
-two of them the returned gradients dc and db) and multiplies N×e arrays rather than N×m ones where
-the algebra allows.  Both covariances stay centred (no E[ccᵀ] − c̄c̄ᵀ cancellation in float32).
+per call, and fresh large allocations are slow on CPU (page faults).  Here the forward keeps only
+its inputs and m×m / m×e / N-sized results; both passes walk c and b in row blocks (``BLOCK_ELEMENTS``)
+through a few reused scratch buffers, recompute c̃ and b̃ per block, and write straight into the
+outputs, so the only (N, ·) allocations are out, dc, db and dv.  Products with v use N×e arrays
+(r ⊙ v) rather than N×m ones.  Both covariances stay centred (no E[ccᵀ] − c̄c̄ᵀ cancellation in float32).
 
 The backward is first order only: a second derivative through it raises a RuntimeError
 (``once_differentiable``).  Callers wanting double backward use the composite
@@ -32,9 +33,10 @@ from torch.autograd.function import once_differentiable
 
 
 BLOCK_ELEMENTS = 1 << 17
-"""Elements of one (rows, m) working block: the passes below walk c and b in blocks of about this size
-(0.5 MiB in float32, cache-resident) and write into preallocated outputs, instead of allocating
-(N, m) temporaries."""
+"""Elements of one (rows, m) working block on CPU: the passes below walk c and b in blocks of about
+this size (0.5 MiB in float32, cache-resident) and write into preallocated outputs, instead of
+allocating (N, m) temporaries.  On other devices (cheap caching allocator, costly launches) one block
+covers everything."""
 
 
 def _centre(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,10 +44,13 @@ def _centre(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x - mean, mean
 
 
-def _blocks(groups: int, rows: int, width: int) -> list[tuple[slice, slice]]:
-    """(group slice, row slice) pairs covering (groups, rows, ·); each x[g, r] of a contiguous x is
-    contiguous: a block either spans all rows (several groups) or lies in one group."""
-    per_group = rows * max(width, 1)
+def _blocks(x: torch.Tensor) -> list[tuple[slice, slice]]:
+    """(group slice, row slice) pairs covering x (groups, rows, width); each x[g, r] of a contiguous x
+    is contiguous: a block either spans all rows (several groups) or lies in one group."""
+    groups, rows, width = x.shape
+    if x.device.type != "cpu":
+        return [(slice(0, groups), slice(0, rows))]
+    per_group = max(rows * width, 1)
     if per_group <= BLOCK_ELEMENTS:
         step = max(1, BLOCK_ELEMENTS // per_group)
         return [(slice(g, min(g + step, groups)), slice(0, rows)) for g in range(0, groups, step)]
@@ -76,7 +81,7 @@ def _injective_forward(c, b, v, eps):
     n_k, e = b.shape[1], v.shape[2]
     c_mean = c.mean(-2, keepdim=True)
     b_mean = b.mean(-2, keepdim=True)
-    c_blocks, b_blocks = _blocks(groups, n_q, m), _blocks(groups, n_k, m)
+    c_blocks, b_blocks = _blocks(c), _blocks(b)
     c_scratch, b_scratch = _Scratch(c, c_blocks), _Scratch(b, b_blocks)
     cov = c.new_zeros(groups, m, m)
     for g, r in c_blocks:
@@ -128,7 +133,7 @@ class InjectiveNormalization(torch.autograd.Function):
         groups, n_q, m = c.shape
         n_k, e = b.shape[1], v.shape[2]
         grad = grad.contiguous()
-        c_blocks, b_blocks = _blocks(groups, n_q, m), _blocks(groups, n_k, m)
+        c_blocks, b_blocks = _blocks(c), _blocks(b)
         c_scratch, b_scratch = _Scratch(c, c_blocks), _Scratch(b, b_blocks)
         d_m = c.new_zeros(groups, m, e)
         for g, r in c_blocks:

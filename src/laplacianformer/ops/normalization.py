@@ -57,7 +57,7 @@ def normalize_nystrom(
     order only (double backward raises).  Under torch.compile, tracing or ONNX export, and for the
     other variants, this is ``normalize_nystrom_reference``.
     """
-    if norm not in ("injective", "inline") or _graph_capture():
+    if norm not in ("injective", "inline") or _graph_capture() or 0 in (c_q.numel(), b.numel(), v.numel()):
         return normalize_nystrom_reference(c_q, b, v, norm, eps)
     batch = torch.broadcast_shapes(c_q.shape[:-2], b.shape[:-2], v.shape[:-2])
     c3, b3, v3 = (t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:]) for t in (c_q, b, v))
