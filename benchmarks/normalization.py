@@ -4,7 +4,9 @@ process (SPEC.md §4).
 
 Inputs per case: C_q and B of shape (1, 2, N, 49) and V of shape (1, 2, N, 32), float32, as in the
 default attention (B=1, H=2, m=49, d=32).  Before timing, the fused output and gradients are compared
-with the composite in float64.
+with the composite in float64.  Rows with norm "attention:<norm>" time the whole
+``laplacian_attention`` (B=1, H=2, d=32, 7×7 landmarks, the fast kernel backend) with the fused or the
+composite normalisation swapped in, i.e. the end-to-end effect of the fused function.
 
     python -m benchmarks.normalization --threads 1                       # writes benchmarks/results/normalization_cpu.*
     python -m benchmarks.normalization --sizes 16384 --repeats 7 --threads 1
@@ -24,6 +26,8 @@ from tqdm import tqdm
 
 from benchmarks.common import markdown_table, plot_loglog, write_json
 from benchmarks.kernels import interleaved
+import laplacianformer.ops.attention as attention_module
+from laplacianformer import laplacian_attention
 from laplacianformer.ops.normalization import normalize_nystrom, normalize_nystrom_reference
 
 M_LANDMARKS, E, HEADS = 49, 32, 2
@@ -54,6 +58,28 @@ def make_call(impl: str, norm: str, n: int, with_backward: bool):
     return call
 
 
+def make_attention_call(impl: str, norm: str, n: int, with_backward: bool):
+    """laplacian_attention (fast kernel backend) with the ``impl`` normalisation swapped in."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, HEADS, n, E, generator=gen).requires_grad_(with_backward) for _ in range(3))
+    side = int(round(n**0.5))
+
+    def call():
+        saved = attention_module.normalize_nystrom
+        attention_module.normalize_nystrom = IMPLS[impl]
+        try:
+            out = laplacian_attention(q, k, v, hw=(side, side), norm=norm)
+        finally:
+            attention_module.normalize_nystrom = saved
+        if with_backward:
+            out.backward(torch.ones_like(out))
+            for t in (q, k, v):
+                t.grad = None
+        return out
+
+    return call
+
+
 def check(norm: str, n: int) -> float:
     """Largest relative error of the fused output and gradients against the float64 composite."""
     inputs = _inputs(n)
@@ -69,16 +95,19 @@ def check(norm: str, n: int) -> float:
 
 def run(args) -> list[dict]:
     rows = []
-    plan = [(norm, n) for norm in args.norms for n in args.sizes]
-    for norm, n in tqdm(plan, desc="normalisation benchmark", file=sys.stderr):
+    plan = [(case, norm, n) for case in ("normalize", "attention") if case in args.cases
+            for norm in args.norms for n in args.sizes]
+    for case, norm, n in tqdm(plan, desc="normalisation benchmark", file=sys.stderr):
         err = check(norm, min(n, 4096))
+        factory = make_call if case == "normalize" else make_attention_call
+        label = norm if case == "normalize" else f"attention:{norm}"
         for mode, bwd in (("fwd", False), ("fwd+bwd", True)):
-            calls = {impl: make_call(impl, norm, n, bwd) for impl in IMPLS}
+            calls = {impl: factory(impl, norm, n, bwd) for impl in IMPLS}
             timings = interleaved(calls, "cpu", args.repeats)
             for impl, t in timings.items():
                 rows.append(
                     {
-                        "norm": norm, "n": n, "impl": impl, "mode": mode, "median_ms": t.median_ms,
+                        "norm": label, "n": n, "impl": impl, "mode": mode, "median_ms": t.median_ms,
                         "iqr_ms": t.iqr_ms, "min_ms": t.min_ms, "check_rel_err": err,
                         "speedup_vs_composite": timings["composite"].median_ms / t.median_ms,
                     }
@@ -112,6 +141,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     p.add_argument("--norms", nargs="+", choices=("injective", "inline"), default=["injective", "inline"])
+    p.add_argument("--cases", nargs="+", choices=("normalize", "attention"), default=["normalize", "attention"])
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     p.add_argument("--out", default=None, help="output prefix (default benchmarks/results/normalization_cpu)")

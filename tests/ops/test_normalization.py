@@ -9,7 +9,7 @@ from laplacianformer import laplacian_attention
 from laplacianformer.ops.normalization import normalize_dense, normalize_nystrom, normalize_nystrom_reference
 
 FUSED = ["injective", "inline"]
-BLOCKS = {"one block": 1 << 17, "block per group": 60, "row blocks": 7}
+BLOCKS = {"one block": 1 << 18, "block per group": 60, "row blocks": 7}
 
 
 def factors(groups=(2, 3), n_q=11, n_k=11, m=5, e=4, requires_grad=False):
