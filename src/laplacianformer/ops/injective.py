@@ -106,7 +106,9 @@ def _injective_forward(c, b, v, eps):
 
 
 def injective_forward(c: torch.Tensor, b: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
-    """Output of the injective variant without autograd bookkeeping.  (G, Nq, m), (G, Nk, m), (G, Nk, e) -> (G, Nq, e)."""
+    """Output of the injective variant without autograd bookkeeping.
+
+    c (G, Nq, m), b (G, Nk, m), v (G, Nk, e) -> (G, Nq, e)."""
     return _injective_forward(c.contiguous(), b.contiguous(), v.contiguous(), eps)[0]
 
 
