@@ -7,6 +7,8 @@ Cases (registry ``CASES``), on (B·H, N, d) = (2, N, 32) tensors against m = 49 
     ns          Newton–Schulz inverse of (2, 49, 49) landmark matrices, 20 iterations (CUDA: Triton)
     attention   the whole laplacian_attention, B=1, H=2, d=32, m=49, default injective norm (the target)
 Backends: "fast" (cpu on CPU, triton on CUDA), "composite", "naive" (kernel/matmul, N <= --naive-max-n).
+For the attention case "composite" is the whole plain-PyTorch composite: torch.cdist kernels AND the
+autograd normalisation (``reference_normalization``), i.e. the naive implementation the fast path replaces.
 
 Backends are timed in interleaved rounds (one call of each per round) so that load changes hit them
 alike; the speedup is the ratio of medians. Before a case is timed its result and gradients are compared with a float64 reference (the composite
@@ -37,6 +39,7 @@ from benchmarks.common import Timing, _quartiles, markdown_table, peak_memory, p
 from laplacianformer import laplacian_attention
 from laplacianformer.ops.kernel import backend, laplace_kernel, laplace_kernel_matmul
 from laplacianformer.ops.newton_schulz import regularised_inverse
+from laplacianformer.ops.normalization import reference_normalization
 
 CASES = ("kernel", "matmul", "ns", "attention")
 M_LANDMARKS, D, HEADS = 49, 32, 2
@@ -71,6 +74,15 @@ def _apply(case: str, args):
     return laplacian_attention(*args, hw=(side, side))
 
 
+def _backend(case: str, name: str):
+    """Kernel backend, plus the reference normalisation for the attention case's composite."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(backend(name))
+    if case == "attention" and name == "composite":
+        stack.enter_context(reference_normalization())
+    return stack
+
+
 def make_call(case: str, backend_name: str, n: int, device: str, with_backward: bool, seed: int = 0,
               warm: bool = False):
     """A zero-argument callable running one case (also the peak-memory factory).
@@ -83,7 +95,7 @@ def make_call(case: str, backend_name: str, n: int, device: str, with_backward: 
     args = [t.requires_grad_(with_backward) for t in _inputs(case, n, device, seed=seed)]
 
     def call():
-        with backend(backend_name):
+        with _backend(case, backend_name):
             out = _apply(case, args)
         if with_backward:
             out.backward(torch.ones_like(out))
@@ -105,7 +117,7 @@ def check(case: str, backend_name: str, n: int, device: str) -> float:
     results = []
     for name, dtype in ((backend_name, torch.float32), ("composite", torch.float64)):
         args = [t.to(dtype).requires_grad_() for t in inputs]
-        ctx = backend(name) if case != "ns" or name != "composite" else contextlib.nullcontext()
+        ctx = _backend(case, name) if case != "ns" or name != "composite" else contextlib.nullcontext()
         with ctx:
             if case == "ns" and name == "composite":
                 out = regularised_inverse(args[0].cpu(), iters=20, eps=0.01)

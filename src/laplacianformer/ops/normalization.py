@@ -15,6 +15,8 @@ Injective variant, per image and head (Eq. 4 and 6 of the paper, with our choice
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .injective import InjectiveNormalization, InlineNormalization, injective_forward, inline_forward
@@ -41,6 +43,19 @@ def normalize_dense(g: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e
     return z @ v
 
 
+_FORCE_REFERENCE = [False]
+
+
+@contextlib.contextmanager
+def reference_normalization():
+    """Within this block ``normalize_nystrom`` runs the plain autograd composite (benchmarks, debugging)."""
+    previous, _FORCE_REFERENCE[0] = _FORCE_REFERENCE[0], True
+    try:
+        yield
+    finally:
+        _FORCE_REFERENCE[0] = previous
+
+
 def _graph_capture() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
@@ -57,7 +72,7 @@ def normalize_nystrom(
     order only (double backward raises).  Under torch.compile, tracing or ONNX export, and for the
     other variants, this is ``normalize_nystrom_reference``.
     """
-    if norm not in ("injective", "inline") or _graph_capture() or 0 in (c_q.numel(), b.numel(), v.numel()):
+    if norm not in ("injective", "inline") or _FORCE_REFERENCE[0] or _graph_capture() or 0 in (c_q.numel(), b.numel(), v.numel()):
         return normalize_nystrom_reference(c_q, b, v, norm, eps)
     batch = torch.broadcast_shapes(c_q.shape[:-2], b.shape[:-2], v.shape[:-2])
     c3, b3, v3 = (t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:]) for t in (c_q, b, v))
