@@ -3,7 +3,8 @@
 Every method runs side by side in one process, on (B, H, N, d) = (1, 2, N, 32) tensors over square 2-D
 token grids (default 32x32 ... 256x256, i.e. 1k to 64k tokens), m = 49 (7x7) landmarks:
     laplacian            ours, laplacian_attention with the default kernel dispatch
-    laplacian_composite  ours, kernel primitives forced to the torch.cdist composite (the "naive composite")
+    laplacian_composite  ours as a plain-PyTorch composite: torch.cdist kernels and the autograd
+                         normalisation (the "naive composite" the fast path replaces)
     laplacian_exact      the exact O(N^2) Laplacian kernel (landmarks=None), small N only
     soft                 SOFT: Gaussian kernel, tied keys, same Nystrom machinery (baselines.soft)
     softmax_sdpa         torch scaled_dot_product_attention
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -46,6 +48,7 @@ from laplacianformer.baselines import (
 )
 from laplacianformer.ops import laplacian_attention
 from laplacianformer.ops import kernel as kernel_ops
+from laplacianformer.ops.normalization import reference_normalization
 
 METHODS = (
     "laplacian",
@@ -66,9 +69,11 @@ NYSTROM_ITERS = 6
 
 
 def _composite_context():
-    """The kernels' composite backend as a context manager, or a null context if the selector is absent."""
-    select = getattr(kernel_ops, "backend", None)
-    return select("composite") if select is not None else contextlib.nullcontext()
+    """The kernels' composite backend and the reference normalisation, as one context manager."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(kernel_ops.backend("composite"))
+    stack.enter_context(reference_normalization())
+    return stack
 
 
 def attention_fn(method: str, hw: tuple[int, int]):
@@ -221,8 +226,9 @@ def markdown_report(result: dict, args, info: dict) -> str:
         f"Each cell: median of {args.repeats} timed calls after one warm-up (one when a call exceeds the cap) /"
         " peak memory above the inputs (CPU: peak RSS increase of a fresh subprocess after an 8x8 warm-up"
         " call of the same method; CUDA: max_memory_allocated).",
-        "**Shared, noisy machine**: other jobs ran on the same cores during this run, so treat single cells as"
-        " rough (the IQR of every cell is in the JSON); compare methods within a row.",
+        f"Load average (1 min) when the table was written: {os.getloadavg()[0]:.2f} on {info['cpu_count']} cores."
+        " These machines are shared: treat single cells as rough (the IQR of every cell is in the JSON) and"
+        " compare methods within a row.",
         f"Cap: a method whose call exceeded {args.cap_seconds:g} s is not run at larger N.",
         "",
     ]
@@ -288,9 +294,7 @@ def main(argv=None) -> dict:
         "torch_threads": torch.get_num_threads(),
         "cap_seconds": args.cap_seconds,
         "exact_max_n": args.exact_max_n,
-        "composite_backend": "laplacianformer.ops.kernel.backend('composite')"
-        if hasattr(kernel_ops, "backend")
-        else "unavailable: laplacian_composite ran the default dispatch",
+        "composite_backend": "laplacianformer.ops.kernel.backend('composite') + reference_normalization()",
         "default_dispatch": _default_dispatch(args.device),
         "time_exponent_fit_range": list(FIT_RANGE),
     }
