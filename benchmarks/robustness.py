@@ -34,6 +34,7 @@ from benchmarks.common import REPO_ROOT, markdown_table, plot_loglog, write_json
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "reliability"))
 
+from fault_cases import slow_saving_loop  # noqa: E402
 from numerics_cases import (  # noqa: E402
     CASES,
     CONDITION_NUMBERS,
@@ -69,25 +70,6 @@ def attention_part() -> list[dict]:
     return rows
 
 
-def _writer(path: Path) -> None:
-    from laplacianformer import checkpoint as ckpt
-
-    torch.set_num_threads(1)
-    original = ckpt._write_payload
-
-    def slow(f, data):
-        view = memoryview(data)
-        for start in range(0, len(view), 1 << 18):
-            original(f, view[start : start + (1 << 18)])
-            time.sleep(0.001)
-
-    ckpt._write_payload = slow
-    step = 0
-    while True:
-        step += 1
-        ckpt.save_checkpoint({"step": step, "w": torch.full((1 << 20,), float(step))}, path)
-
-
 def kill_part(trials: int, seed: int = 0) -> dict:
     from laplacianformer.checkpoint import CheckpointError, load_checkpoint, previous_path, save_checkpoint
 
@@ -102,7 +84,7 @@ def kill_part(trials: int, seed: int = 0) -> dict:
             pid = os.fork()
             if pid == 0:
                 try:
-                    _writer(path)
+                    slow_saving_loop(path, 0.001)
                 finally:
                     os._exit(1)
             time.sleep(rng.uniform(0.02, 0.5))

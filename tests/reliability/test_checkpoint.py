@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from fault_cases import slow_saving_loop
+
 from laplacianformer import checkpoint as ckpt
 from laplacianformer.checkpoint import (
     TRAILER_SIZE,
@@ -328,24 +330,6 @@ def test_real_write_failure_from_the_kernel(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
 
 
-def _writer_loop(path: Path) -> None:
-    """Child process: save ever-newer checkpoints forever, slowly enough that kills land mid-write."""
-    torch.set_num_threads(1)
-    original = ckpt._write_payload
-
-    def slow(f, data):
-        view = memoryview(data)
-        for start in range(0, len(view), 1 << 18):
-            original(f, view[start : start + (1 << 18)])
-            time.sleep(0.004)
-
-    ckpt._write_payload = slow
-    step = 0
-    while True:
-        step += 1
-        save_checkpoint({"step": step, "w": torch.full((1 << 20,), float(step))}, path)
-
-
 def test_sigkill_during_save_never_corrupts_the_latest_checkpoint(tmp_path):
     rng = random.Random(2)
     trials, mid_write = 8, 0
@@ -356,7 +340,7 @@ def test_sigkill_during_save_never_corrupts_the_latest_checkpoint(tmp_path):
         pid = os.fork()
         if pid == 0:
             try:
-                _writer_loop(path)
+                slow_saving_loop(path, 0.004)
             finally:
                 os._exit(1)
         time.sleep(rng.uniform(0.05, 0.4))
