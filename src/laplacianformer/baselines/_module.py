@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..ops.validation import check_hw, check_positive_int
+from ..ops.validation import check_head_split, check_hw
 
 
 class TokenAttention(nn.Module):
@@ -34,10 +34,7 @@ class TokenAttention(nn.Module):
         proj_drop: float = 0.0,
     ) -> None:
         super().__init__()
-        check_positive_int("dim", dim)
-        check_positive_int("num_heads", num_heads)
-        if dim % num_heads:
-            raise ValueError(f"dim: expected a multiple of num_heads = {num_heads}, got {dim}")
+        check_head_split(dim, num_heads)
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads

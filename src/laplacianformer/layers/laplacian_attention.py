@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..ops.attention import laplacian_attention
-from ..ops.validation import KERNELS, NORMS, SOLVERS, check_choice, check_positive, check_positive_int
+from ..ops.validation import KERNELS, NORMS, SOLVERS, check_choice, check_head_split, check_positive
 
 
 def effective_landmarks(landmarks, hw: tuple[int, int] | None, n: int):
@@ -64,10 +64,7 @@ class LaplacianAttention(nn.Module):
         proj_drop: float = 0.0,
     ) -> None:
         super().__init__()
-        check_positive_int("dim", dim)
-        check_positive_int("num_heads", num_heads)
-        if dim % num_heads:
-            raise ValueError(f"dim: expected a multiple of num_heads = {num_heads}, got {dim}")
+        check_head_split(dim, num_heads)
         check_positive("lam", lam)
         check_choice("norm", norm, NORMS)
         check_choice("solver", solver, SOLVERS)

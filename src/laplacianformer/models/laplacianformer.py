@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import LaplacianAttention
+from ..ops.validation import check_head_split
 
 __all__ = [
     "LaplacianFormer",
@@ -106,10 +107,8 @@ class SpatialReductionAttention(nn.Module):
         proj_drop: float = 0.0,
     ) -> None:
         super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim: expected a multiple of num_heads = {num_heads}, got {dim}")
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        self.head_dim = check_head_split(dim, num_heads)
         self.sr_ratio = sr_ratio
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)

@@ -50,6 +50,15 @@ def check_float_tensor(name: str, x: torch.Tensor, ndim: int | None = None) -> t
     return x
 
 
+def check_head_split(dim: int, num_heads: int) -> int:
+    """Validates a (channels, heads) pair and returns the head dimension dim // num_heads."""
+    check_positive_int("dim", dim)
+    check_positive_int("num_heads", num_heads)
+    if dim % num_heads:
+        raise ValueError(f"dim: expected a multiple of num_heads = {num_heads}, got {dim}")
+    return dim // num_heads
+
+
 def check_finite(name: str, x: torch.Tensor) -> None:
     if not torch.isfinite(x).all():
         raise ValueError(f"{name}: contains NaN or Inf values")
