@@ -9,7 +9,7 @@ and an nn.Module with the ``LaplacianAttention`` interface ``forward(x: (B, N, C
 - SOFT (Gaussian kernel, tied keys): ``soft_attention`` / ``SoftAttention``
 """
 
-from ._module import TokenAttention
+from ..layers.token_attention import TokenAttention
 from .nystromformer import NystromAttention, iterative_pinv, nystrom_attention, nystrom_attention_dense, segment_means
 from .performer import (
     PerformerAttention,

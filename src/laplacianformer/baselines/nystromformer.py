@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.validation import check_float_tensor, check_positive, check_positive_int, check_qkv
-from ._module import TokenAttention
+from ..layers.token_attention import TokenAttention
 from .softmax import softmax_attention, softmax_attention_naive
 
 __all__ = [

@@ -24,7 +24,7 @@ import math
 import torch
 
 from ..ops.validation import check_float_tensor, check_positive, check_positive_int, check_qkv
-from ._module import TokenAttention
+from ..layers.token_attention import TokenAttention
 from .softmax import softmax_attention_naive
 
 __all__ = [

@@ -16,7 +16,7 @@ import torch
 from ..layers.laplacian_attention import effective_landmarks
 from ..ops.attention import laplacian_attention
 from ..ops.validation import check_qkv
-from ._module import TokenAttention
+from ..layers.token_attention import TokenAttention
 
 __all__ = ["soft_bandwidth", "soft_attention", "soft_attention_dense", "SoftAttention"]
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.validation import check_positive, check_qkv
-from ._module import TokenAttention
+from ..layers.token_attention import TokenAttention
 
 __all__ = ["softmax_attention", "softmax_attention_naive", "SoftmaxAttention"]
 

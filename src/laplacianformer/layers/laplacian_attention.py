@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from ..ops.attention import laplacian_attention
-from ..ops.validation import KERNELS, NORMS, SOLVERS, check_choice, check_head_split, check_positive
+from ..ops.validation import KERNELS, NORMS, SOLVERS, check_choice, check_positive
+from .token_attention import TokenAttention
 
 
 def effective_landmarks(landmarks, hw: tuple[int, int] | None, n: int):
@@ -30,7 +31,7 @@ def effective_landmarks(landmarks, hw: tuple[int, int] | None, n: int):
     return None if lh * lw >= n else (lh, lw)
 
 
-class LaplacianAttention(nn.Module):
+class LaplacianAttention(TokenAttention):
     """Multi-head Laplacian–Nyström attention with a depthwise-conv value path.
 
     Args:
@@ -63,25 +64,18 @@ class LaplacianAttention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
     ) -> None:
-        super().__init__()
-        check_head_split(dim, num_heads)
+        super().__init__(
+            dim, num_heads, qkv_bias=qkv_bias, tie_qk=tie_qk, attn_drop=attn_drop, proj_drop=proj_drop
+        )
         check_positive("lam", lam)
         check_choice("norm", norm, NORMS)
         check_choice("solver", solver, SOLVERS)
         check_choice("kernel", kernel, KERNELS)
-        self.dim = dim
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
         self.landmarks = landmarks
-        self.tie_qk = tie_qk
         self.attn_kwargs = dict(
             lam=lam, qk_scale=qk_scale, norm=norm, solver=solver, iters=iters, ns_eps=ns_eps, kernel=kernel
         )
-        self.qkv = nn.Linear(dim, dim * (2 if tie_qk else 3), bias=qkv_bias)
         self.dwconv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim) if dwconv else None
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
 
     def extra_repr(self) -> str:
         opts = ", ".join(f"{k}={v}" for k, v in self.attn_kwargs.items())
@@ -98,24 +92,10 @@ class LaplacianAttention(nn.Module):
             y = self.dwconv(x.reshape(b, h * d, hw[0], hw[1])).flatten(2)
         return y.transpose(1, 2).reshape(b, n, h, d).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None) -> torch.Tensor:
-        """x: (B, N, C), hw: (height, width) with height·width = N, or None (1-D) -> (B, N, C)."""
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x: expected (B, N, {self.dim}) tokens, got shape {tuple(x.shape)}")
-        b, n, c = x.shape
-        parts = self.qkv(x).reshape(b, n, -1, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        if self.tie_qk:
-            q, v = parts.unbind(0)
-            k = q
-        else:
-            q, k, v = parts.unbind(0)
-        if hw is not None:
-            hw = (int(hw[0]), int(hw[1]))
-            if hw[0] * hw[1] != n:
-                raise ValueError(f"hw: expected height * width == N = {n}, got {hw}")
-        grid = effective_landmarks(self.landmarks, hw, n)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw) -> torch.Tensor:
+        """q, k, v: (B, H, N, d) -> laplacian_attention(q, k, v) + DWConv(V), (B, H, N, d)."""
+        grid = effective_landmarks(self.landmarks, hw, q.shape[2])
         out = laplacian_attention(q, k, v, hw=hw, landmarks=grid, **self.attn_kwargs)
         if self.dwconv is not None:
             out = out + self._value_conv(v, hw)
-        out = self.attn_drop(out).transpose(1, 2).reshape(b, n, c)
-        return self.proj_drop(self.proj(out))
+        return out

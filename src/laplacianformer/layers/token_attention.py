@@ -1,9 +1,9 @@
-"""Shared nn.Module shell of the baseline attentions: the (x: (B, N, C), hw) interface of LaplacianAttention.
+"""Shared nn.Module shell of every attention layer: the (x: (B, N, C), hw) interface.
 
     q, k, v = split_heads(Linear(x))        (k = q when ``tie_qk``)
     out = proj( attend(q, k, v, hw) )
-Subclasses implement ``attend`` on (B, H, N, d) tensors with their functional op, so a model or a
-benchmark can swap any of them for ``laplacianformer.LaplacianAttention``.
+Subclasses (``LaplacianAttention`` and the baselines) implement ``attend`` on (B, H, N, d) tensors with
+their functional op, so a model or a benchmark can swap any of them for another.
 """
 
 from __future__ import annotations
