@@ -10,7 +10,6 @@ kernel is used (SPEC.md §2), so the module works at any input resolution.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ..ops.attention import laplacian_attention
 from ..ops.validation import KERNELS, NORMS, SOLVERS, check_choice, check_positive
@@ -65,7 +64,7 @@ class LaplacianAttention(TokenAttention):
         proj_drop: float = 0.0,
     ) -> None:
         super().__init__(
-            dim, num_heads, qkv_bias=qkv_bias, tie_qk=tie_qk, attn_drop=attn_drop, proj_drop=proj_drop
+            dim, num_heads, qkv_bias=qkv_bias, tie_qk=tie_qk, dwconv=dwconv, attn_drop=attn_drop, proj_drop=proj_drop
         )
         check_positive("lam", lam)
         check_choice("norm", norm, NORMS)
@@ -75,27 +74,12 @@ class LaplacianAttention(TokenAttention):
         self.attn_kwargs = dict(
             lam=lam, qk_scale=qk_scale, norm=norm, solver=solver, iters=iters, ns_eps=ns_eps, kernel=kernel
         )
-        self.dwconv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim) if dwconv else None
 
     def extra_repr(self) -> str:
         opts = ", ".join(f"{k}={v}" for k, v in self.attn_kwargs.items())
         return f"dim={self.dim}, heads={self.num_heads}, landmarks={self.landmarks}, tie_qk={self.tie_qk}, {opts}"
 
-    def _value_conv(self, v: torch.Tensor, hw: tuple[int, int] | None) -> torch.Tensor:
-        """DWConv(V): v (B, H, N, d) -> (B, H, N, d), 3×3 depthwise on the grid (1-D: kernel 3 along N)."""
-        b, h, n, d = v.shape
-        x = v.transpose(1, 2).reshape(b, n, h * d).transpose(1, 2)
-        if hw is None:
-            weight = self.dwconv.weight[:, :, 1:2, :]
-            y = nn.functional.conv2d(x.unsqueeze(2), weight, self.dwconv.bias, padding=(0, 1), groups=h * d).squeeze(2)
-        else:
-            y = self.dwconv(x.reshape(b, h * d, hw[0], hw[1])).flatten(2)
-        return y.transpose(1, 2).reshape(b, n, h, d).transpose(1, 2)
-
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw) -> torch.Tensor:
-        """q, k, v: (B, H, N, d) -> laplacian_attention(q, k, v) + DWConv(V), (B, H, N, d)."""
+        """q, k, v: (B, H, N, d) -> laplacian_attention(q, k, v), (B, H, N, d)."""
         grid = effective_landmarks(self.landmarks, hw, q.shape[2])
-        out = laplacian_attention(q, k, v, hw=hw, landmarks=grid, **self.attn_kwargs)
-        if self.dwconv is not None:
-            out = out + self._value_conv(v, hw)
-        return out
+        return laplacian_attention(q, k, v, hw=hw, landmarks=grid, **self.attn_kwargs)
