@@ -41,7 +41,6 @@ def test_tiny_macs_within_5_percent_of_paper():
     assert "laplacianformer_tiny" in text and "paper" in text
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", SIZES[1:])
 def test_macs_within_5_percent_of_paper(name):
     info = model_info(name)
@@ -86,7 +85,6 @@ def test_micro_192x256_and_tiny_224_forward_backward():
     _check_fwd_bwd(create_model("laplacianformer_tiny", num_classes=3), torch.randn(1, 3, 224, 224), 3)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", SIZES[1:])
 def test_forward_backward_224_and_192x256_larger_sizes(name):
     torch.manual_seed(0)
