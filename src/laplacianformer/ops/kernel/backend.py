@@ -187,3 +187,8 @@ def explain_dispatch(
             why = "available, not preferred" if wanted == "auto" else f"not selected (selection is {wanted!r})"
         lines.append(f"  {other}: {why}")
     return "\n".join(lines)
+
+
+def flatten_batch(t: torch.Tensor) -> torch.Tensor:
+    """(..., R, C) -> contiguous (B, R, C) with B the product of the leading dimensions (the fast paths' layout)."""
+    return t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()

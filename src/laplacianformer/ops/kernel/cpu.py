@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from . import native
+from .backend import flatten_batch
 
 _CHUNK_ELEMS = 1 << 16
 _MATMUL_CHUNK_ELEMS = 1 << 22
@@ -80,10 +81,6 @@ def pairwise_distance_grad_cpu(
         torch.sum(diff, -2, out=dx[:, s : s + step])
         dy.sub_(diff.sum(-3))
     return dx, dy
-
-
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()
 
 
 @torch.library.custom_op("laplacianformer::laplace_kernel_cpu", mutates_args=(), device_types="cpu")
@@ -215,7 +212,7 @@ _matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 
 def laplace_kernel_cpu(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str = "laplacian") -> torch.Tensor:
     """exp(-dist(x_i, y_j) / lam).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    out = _kernel_op(_flat(x), _flat(y), -1.0 / float(lam), kind)
+    out = _kernel_op(flatten_batch(x), flatten_batch(y), -1.0 / float(lam), kind)
     return out.reshape(*x.shape[:-1], y.shape[-2])
 
 
@@ -223,5 +220,5 @@ def laplace_kernel_matmul_cpu(
     x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kind: str = "laplacian"
 ) -> torch.Tensor:
     """k(X, Y) @ V without storing k(X, Y).  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
-    out = _matmul_op(_flat(x), _flat(y), _flat(v), -1.0 / float(lam), kind)
+    out = _matmul_op(flatten_batch(x), flatten_batch(y), flatten_batch(v), -1.0 / float(lam), kind)
     return out.reshape(*x.shape[:-1], v.shape[-1])

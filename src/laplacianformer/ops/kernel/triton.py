@@ -21,6 +21,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from .backend import flatten_batch
+
 _SPLITS = 16
 
 
@@ -285,13 +287,9 @@ laplace_kernel_fwd.register_autograd(_kernel_backward, setup_context=_kernel_set
 laplace_matmul_fwd.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()
-
-
 def laplace_kernel_triton(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str = "laplacian") -> torch.Tensor:
     """exp(-dist(x_i, y_j) / lam).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    out = laplace_kernel_fwd(_flat(x), _flat(y), -1.0 / float(lam), kind == "laplacian")
+    out = laplace_kernel_fwd(flatten_batch(x), flatten_batch(y), -1.0 / float(lam), kind == "laplacian")
     return out.reshape(*x.shape[:-1], y.shape[-2])
 
 
@@ -299,5 +297,5 @@ def laplace_kernel_matmul_triton(
     x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kind: str = "laplacian"
 ) -> torch.Tensor:
     """k(X, Y) @ V, fused.  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
-    out = laplace_matmul_fwd(_flat(x), _flat(y), _flat(v), -1.0 / float(lam), kind == "laplacian")
+    out = laplace_matmul_fwd(flatten_batch(x), flatten_batch(y), flatten_batch(v), -1.0 / float(lam), kind == "laplacian")
     return out.reshape(*x.shape[:-1], v.shape[-1])
