@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import LaplacianAttention
+from ..layers import LaplacianAttention, conv2d_channels_last, conv_tokens, grid_to_tokens, tokens_to_grid
 from ..ops.validation import check_head_split
 
 __all__ = [
@@ -82,9 +82,7 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        b, n, _ = x.shape
-        x = self.fc1(x)
-        x = self.dwconv(x.transpose(1, 2).reshape(b, -1, hw[0], hw[1])).flatten(2).transpose(1, 2)
+        x = conv_tokens(self.dwconv, self.fc1(x), hw)
         x = self.drop(self.act(x))
         return self.drop(self.fc2(x))
 
@@ -126,11 +124,11 @@ class SpatialReductionAttention(nn.Module):
         b, n, c = x.shape
         q = self.q(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         if self.sr is not None:
-            grid = x.transpose(1, 2).reshape(b, c, hw[0], hw[1])
+            grid = tokens_to_grid(x, hw)
             pad_h, pad_w = max(0, self.sr_ratio - hw[0]), max(0, self.sr_ratio - hw[1])
             if pad_h or pad_w:
                 grid = F.pad(grid, (0, pad_w, 0, pad_h))
-            x = self.norm(self.sr(grid).flatten(2).transpose(1, 2))
+            x = self.norm(grid_to_tokens(conv2d_channels_last(self.sr, grid)))
         kv = self.kv(x).reshape(b, -1, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         k, v = kv.unbind(0)
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
@@ -203,7 +201,7 @@ class OverlapPatchEmbed(nn.Module):
         self.norm = nn.LayerNorm(embed_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.proj(x)
+        x = conv2d_channels_last(self.proj, x)
         return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
