@@ -157,3 +157,32 @@ def test_tied_keys_reuse_query_kernel():
     out = laplacian_attention(q, q, v, hw=(5, 6), landmarks=(2, 3))
     ref = laplacian_attention(q, q.clone(), v, hw=(5, 6), landmarks=(2, 3))
     torch.testing.assert_close(out, ref)
+
+
+@pytest.mark.parametrize("kernel", ["laplacian", "gaussian"])
+@pytest.mark.parametrize("qk_scale", [None, 0.3, 2.0])
+def test_qk_scale_equals_scaling_the_inputs(kernel, qk_scale):
+    """The operator folds qk_scale into lam (k(s·q, s·k; lam) = k(q, k; lam / s^p)): same as scaling q, k."""
+    q, k, v = qkv(n=35, d=6, dv=5)
+    s = 6**-0.5 if qk_scale is None else qk_scale
+    hw, grid = (5, 7), (3, 4)
+    out = laplacian_attention(q, k, v, hw=hw, landmarks=grid, qk_scale=qk_scale, solver="exact", kernel=kernel)
+    ref = laplacian_attention(q * s, k * s, v, hw=hw, landmarks=grid, qk_scale=1.0, solver="exact", kernel=kernel)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    dense = laplacian_attention(q, k, v, hw=hw, landmarks=None, qk_scale=qk_scale, kernel=kernel)
+    torch.testing.assert_close(dense, normalize_dense(laplace_kernel_naive(q * s, k * s, 4.0, kernel), v, "injective"))
+
+
+@pytest.mark.parametrize("grid_hw, marks", [((128, 128), (7, 7)), ((5, 9), (3, 7)), ((13, 6), (7, 5)), ((7, 7), (7, 7)), ((1, 3), (1, 2))])
+def test_pool_landmarks_equals_adaptive_avg_pool(grid_hw, marks):
+    """The pooling-matrix products give adaptive_avg_pool2d's bins, also for a strided token view."""
+    import torch.nn.functional as F
+
+    gh, gw = grid_hw
+    wide = torch.randn(2, gh * gw, 3, 8, dtype=torch.float64)
+    x = wide[:, :, 1].reshape(2, gh * gw, 2, 4).transpose(1, 2)  # (B, H, N, d) with row stride 24
+    ref = F.adaptive_avg_pool2d(x.reshape(4, gh, gw, 4).permute(0, 3, 1, 2), marks).flatten(2).transpose(1, 2)
+    torch.testing.assert_close(pool_landmarks(x, grid_hw, marks), ref.reshape(2, 2, -1, 4), rtol=1e-12, atol=1e-14)
+    seq = torch.randn(2, 3, 50, 4, dtype=torch.float64)
+    ref1 = F.adaptive_avg_pool1d(seq.reshape(6, 50, 4).transpose(1, 2), 7).transpose(1, 2).reshape(2, 3, 7, 4)
+    torch.testing.assert_close(pool_landmarks(seq, None, 7), ref1, rtol=1e-12, atol=1e-14)

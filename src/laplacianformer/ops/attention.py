@@ -1,6 +1,7 @@
 """Laplacian-kernel Nyström attention, the operator of the paper (SPEC.md §1–§4).
 
-    q' = s·q, k' = s·k                        (s = qk_scale, default d**-0.5; SPEC.md §1, ours)
+    q' = s·q, k' = s·k                        (s = qk_scale, default d**-0.5; SPEC.md §1, ours;
+                                               computed as k(q, k; lam / s) for the Laplacian kernel)
     L  = AdaptiveAvgPool(q') to the landmark grid (SPEC.md §2)
     C_q = k(q', L) (N×m),  C_k = k(k', L) (N×m),  W = k(L, L) (m×m)
     W⁺ ≈ (W + eps·I)^{-1} by Newton–Schulz (SPEC.md §3)
@@ -32,19 +33,33 @@ from .validation import (
 )
 
 
+def adaptive_pool_matrix(n: int, out: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(out, n) averaging matrix of adaptive average pooling: row i averages inputs
+    floor(i·n/out) .. ceil((i+1)·n/out) - 1 (the bins of ``F.adaptive_avg_pool1d``)."""
+    i = torch.arange(out, device=device)
+    lo = torch.div(i * n, out, rounding_mode="floor")
+    hi = torch.div((i + 1) * n + out - 1, out, rounding_mode="floor")
+    j = torch.arange(n, device=device)
+    inside = (j[None, :] >= lo[:, None]) & (j[None, :] < hi[:, None])
+    return inside.to(dtype) / (hi - lo).to(dtype)[:, None]
+
+
 def pool_landmarks(x: torch.Tensor, hw: tuple[int, int] | None, landmarks) -> torch.Tensor:
     """Adaptive average pooling of the token map.  x: (B, H, N, d) -> (B, H, m, d).
 
     2-D: x is read as a (height, width) grid and pooled to the (lh, lw) grid, m = lh·lw.
     1-D: x is pooled along the sequence to m = landmarks tokens.
+    Computed as products with the pooling matrices (width, then height), which read x in its token
+    layout (any row stride): the same bins and values as ``F.adaptive_avg_pool2d`` / ``1d``.
     """
     b, h, n, d = x.shape
-    flat = x.reshape(b * h, n, d).transpose(1, 2)
     if hw is None:
-        pooled = F.adaptive_avg_pool1d(flat, landmarks)
-    else:
-        pooled = F.adaptive_avg_pool2d(flat.reshape(b * h, d, hw[0], hw[1]), landmarks).flatten(2)
-    return pooled.transpose(1, 2).reshape(b, h, -1, d)
+        return adaptive_pool_matrix(n, landmarks, x.dtype, x.device) @ x
+    (gh, gw), (lh, lw) = hw, landmarks
+    rows = x.reshape(b * h * gh, gw, d)
+    pooled_w = adaptive_pool_matrix(gw, lw, x.dtype, x.device) @ rows
+    pooled = adaptive_pool_matrix(gh, lh, x.dtype, x.device) @ pooled_w.reshape(b * h, gh, lw * d)
+    return pooled.reshape(b, h, lh * lw, d)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -112,9 +127,13 @@ def laplacian_attention(
     out_dtype = v.dtype
     dtype = _compute_dtype(q.dtype)
     scale = q.shape[-1] ** -0.5 if qk_scale is None else qk_scale
+    # k(s·x, s·y; lam) = k(x, y; lam / s^p): the L1 distance is homogeneous of degree p = 1, the squared
+    # L2 distance of degree 2, and the pooled landmarks of s·q are s times those of q. So q and k are used
+    # unscaled with the bandwidth rescaled: the same function, without two passes over (N, d) tensors.
+    lam = lam / (scale if kernel == "laplacian" else scale * scale)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        qs = q.to(dtype) * scale
-        ks = k.to(dtype) * scale
+        qs = q.to(dtype)
+        ks = k.to(dtype)
         vv = v.to(dtype)
         stats = {}
         if grid is None:
