@@ -42,6 +42,8 @@ class LaplacianAttention(TokenAttention):
         tie_qk: use K = Q (SOFT's symmetric variant); removes the key projection.
         dwconv: add a 3×3 depthwise conv of V on the token grid (1-D: kernel 3) to the output.
         attn_drop: dropout on the attention output before the projection; proj_drop: after it.
+        recompute: recompute the q/k product and the kernel matrices in the backward instead of keeping
+            them (see ``TokenAttention``).
     """
 
     def __init__(
@@ -62,9 +64,11 @@ class LaplacianAttention(TokenAttention):
         kernel: str = "laplacian",
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        recompute: bool = False,
     ) -> None:
         super().__init__(
-            dim, num_heads, qkv_bias=qkv_bias, tie_qk=tie_qk, dwconv=dwconv, attn_drop=attn_drop, proj_drop=proj_drop
+            dim, num_heads, qkv_bias=qkv_bias, tie_qk=tie_qk, dwconv=dwconv, attn_drop=attn_drop,
+            proj_drop=proj_drop, recompute=recompute,
         )
         check_positive("lam", lam)
         check_choice("norm", norm, NORMS)
@@ -77,7 +81,10 @@ class LaplacianAttention(TokenAttention):
 
     def extra_repr(self) -> str:
         opts = ", ".join(f"{k}={v}" for k, v in self.attn_kwargs.items())
-        return f"dim={self.dim}, heads={self.num_heads}, landmarks={self.landmarks}, tie_qk={self.tie_qk}, {opts}"
+        return (
+            f"dim={self.dim}, heads={self.num_heads}, landmarks={self.landmarks}, tie_qk={self.tie_qk}, "
+            f"recompute={self.recompute}, {opts}"
+        )
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw) -> torch.Tensor:
         """q, k, v: (B, H, N, d) -> laplacian_attention(q, k, v), (B, H, N, d)."""

@@ -2,8 +2,8 @@
 
     q, k, v = split_heads(Linear(x))        (k = q when ``tie_qk``)
     out = proj( attend(q, k, v, hw) [+ DWConv3x3(V) when ``dwconv``] )
-The q/k and v products are computed separately (row slices of one weight) so that v stays contiguous in
-token layout and the heads are merged by adding them into DWConv(V), without extra copies.
+q, k and v are computed as three products with row blocks of one weight, so each stays contiguous in
+token layout, and the heads are merged by adding them into DWConv(V), without extra copies.
 Subclasses (``LaplacianAttention`` and the baselines) implement ``attend`` on (B, H, N, d) tensors with
 their functional op, so a model or a benchmark can swap any of them for another.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..ops.validation import check_head_split, check_hw
 from .grid_conv import conv_tokens
@@ -26,6 +27,9 @@ class TokenAttention(nn.Module):
         qkv_bias: bias of the q/k/v projection; tie_qk: K = Q (no key projection).
         dwconv: add a 3×3 depthwise conv of V on the token grid (1-D: kernel 3) to the attention output.
         attn_drop: dropout on the attention output before the projection; proj_drop: after it.
+        recompute: in training, keep only x and V for the backward and recompute the q/k product and
+            ``attend`` there (activation checkpointing of the attention core): less memory, one more
+            forward of the core per backward.
     """
 
     def __init__(
@@ -38,9 +42,11 @@ class TokenAttention(nn.Module):
         dwconv: bool = False,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        recompute: bool = False,
     ) -> None:
         super().__init__()
         check_head_split(dim, num_heads)
+        self.recompute = recompute
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -55,22 +61,35 @@ class TokenAttention(nn.Module):
         """q, k, v: (B, H, N, d) -> (B, H, N, d)."""
         raise NotImplementedError
 
-    def _project(self, x: torch.Tensor):
-        """x (B, N, C) -> q, k (B, H, N, d) views of one (B, N, 2C) product (k = q when ``tie_qk``) and the
-        values v_tok (B, N, C), contiguous.
+    def _rows(self, x: torch.Tensor, part: int) -> torch.Tensor:
+        """x (B, N, C) -> (B, N, C): the product with row block ``part`` of the ``qkv`` weight (q, k, v order;
+        q, v when ``tie_qk``)."""
+        rows = slice(part * self.dim, (part + 1) * self.dim)
+        bias = self.qkv.bias
+        return F.linear(x, self.qkv.weight[rows], None if bias is None else bias[rows])
 
-        Two products with row slices of the one ``qkv`` weight (same parameters as a single (3C) product):
-        v then needs no copy for the depthwise conv (a channels-last view of v_tok) and q, k are read in
-        place by the CPU kernels."""
-        b, n, _ = x.shape
-        rows = self.dim * (1 if self.tie_qk else 2)
-        weight, bias = self.qkv.weight, self.qkv.bias
-        qk = F.linear(x, weight[:rows], None if bias is None else bias[:rows])
-        v_tok = F.linear(x, weight[rows:], None if bias is None else bias[rows:])
-        parts = qk.view(b, n, -1, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q = parts[0]
-        k = q if self.tie_qk else parts[1]
-        return q, k, v_tok
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, N, C) -> (B, H, N, d) view."""
+        b, n, _ = t.shape
+        return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _project_qk(self, x: torch.Tensor):
+        """x (B, N, C) -> q, k (B, H, N, d) (k = q when ``tie_qk``).
+
+        q, k and v are three products with row blocks of the one ``qkv`` weight (the same parameters
+        and work as a single 3C product). Each result is contiguous in token layout, so v needs no copy
+        for the depthwise conv, the CPU kernels read q and k in place, and the backward gets each
+        gradient without scattering it into a (B, N, 3C) buffer."""
+        q = self._heads(self._rows(x, 0))
+        return q, q if self.tie_qk else self._heads(self._rows(x, 1))
+
+    def _project_v(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, N, C) -> v_tok (B, N, C), contiguous."""
+        return self._rows(x, 1 if self.tie_qk else 2)
+
+    def _attend_tokens(self, x: torch.Tensor, v: torch.Tensor, hw) -> torch.Tensor:
+        q, k = self._project_qk(x)
+        return self.attend(q, k, v, hw)
 
     def _value_conv(self, v_tok: torch.Tensor, hw: tuple[int, int] | None) -> torch.Tensor:
         """DWConv(V): v_tok (B, N, C) -> (B, N, C), 3×3 depthwise on the grid (1-D: kernel 3 along N).
@@ -90,9 +109,12 @@ class TokenAttention(nn.Module):
         b, n, c = x.shape
         if hw is not None:
             hw = check_hw((int(hw[0]), int(hw[1])), n)
-        q, k, v_tok = self._project(x)
-        v = v_tok.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        heads = self.attend(q, k, v, hw)
+        v_tok = self._project_v(x)
+        v = self._heads(v_tok)
+        if self.recompute and torch.is_grad_enabled() and (x.requires_grad or self.qkv.weight.requires_grad):
+            heads = checkpoint(self._attend_tokens, x, v, hw, use_reentrant=False)
+        else:
+            heads = self._attend_tokens(x, v, hw)
         if self.dwconv is not None:
             # DWConv(V) in token layout, then the heads added into it: one pass merges the heads.
             out = self._value_conv(v_tok, hw)

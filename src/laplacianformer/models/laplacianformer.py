@@ -43,7 +43,9 @@ __all__ = [
 ]
 
 ATTENTIONS = ("laplacian", "gaussian", "softmax")
-LAPLACIAN_ATTN_KWARGS = ("lam", "qk_scale", "norm", "solver", "iters", "ns_eps", "tie_qk", "landmarks", "dwconv")
+LAPLACIAN_ATTN_KWARGS = (
+    "lam", "qk_scale", "norm", "solver", "iters", "ns_eps", "tie_qk", "landmarks", "dwconv", "recompute"
+)
 SOFTMAX_ATTN_KWARGS = ("sr_ratio",)
 
 
