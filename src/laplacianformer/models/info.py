@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..ops.kernel.backend import backend as kernel_backend
+from ..ops.attention import reference_pooling
 from ..ops.normalization import reference_normalization
 
 from .laplacianformer import LaplacianFormer
@@ -38,12 +39,13 @@ def count_macs(model: nn.Module, x: torch.Tensor) -> tuple[int, dict[str, int]]:
     The kernel primitives run on the "composite" backend during the count, so that every L1 distance
     is one ``aten._cdist_forward`` call the counter sees (the fused backends compute the same products),
     and the normalisation runs as its plain composite, whose matmuls the counter sees (the fused
-    blockwise version computes the same products with in-place ops it does not count).
+    blockwise version computes the same products with in-place ops it does not count). The landmark
+    pooling runs as ``adaptive_avg_pool2d`` (not counted), not as its pooling-matrix products.
     Per-module keys are dotted paths below the model ("patch_embed", "stages.0", "head", ...).
     """
     mapping = {torch.ops.aten._cdist_forward: lambda x_shape, y_shape, *a, out_shape=None, **k: _cdist_flops(x_shape, y_shape)}
     counter = FlopCounterMode(display=False, custom_mapping=mapping)
-    with torch.no_grad(), kernel_backend("composite"), reference_normalization(), counter:
+    with torch.no_grad(), kernel_backend("composite"), reference_normalization(), reference_pooling(), counter:
         model(x)
     per_module = {}
     for name, counts in counter.get_flop_counts().items():

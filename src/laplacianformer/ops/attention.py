@@ -13,6 +13,8 @@ under autocast (SPEC.md §1: exp(-D/lam) underflows in float16); the output has 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -31,6 +33,20 @@ from .validation import (
     check_qkv,
     resolve_landmarks,
 )
+
+
+_POOL_REFERENCE = [False]
+
+
+@contextlib.contextmanager
+def reference_pooling():
+    """Within this block ``pool_landmarks`` calls ``F.adaptive_avg_pool2d`` / ``1d`` (the MAC counter uses
+    it: the pooling-matrix products would count as multiply-accumulates that pooling does not have)."""
+    previous, _POOL_REFERENCE[0] = _POOL_REFERENCE[0], True
+    try:
+        yield
+    finally:
+        _POOL_REFERENCE[0] = previous
 
 
 def adaptive_pool_matrix(n: int, out: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -53,6 +69,13 @@ def pool_landmarks(x: torch.Tensor, hw: tuple[int, int] | None, landmarks) -> to
     layout (any row stride): the same bins and values as ``F.adaptive_avg_pool2d`` / ``1d``.
     """
     b, h, n, d = x.shape
+    if _POOL_REFERENCE[0]:
+        flat = x.reshape(b * h, n, d).transpose(1, 2)
+        if hw is None:
+            pooled = F.adaptive_avg_pool1d(flat, landmarks)
+        else:
+            pooled = F.adaptive_avg_pool2d(flat.reshape(b * h, d, hw[0], hw[1]), landmarks).flatten(2)
+        return pooled.transpose(1, 2).reshape(b, h, -1, d)
     if hw is None:
         return adaptive_pool_matrix(n, landmarks, x.dtype, x.device) @ x
     (gh, gw), (lh, lw) = hw, landmarks
