@@ -39,6 +39,12 @@ allocating (N, m) temporaries.  On other devices (cheap caching allocator, costl
 covers everything."""
 
 
+def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """x itself when its last dimension is contiguous (the products read any row stride, e.g. the heads of
+    a (B, N, H·e) value tensor), else a contiguous copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def _centre(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     mean = x.mean(-2, keepdim=True)
     return x - mean, mean
@@ -109,7 +115,7 @@ def injective_forward(c: torch.Tensor, b: torch.Tensor, v: torch.Tensor, eps: fl
     """Output of the injective variant without autograd bookkeeping.
 
     c (G, Nq, m), b (G, Nk, m), v (G, Nk, e) -> (G, Nq, e)."""
-    return _injective_forward(c.contiguous(), b.contiguous(), v.contiguous(), eps)[0]
+    return _injective_forward(c.contiguous(), b.contiguous(), _rows_contiguous(v), eps)[0]
 
 
 def inline_forward(c: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -123,7 +129,7 @@ class InjectiveNormalization(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, c, b, v, eps):
-        c, b, v = c.contiguous(), b.contiguous(), v.contiguous()
+        c, b, v = c.contiguous(), b.contiguous(), _rows_contiguous(v)
         out, saved = _injective_forward(c, b, v, eps)
         ctx.save_for_backward(c, b, v, *saved)
         return out
