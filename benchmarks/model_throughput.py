@@ -3,11 +3,15 @@
     python -m benchmarks.model_throughput                       # Tiny at 224² and 512², CPU
     python -m benchmarks.model_throughput --device cuda --batch 8
 
-Same LaplacianFormer backbone (default Tiny), attention "laplacian" | "gaussian" (same module, Gaussian
+Same LaplacianFormer backbone (default Tiny), attention "laplacian" | "laplacian-recompute" (the same with
+``recompute=True``: the attention core is recomputed in the backward) | "gaussian" (same module, Gaussian
 kernel) | "softmax" (PVTv2 spatial-reduction softmax, the quadratic baseline). Inference: forward under
 no_grad in eval mode. Training: forward + cross-entropy + backward (no optimizer step) in train mode.
-Peak memory: one call in a fresh subprocess (CPU: RSS high-water mark) or the CUDA allocator peak, see
-``benchmarks/common.py``. Writes benchmarks/results/model_throughput_<device>.{json,md,png}.
+Timing: the variants of one (size, mode) run round-robin, one call each per round, so machine load hits
+them alike; medians and IQRs over the rounds.
+Memory: "peak RSS" is one call in a fresh subprocess (CPU: RSS high-water mark) or the CUDA allocator peak,
+see ``benchmarks/common.py``; "activations" (training) is what autograd keeps for the backward, counted
+from the saved tensors' storages. Writes benchmarks/results/model_throughput_<device>.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -22,17 +26,28 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import machine_info, markdown_table, peak_memory, plot_loglog, time_call, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    machine_info, markdown_table, peak_memory, plot_loglog, synchronize, time_call, write_json,
+)
 from laplacianformer.models import create_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ATTNS = ("laplacian", "gaussian", "softmax")
+VARIANTS = {
+    "laplacian": dict(attn="laplacian"),
+    "laplacian-recompute": dict(attn="laplacian", attn_kwargs=dict(recompute=True)),
+    "gaussian": dict(attn="gaussian"),
+    "softmax": dict(attn="softmax"),
+}
+"""Benchmark rows: the three attentions of the backbone, and the Laplacian one with ``recompute=True``
+(activation checkpointing of the attention core; identical to "laplacian" in inference)."""
 
 
 def make_case(model: str, attn: str, size: int, batch: int, mode: str, device: str = "cpu", seed: int = 0):
-    """Factory: builds the model and inputs, returns the zero-argument callable to time (``mode`` infer|train)."""
+    """Factory: builds the model and inputs, returns the zero-argument callable to time (``mode`` infer|train).
+
+    ``attn`` is a key of ``VARIANTS``."""
     torch.manual_seed(seed)
-    net = create_model(model, attn=attn).to(device)
+    net = create_model(model, **VARIANTS[attn]).to(device)
     x = torch.randn(batch, 3, size, size, device=device)
     if mode == "infer":
         net.eval()
@@ -54,40 +69,91 @@ def make_case(model: str, attn: str, size: int, batch: int, mode: str, device: s
     return step
 
 
+def saved_activations_mb(model: str, attn: str, size: int, batch: int, device: str = "cpu") -> float:
+    """MiB of the distinct storages autograd keeps for the backward of one training forward (the
+    activation memory, parameters excluded); deterministic, unlike an allocator or RSS peak."""
+    torch.manual_seed(0)
+    net = create_model(model, **VARIANTS[attn]).to(device).train()
+    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            storages[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.randn(batch, 3, size, size, device=device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        net(x)
+    return sum(storages.values()) / 2**20
+
+
+def time_interleaved(fns: dict, *, device: str, repeats: int, max_seconds: float | None) -> dict:
+    """Median/IQR ms per callable, timed round-robin (one call of each per round) so that load changes on a
+    shared machine hit every variant alike. One untimed warm-up call each; rounds stop early once
+    ``max_seconds`` of timed calls are spent (at least one round)."""
+    for fn in fns.values():
+        fn()
+        synchronize(device)
+    times = {name: [] for name in fns}
+    spent = 0.0
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            timing = time_call(fn, device=device, warmup=0, repeats=1)
+            times[name].append(timing.median_ms)
+            spent += timing.median_ms / 1e3
+        if max_seconds is not None and spent > max_seconds:
+            break
+    out = {}
+    for name, ts in times.items():
+        ts = sorted(ts)
+        q = lambda f: ts[min(len(ts) - 1, int(round(f * (len(ts) - 1))))]
+        out[name] = dict(median_ms=q(0.5), iqr_ms=q(0.75) - q(0.25), repeats=len(ts))
+    return out
+
+
 def run(args) -> list[dict]:
     from tqdm import tqdm
 
     rows = []
-    cases = [(s, a, m) for s in args.sizes for a in args.attn for m in ("infer", "train")]
-    for size, attn, mode in tqdm(cases, desc="model_throughput"):
-        kwargs = dict(model=args.model, attn=attn, size=size, batch=args.batch, mode=mode, device=args.device)
-        fn = make_case(**kwargs)
-        timing = time_call(fn, device=args.device, warmup=1, repeats=args.repeats, max_seconds=args.max_seconds)
-        del fn
-        mem = None
-        if not args.no_memory:
-            mem = peak_memory(
-                "benchmarks.model_throughput:make_case", kwargs, device=args.device,
-                warmup_kwargs=dict(size=64, batch=1), threads=args.threads,
-            )["peak_mb"]
-        rows.append(dict(
-            model=args.model, attn=attn, size=size, batch=args.batch, mode=mode, median_ms=timing.median_ms,
-            iqr_ms=timing.iqr_ms, repeats=timing.repeats, images_per_s=args.batch * 1e3 / timing.median_ms, peak_mb=mem,
-        ))
+    groups = [(s, m) for s in args.sizes for m in ("infer", "train")]
+    for size, mode in tqdm(groups, desc="model_throughput"):
+        names = [a for a in args.attn if not (mode == "infer" and a == "laplacian-recompute")]
+        kwargs = {a: dict(model=args.model, attn=a, size=size, batch=args.batch, mode=mode, device=args.device) for a in names}
+        fns = {a: make_case(**kwargs[a]) for a in names}
+        timings = time_interleaved(fns, device=args.device, repeats=args.repeats, max_seconds=args.max_seconds)
+        del fns
+        for attn in names:
+            mem = None
+            if not args.no_memory:
+                mem = peak_memory(
+                    "benchmarks.model_throughput:make_case", kwargs[attn], device=args.device,
+                    warmup_kwargs=dict(size=64, batch=1), threads=args.threads,
+                )["peak_mb"]
+            saved = saved_activations_mb(args.model, attn, size, args.batch, args.device) if mode == "train" else None
+            t = timings[attn]
+            rows.append(dict(
+                model=args.model, attn=attn, size=size, batch=args.batch, mode=mode, median_ms=t["median_ms"],
+                iqr_ms=t["iqr_ms"], repeats=t["repeats"], images_per_s=args.batch * 1e3 / t["median_ms"],
+                peak_mb=mem, activations_mb=saved,
+            ))
     return rows
 
 
 def ratios(rows: list[dict]) -> list[dict]:
-    """Laplacian and Gaussian relative to softmax, per (size, mode): time ratio (<1 faster), memory ratio."""
+    """Each variant relative to softmax, per (size, mode): time, peak memory and activation ratios (<1: less)."""
     out = []
     key = {(r["size"], r["mode"], r["attn"]): r for r in rows}
     for (size, mode, attn), r in key.items():
         base = key.get((size, mode, "softmax"))
         if attn == "softmax" or base is None:
             continue
+        div = lambda a, b: a / b if a and b else None
         out.append(dict(
             size=size, mode=mode, attn=attn, time_vs_softmax=r["median_ms"] / base["median_ms"],
-            memory_vs_softmax=(r["peak_mb"] / base["peak_mb"]) if r["peak_mb"] and base["peak_mb"] else None,
+            memory_vs_softmax=div(r["peak_mb"], base["peak_mb"]),
+            activations_vs_softmax=div(r.get("activations_mb"), base.get("activations_mb")),
         ))
     return out
 
@@ -96,10 +162,10 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="laplacianformer_tiny")
     p.add_argument("--sizes", type=int, nargs="+", default=[224, 512])
-    p.add_argument("--attn", nargs="+", default=list(ATTNS), choices=ATTNS)
+    p.add_argument("--attn", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--max-seconds", type=float, default=20.0, help="cap on timed seconds per case")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--max-seconds", type=float, default=60.0, help="cap on timed seconds per (size, mode) group")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     p.add_argument("--no-memory", action="store_true")
@@ -114,12 +180,14 @@ def main(argv=None) -> None:
     stem = Path(args.out) if args.out else RESULTS / f"model_throughput_{torch.device(args.device).type}"
     write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, load_average=load), settings=vars(args))
     table = markdown_table(
-        ["attn", "size", "mode", "batch", "median ms", "IQR ms", "images/s", "peak MiB"],
-        [[r["attn"], r["size"], r["mode"], r["batch"], r["median_ms"], r["iqr_ms"], r["images_per_s"], r["peak_mb"]] for r in rows],
+        ["attn", "size", "mode", "batch", "median ms", "IQR ms", "images/s", "peak RSS MiB", "activations MiB"],
+        [[r["attn"], r["size"], r["mode"], r["batch"], r["median_ms"], r["iqr_ms"], r["images_per_s"], r["peak_mb"],
+          r["activations_mb"]] for r in rows],
     )
     table += "\n" + markdown_table(
-        ["attn", "size", "mode", "time / softmax", "memory / softmax"],
-        [[r["attn"], r["size"], r["mode"], r["time_vs_softmax"], r["memory_vs_softmax"]] for r in rel],
+        ["attn", "size", "mode", "time / softmax", "peak RSS / softmax", "activations / softmax"],
+        [[r["attn"], r["size"], r["mode"], r["time_vs_softmax"], r["memory_vs_softmax"], r["activations_vs_softmax"]]
+         for r in rel],
     )
     info = machine_info()
     header = (
@@ -132,12 +200,18 @@ def main(argv=None) -> None:
     for mode in ("infer", "train"):
         series = {a: ([r["size"] for r in rows if r["attn"] == a and r["mode"] == mode],
                       [r["images_per_s"] for r in rows if r["attn"] == a and r["mode"] == mode]) for a in args.attn}
+        series = {a: xy for a, xy in series.items() if xy[0]}
         panels.append(dict(ylabel="images / s", title=mode, series=series))
     if not args.no_memory:
         series = {f"{a} {m}": ([r["size"] for r in rows if r["attn"] == a and r["mode"] == m],
                                [r["peak_mb"] for r in rows if r["attn"] == a and r["mode"] == m])
                   for a in args.attn for m in ("infer", "train")}
-        panels.append(dict(ylabel="peak MiB", title="peak memory", series=series))
+        series = {a: xy for a, xy in series.items() if xy[0]}
+        panels.append(dict(ylabel="peak RSS MiB", title="peak memory", series=series))
+    series = {a: ([r["size"] for r in rows if r["attn"] == a and r["mode"] == "train"],
+                  [r["activations_mb"] for r in rows if r["attn"] == a and r["mode"] == "train"]) for a in args.attn}
+    series = {a: xy for a, xy in series.items() if xy[0]}
+    panels.append(dict(ylabel="MiB kept for backward", title="training activations", series=series))
     plot_loglog(stem.with_suffix(".png"), panels, xlabel="image side (px)", title=f"{args.model}, batch {args.batch}")
 
 

@@ -50,3 +50,20 @@ def test_attention_scaling_quick_smoke(tmp_path):
     assert all(r["time"]["median_ms"] > 0 for r in recs)
     assert "| 64 (8x8) |" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_model_throughput_smoke_and_activation_count(tmp_path):
+    from benchmarks import model_throughput
+
+    out = tmp_path / "mt"
+    model_throughput.main(["--model", "laplacianformer_micro", "--sizes", "32", "--repeats", "2", "--no-memory", "--out", str(out)])
+    rows = json.loads(out.with_suffix(".json").read_text())["results"]["rows"]
+    got = {(r["attn"], r["mode"]) for r in rows}
+    assert got == {(a, m) for a in model_throughput.VARIANTS for m in ("infer", "train")} - {("laplacian-recompute", "infer")}
+    assert all(r["median_ms"] > 0 and r["repeats"] == 2 for r in rows)
+    assert all((r["activations_mb"] or 0) > 0 for r in rows if r["mode"] == "train")
+    assert out.with_suffix(".png").stat().st_size > 0
+    # recompute keeps only x and V of each attention core for the backward: strictly fewer activations
+    full = model_throughput.saved_activations_mb("laplacianformer_micro", "laplacian", 64, 1)
+    lean = model_throughput.saved_activations_mb("laplacianformer_micro", "laplacian-recompute", 64, 1)
+    assert lean < full

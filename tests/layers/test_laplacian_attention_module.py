@@ -44,3 +44,41 @@ def test_module_equals_functional_composition():
     conv = attn.dwconv(vmap).flatten(2).transpose(1, 2).reshape(1, 36, 2, 8).transpose(1, 2)
     ref = attn.proj((core + conv).transpose(1, 2).reshape(1, 36, 16))
     torch.testing.assert_close(attn(x, (6, 6)), ref)
+
+
+@pytest.mark.parametrize("tie_qk", [False, True])
+@pytest.mark.parametrize("hw", [(6, 6), None])
+def test_recompute_gives_the_same_values_and_gradients(tie_qk, hw):
+    """recompute=True (the core recomputed in the backward) changes memory, not results."""
+    torch.manual_seed(0)
+    plain = LaplacianAttention(16, 2, landmarks=(2, 2) if hw else 4, tie_qk=tie_qk).double()
+    lean = LaplacianAttention(16, 2, landmarks=(2, 2) if hw else 4, tie_qk=tie_qk, recompute=True).double()
+    lean.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 36, 16, dtype=torch.float64)
+    grads = []
+    for mod in (plain, lean):
+        xi = x.clone().requires_grad_(True)
+        y = mod(xi, hw)
+        y.square().sum().backward()
+        grads.append((y.detach(), xi.grad, [p.grad for p in mod.parameters()]))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads[0][2], grads[1][2]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_recompute_keeps_fewer_tensors_for_backward():
+    sizes = []
+    for recompute in (False, True):
+        attn = LaplacianAttention(32, 2, recompute=recompute)
+        kept = {}
+        x = torch.randn(1, 28 * 28, 32, requires_grad=True)
+
+        def pack(t):
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            attn(x, (28, 28))
+        sizes.append(sum(kept.values()))
+    assert sizes[1] < 0.6 * sizes[0], sizes
