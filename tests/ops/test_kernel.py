@@ -148,3 +148,114 @@ def test_cpu_matmul_row_chunks(nan_empty, loops, kind, monkeypatch):
     v = torch.randn(3, 11, 4, dtype=torch.float64, generator=gen).requires_grad_()
     assert len(kcpu._row_chunks(3, 37, 11)) == 10
     assert torch.autograd.gradcheck(lambda a, b, c: kcpu.laplace_kernel_matmul_cpu(a, b, c, 2.0, kind), (x, y, v)), seed
+
+
+def _native_or_skip():
+    if native.load() is None:
+        pytest.skip(f"C loops unavailable: {native.load_error()}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("n,m,d", [(1, 1, 1), (3, 15, 3), (5, 16, 64), (3, 17, 64), (5, 49, 64), (1, 130, 3),
+                                   (5, 130, 64), (9, 49, 40), (4, 7, 17), (3, 1, 64), (5, 9, 64), (8, 33, 1),
+                                   (6, 20, 112), (2, 49, 32)])
+def test_native_loops_odd_sizes(nan_empty, kind, dtype, n, m, d):
+    """The C loops' forward and backward at sizes around the vector width (m, d not multiples of 16, row
+    remainders) against the float64 reference, sign(0) = 0 included (some y rows equal some x rows)."""
+    _native_or_skip()
+    seed, gen = _seeded()
+    x = torch.randn(2, n, d, dtype=torch.float64, generator=gen)
+    y = torch.randn(2, m, d, dtype=torch.float64, generator=gen)
+    y[:, : min(n, m)] = x[:, : min(n, m)]
+    y[:, -1, 0] = x[:, 0, 0]
+    g = torch.randn(2, n, m, dtype=torch.float64, generator=gen)
+    c = torch.rand(2, n, m, dtype=torch.float64, generator=gen)
+    x, y, g, c = (t.to(dtype).double() for t in (x, y, g, c))
+    l1 = kind == "laplacian"
+    diff = x.unsqueeze(-2) - y.unsqueeze(-3)
+    ref = (diff.abs() if l1 else diff.square()).sum(-1) * -0.7
+    s = (diff.sign() if l1 else 2 * diff) * (g * c * -0.7).unsqueeze(-1)
+    rdx, rdy = s.sum(-2), -s.sum(-3)
+    out = native.pairwise_distance_native(x.to(dtype), y.to(dtype), l1, -0.7)
+    dx, dy = native.pairwise_distance_grad_native(
+        x.to(dtype), y.to(dtype), g.to(dtype), c.to(dtype), -0.7, l1)
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    for label, a, b in (("D", out, ref), ("dx", dx, rdx), ("dy", dy, rdy)):
+        assert a.dtype == dtype and torch.isfinite(a).all(), f"seed {seed}: {label}"
+        assert torch.allclose(a.double(), b, rtol=tol, atol=tol * b.abs().max().item()), f"seed {seed}: {label}"
+    dx1, _ = native.pairwise_distance_grad_native(x.to(dtype), y.to(dtype), g.to(dtype), None, -0.7, l1)
+    s1 = (diff.sign() if l1 else 2 * diff) * (g * -0.7).unsqueeze(-1)
+    assert torch.allclose(dx1.double(), s1.sum(-2), rtol=tol, atol=tol * s1.abs().max().item()), seed
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_native_loops_strided_x(nan_empty, kind):
+    """x as a column slice of a wider tensor (row stride > d) and a row slice, y a column slice too: the
+    same values and gradients as contiguous copies, bit for bit, and no copy of x is needed."""
+    _native_or_skip()
+    seed, gen = _seeded()
+    l1 = kind == "laplacian"
+    for dtype in (torch.float64, torch.float32):
+        qk = torch.randn(3, 37, 2 * 20, dtype=dtype, generator=gen)
+        x = qk[..., 20:]
+        y = torch.randn(3, 11, 2 * 20, dtype=dtype, generator=gen)[..., :20]
+        g = torch.randn(3, 37, 11, dtype=dtype, generator=gen)
+        c = torch.rand(3, 37, 11, dtype=dtype, generator=gen)
+        ref = native.pairwise_distance_native(x.contiguous(), y.contiguous(), l1, 0.3)
+        assert torch.equal(native.pairwise_distance_native(x, y, l1, 0.3), ref), seed
+        rdx, rdy = native.pairwise_distance_grad_native(x.contiguous(), y.contiguous(), g, c, 0.3, l1)
+        dx, dy = native.pairwise_distance_grad_native(x, y, g, c, 0.3, l1)
+        assert torch.equal(dx, rdx) and torch.equal(dy, rdy), seed
+        wide = torch.full((3, 37, 25), float("nan"), dtype=dtype)
+        dxv, _ = native.pairwise_distance_grad_native(x, y, g, c, 0.3, l1, dx=wide[..., 2:22])
+        assert torch.equal(dxv, rdx) and wide[..., :2].isnan().all() and wide[..., 22:].isnan().all(), seed
+        rows = x[:, 5:30]
+        assert torch.equal(native.pairwise_distance_native(rows, y, l1, 0.3), ref[:, 5:30]), seed
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cpu_path_strided_inputs(nan_empty, kind, monkeypatch):
+    """q, k as column slices of one projection output (float64): the custom ops pass them without a copy
+    and give the naive reference's values and gradients; gradcheck through the slices."""
+    _native_or_skip()
+    seed, gen = _seeded()
+    copies = []
+    real = native._rows
+    monkeypatch.setattr(native, "_rows", lambda t: copies.append(real(t) is not t) or real(t))
+    qk = torch.randn(2, 41, 2 * 9, dtype=torch.float64, generator=gen).requires_grad_()
+    lm = torch.randn(2, 13, 2 * 9, dtype=torch.float64, generator=gen).requires_grad_()
+    v = torch.randn(2, 13, 4, dtype=torch.float64, generator=gen).requires_grad_()
+
+    def f(a, b, c, name):
+        with K.backend(name):
+            return K.laplace_kernel(a[..., :9], b[..., 9:], 2.0, kind), K.laplace_kernel_matmul(a[..., 9:], b[..., :9], c, 2.0, kind)
+
+    outs = {}
+    for name in ("cpu", "naive"):
+        ins = [t.detach().clone().requires_grad_() for t in (qk, lm, v)]
+        k_, o = f(*ins, name)
+        (k_.sum() + (o * o).sum()).backward()
+        outs[name] = [k_, o] + [t.grad for t in ins]
+    assert copies and not any(copies), "a column-sliced x or y was copied"
+    for a, b in zip(outs["cpu"], outs["naive"]):
+        assert _rel(a, b) < 1e-12, seed
+    assert torch.autograd.gradcheck(lambda a, b, c: sum(t.sum() for t in f(a, b, c, "cpu")), (qk, lm, v)), seed
+
+
+def test_native_grad_deterministic_across_threads():
+    """dX and dY do not depend on the thread count (per-chunk dY parts added in a fixed order)."""
+    _native_or_skip()
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(2, 700, 32, generator=gen), torch.randn(2, 49, 32, generator=gen)
+    g, c = torch.randn(2, 700, 49, generator=gen), torch.rand(2, 700, 49, generator=gen)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(native.pairwise_distance_grad_native(x, y, g, c, 0.5, True))
+    finally:
+        torch.set_num_threads(before)
+    for dx, dy in results[1:]:
+        assert torch.equal(dx, results[0][0]) and torch.equal(dy, results[0][1])

@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 
 from . import native
-from .backend import flatten_batch
 
 _CHUNK_ELEMS = 1 << 16
 _MATMUL_CHUNK_ELEMS = 1 << 22
@@ -34,10 +33,19 @@ def _use_native(x: torch.Tensor) -> bool:
     return x.dtype in (torch.float32, torch.float64) and native.load() is not None
 
 
+def _batch_rows(t: torch.Tensor) -> torch.Tensor:
+    """(..., R, C) -> (B, R, C): the view ``reshape`` gives when it can and its columns are adjacent (the C
+    loops take any batch and row strides, e.g. q = qk[..., :d] of a wider projection), else a contiguous
+    copy. backend.flatten_batch always copies to contiguous (the Triton layout)."""
+    t3 = t.reshape(-1, t.shape[-2], t.shape[-1])
+    return t3 if t3.stride(-1) == 1 else t3.contiguous()
+
+
 def pairwise_distance_cpu(
     x: torch.Tensor, y: torch.Tensor, kind: str, scale: float = 1.0, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """scale · D (B, N, M) for contiguous x (B, N, d), y (B, M, d), into ``out`` when given; no autograd."""
+    """scale · D (B, N, M) for x (B, N, d), y (B, M, d) (any batch and row strides), into ``out`` (a
+    contiguous (B, N, M) tensor) when given; no autograd."""
     if _use_native(x):
         return native.pairwise_distance_native(x, y, kind == "laplacian", scale, out)
     b, n, d = x.shape
@@ -63,7 +71,8 @@ def pairwise_distance_grad_cpu(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dX (B, N, d), dY (B, M, d)) for dL/dD = g · c · scale (B, N, M) (c None means 1); no autograd.
 
-    dX is written into ``dx`` (contiguous (B, N, d)) when given."""
+    x, y: any batch and row strides; g, c: (B, N, M). dX is written into ``dx`` (a (B, N, d) tensor whose last
+    dimension is contiguous) when given, else into a new contiguous tensor."""
     if _use_native(x):
         c = None if c is None else c.contiguous()
         return native.pairwise_distance_grad_native(x, y, g.contiguous(), c, scale, kind == "laplacian", dx)
@@ -71,8 +80,8 @@ def pairwise_distance_grad_cpu(
     b, n, d = x.shape
     m = y.shape[1]
     if dx is None:
-        dx = torch.empty_like(x)
-    dy = torch.zeros_like(y)
+        dx = x.new_empty(x.shape)
+    dy = y.new_zeros(y.shape)
     step = _chunk_rows(b, m, d, _CHUNK_ELEMS)
     for s in range(0, n, step):
         diff = x[:, s : s + step].unsqueeze(-2) - y.unsqueeze(-3)
@@ -85,7 +94,7 @@ def pairwise_distance_grad_cpu(
 
 @torch.library.custom_op("laplacianformer::laplace_kernel_cpu", mutates_args=(), device_types="cpu")
 def _kernel_op(x: torch.Tensor, y: torch.Tensor, scale: float, kind: str) -> torch.Tensor:
-    """exp(scale · D).  x: (B, N, d), y: (B, M, d) contiguous -> (B, N, M)."""
+    """exp(scale · D).  x: (B, N, d), y: (B, M, d) (last dimension contiguous) -> (B, N, M)."""
     return pairwise_distance_cpu(x, y, kind, scale).exp_()
 
 
@@ -119,11 +128,10 @@ def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale: float, 
     rmax = chunks[0][1]
     out = torch.empty(b, n, e, dtype=x.dtype)
     cbuf = torch.empty(b * rmax * m, dtype=x.dtype)
-    xbuf = torch.empty(b * rmax * d if len(chunks) > 1 else 0, dtype=x.dtype)
     obuf = torch.empty(b * rmax * e if len(chunks) > 1 else 0, dtype=x.dtype)
     for s, r in chunks:
         c = cbuf[: b * r * m].view(b, r, m)
-        pairwise_distance_cpu(_rows(x, s, r, xbuf), y, kind, scale, out=c).exp_()
+        pairwise_distance_cpu(x[:, s : s + r], y, kind, scale, out=c).exp_()
         if r == n:
             torch.bmm(c, v, out=out)
         else:
@@ -139,25 +147,19 @@ def _matmul_bwd_op(
     m, e = v.shape[1], v.shape[2]
     chunks = _row_chunks(b, n, m)
     rmax = chunks[0][1]
-    dx = torch.empty_like(x)
-    dy = torch.zeros_like(y)
-    dv = torch.zeros_like(v)
+    dx = x.new_empty(x.shape)
+    dy = y.new_zeros(y.shape)
+    dv = v.new_zeros(v.shape)
     cbuf = torch.empty(b * rmax * m, dtype=x.dtype)
     gbuf = torch.empty(b * rmax * m, dtype=x.dtype)
-    many = len(chunks) > 1
-    xbuf = torch.empty(b * rmax * d if many else 0, dtype=x.dtype)
-    obuf = torch.empty(b * rmax * e if many else 0, dtype=x.dtype)
-    dxbuf = torch.empty(b * rmax * d if many else 0, dtype=x.dtype)
+    obuf = torch.empty(b * rmax * e if len(chunks) > 1 else 0, dtype=x.dtype)
     for s, r in chunks:
-        xb, gb = _rows(x, s, r, xbuf), _rows(grad, s, r, obuf)
+        xb, gb = x[:, s : s + r], _rows(grad, s, r, obuf)
         c = cbuf[: b * r * m].view(b, r, m)
         pairwise_distance_cpu(xb, y, kind, scale, out=c).exp_()
         dv.baddbmm_(c.transpose(1, 2), gb)
         gc = torch.bmm(gb, v.transpose(1, 2), out=gbuf[: b * r * m].view(b, r, m))
-        dxb = dx if not many else dxbuf[: b * r * d].view(b, r, d)
-        _, gy = pairwise_distance_grad_cpu(xb, y, gc, c, scale, kind, dx=dxb)
-        if many:
-            dx[:, s : s + r] = dxb
+        _, gy = pairwise_distance_grad_cpu(xb, y, gc, c, scale, kind, dx=dx[:, s : s + r])
         dy += gy
     return dx, dy, dv
 
@@ -169,7 +171,7 @@ def _(x, y, scale, kind):
 
 @_kernel_bwd_op.register_fake
 def _(x, y, grad, out, scale, kind):
-    return torch.empty_like(x), torch.empty_like(y)
+    return x.new_empty(x.shape), y.new_empty(y.shape)
 
 
 @_matmul_op.register_fake
@@ -179,7 +181,7 @@ def _(x, y, v, scale, kind):
 
 @_matmul_bwd_op.register_fake
 def _(x, y, v, grad, scale, kind):
-    return torch.empty_like(x), torch.empty_like(y), torch.empty_like(v)
+    return x.new_empty(x.shape), y.new_empty(y.shape), v.new_empty(v.shape)
 
 
 def _kernel_setup(ctx, inputs, output):
@@ -212,7 +214,7 @@ _matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 
 def laplace_kernel_cpu(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str = "laplacian") -> torch.Tensor:
     """exp(-dist(x_i, y_j) / lam).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    out = _kernel_op(flatten_batch(x), flatten_batch(y), -1.0 / float(lam), kind)
+    out = _kernel_op(_batch_rows(x), _batch_rows(y), -1.0 / float(lam), kind)
     return out.reshape(*x.shape[:-1], y.shape[-2])
 
 
@@ -220,5 +222,5 @@ def laplace_kernel_matmul_cpu(
     x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kind: str = "laplacian"
 ) -> torch.Tensor:
     """k(X, Y) @ V without storing k(X, Y).  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
-    out = _matmul_op(flatten_batch(x), flatten_batch(y), flatten_batch(v), -1.0 / float(lam), kind)
+    out = _matmul_op(_batch_rows(x), _batch_rows(y), _batch_rows(v), -1.0 / float(lam), kind)
     return out.reshape(*x.shape[:-1], v.shape[-1])

@@ -1,6 +1,6 @@
 """Loader for the C loops of the CPU path (``csrc/pairwise.c``), built at first use.
 
-The source has no Python or torch headers: ``cc -O3 -march=native -fopenmp`` builds it in about a second
+The source has no Python or torch headers: ``cc -O3 -march=native -fopenmp`` builds it in a few seconds
 into a per-user cache (``$LAPLACIANFORMER_CACHE`` or ``~/.cache/laplacianformer``), keyed by the source,
 the flags and the CPU's feature flags, and it is loaded with ctypes (the GIL is released during calls).
 Nothing is built at install time. When no C compiler works, ``load()`` returns None with the reason in
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 _SRC = Path(__file__).with_name("csrc") / "pairwise.c"
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c99"]
+_FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c99"]
 _error: list[str] = []
 
 
@@ -52,7 +52,9 @@ def _build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *_FLAGS, "-o", tmp, str(_SRC)], capture_output=True, text=True, timeout=120)
+        # An absolute path: the source includes itself through __FILE__ (once per scalar type).
+        src = str(_SRC.resolve())
+        proc = subprocess.run([cc, *_FLAGS, "-o", tmp, src], capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
         os.replace(tmp, target)
@@ -66,11 +68,11 @@ def _signatures(lib: ctypes.CDLL) -> None:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
         dist = getattr(lib, f"lf_dist_{suffix}")
-        dist.argtypes = [p, p, p, i64, i64, i64, i64, real, i32, i32]
-        dist.restype = None
+        dist.argtypes = [p, i64, i64, p, i64, i64, p, i64, i64, i64, i64, real, i32, i32]
+        dist.restype = i32
         grad = getattr(lib, f"lf_grad_{suffix}")
-        grad.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64, real, i32, i32]
-        grad.restype = None
+        grad.argtypes = [p, i64, i64, p, i64, i64, p, p, p, i64, i64, p, i64, i64, i64, i64, i64, i64, real, i32, i32]
+        grad.restype = i32
 
 
 @functools.lru_cache(maxsize=1)
@@ -113,20 +115,42 @@ def _threads(work: int) -> int:
     return 1 if work < _SERIAL_WORK else torch.get_num_threads()
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t (B, R, C) itself when its columns are adjacent (any batch and row strides), else a contiguous copy."""
+    return t if t.stride(2) == 1 or t.shape[2] <= 1 else t.contiguous()
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        raise MemoryError("laplacianformer C loops: workspace allocation failed")
+
+
+def _grad_chunks(b: int, n: int) -> tuple[int, int]:
+    """(chunks, rows per chunk) of each batch's N rows for the backward's dY parts: about _CHUNKS tasks over
+    all batches (one chunk per batch from _CHUNKS batches on), rows rounded up to a multiple of 8 so that
+    the C loops' row blocks do not straddle chunks. Depends on the shape only, never the thread count."""
+    chunks = max(1, min(-(-_CHUNKS // max(1, b)), n))
+    rows = -(-max(1, n) // chunks)
+    rows = -(-rows // 8) * 8
+    return max(1, -(-n // rows)), rows
+
+
 def pairwise_distance_native(
     x: torch.Tensor, y: torch.Tensor, l1: bool, scale: float = 1.0, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """scale · D (B, N, M) for contiguous x (B, N, d), y (B, M, d) of one float dtype (into ``out``, a
-    contiguous (B, N, M) tensor, when given)."""
+    """scale · D (B, N, M) for x (B, N, d), y (B, M, d) of one float dtype (into ``out``, a contiguous
+    (B, N, M) tensor, when given). x and y may have any batch and row strides; they are copied only when
+    their last dimension is not contiguous."""
     lib = load()
+    x, y = _rows(x), _rows(y)
     b, n, d = x.shape
     m = y.shape[1]
-    yt = y.transpose(1, 2).contiguous()
     if out is None:
         out = torch.empty(b, n, m, dtype=x.dtype)
-    getattr(lib, f"lf_dist_{_SUFFIX[x.dtype]}")(
-        _ptr(x), _ptr(yt), _ptr(out), b, n, m, d, scale, int(l1), _threads(b * n * m * d)
-    )
+    _check(getattr(lib, f"lf_dist_{_SUFFIX[x.dtype]}")(
+        _ptr(x), x.stride(0), x.stride(1), _ptr(y), y.stride(0), y.stride(1), _ptr(out),
+        b, n, m, d, scale, int(l1), _threads(b * n * m * d),
+    ))
     return out
 
 
@@ -139,18 +163,24 @@ def pairwise_distance_grad_native(
     l1: bool,
     dx: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dX (B, N, d), dY (B, M, d)) for dL/dD = g · c · scale (g, c: (B, N, M); c None means 1).
+    """(dX (B, N, d), dY (B, M, d)) for dL/dD = g · c · scale (g, c: contiguous (B, N, M); c None means 1).
 
-    All contiguous, one dtype; dX is written into ``dx`` when given."""
+    One dtype. x and y may have any batch and row strides (copied only when their last dimension is not
+    contiguous); dX is written into ``dx`` when given (any batch and row strides, last dimension
+    contiguous), else into a new contiguous tensor; dY is contiguous."""
     lib = load()
+    x, y = _rows(x), _rows(y)
     b, n, d = x.shape
     m = y.shape[1]
-    chunks = max(1, min(_CHUNKS, n))
     if dx is None:
-        dx = torch.empty_like(x)
-    parts = torch.empty(b, chunks, m, d, dtype=x.dtype)
-    getattr(lib, f"lf_grad_{_SUFFIX[x.dtype]}")(
-        _ptr(x), _ptr(y), _ptr(g), None if c is None else _ptr(c), _ptr(dx), _ptr(parts),
-        b, n, m, d, chunks, scale, int(l1), _threads(b * n * m * d),
-    )
-    return dx, parts.sum(1)
+        dx = torch.empty(b, n, d, dtype=x.dtype)
+    elif dx.stride(2) != 1 and d > 1:
+        raise ValueError("dx: the last dimension must be contiguous")
+    dy = torch.empty(b, m, d, dtype=x.dtype)
+    chunks, rows = _grad_chunks(b, n)
+    _check(getattr(lib, f"lf_grad_{_SUFFIX[x.dtype]}")(
+        _ptr(x), x.stride(0), x.stride(1), _ptr(y), y.stride(0), y.stride(1), _ptr(g),
+        None if c is None else _ptr(c), _ptr(dx), dx.stride(0), dx.stride(1), _ptr(dy),
+        b, n, m, d, chunks, rows, scale, int(l1), _threads(b * n * m * d),
+    ))
+    return dx, dy
