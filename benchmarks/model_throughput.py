@@ -9,9 +9,9 @@ kernel) | "softmax" (PVTv2 spatial-reduction softmax, the quadratic baseline). I
 no_grad in eval mode. Training: forward + cross-entropy + backward (no optimizer step) in train mode.
 Timing: the variants of one (size, mode) run round-robin, one call each per round, so machine load hits
 them alike; medians and IQRs over the rounds.
-Memory: "peak RSS" is one call in a fresh subprocess (CPU: RSS high-water mark) or the CUDA allocator peak,
-see ``benchmarks/common.py``; "activations" (training) is what autograd keeps for the backward, counted
-from the saved tensors' storages. Writes benchmarks/results/model_throughput_<device>.{json,md,png}.
+Memory: "peak RSS" is one call in a fresh subprocess (CPU: RSS high-water mark) or the CUDA allocator peak;
+"peak heap" (CPU) the live C-heap peak of one call sampled after every op (``benchmarks/common.py``);
+"activations" (training) what autograd keeps for the backward, counted from the saved tensors' storages. Writes benchmarks/results/model_throughput_<device>.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402
-    machine_info, markdown_table, peak_memory, plot_loglog, synchronize, time_call, write_json,
+    machine_info, markdown_table, peak_heap_memory, peak_memory, plot_loglog, synchronize, time_call, write_json,
 )
 from laplacianformer.models import create_model  # noqa: E402
 
@@ -123,6 +123,7 @@ def run(args) -> list[dict]:
         kwargs = {a: dict(model=args.model, attn=a, size=size, batch=args.batch, mode=mode, device=args.device) for a in names}
         fns = {a: make_case(**kwargs[a]) for a in names}
         timings = time_interleaved(fns, device=args.device, repeats=args.repeats, max_seconds=args.max_seconds)
+        heap = {a: peak_heap_memory(fn) if args.device == "cpu" else None for a, fn in fns.items()}
         del fns
         for attn in names:
             mem = None
@@ -136,7 +137,7 @@ def run(args) -> list[dict]:
             rows.append(dict(
                 model=args.model, attn=attn, size=size, batch=args.batch, mode=mode, median_ms=t["median_ms"],
                 iqr_ms=t["iqr_ms"], repeats=t["repeats"], images_per_s=args.batch * 1e3 / t["median_ms"],
-                peak_mb=mem, activations_mb=saved,
+                peak_mb=mem, heap_mb=heap[attn], activations_mb=saved,
             ))
     return rows
 
@@ -153,6 +154,7 @@ def ratios(rows: list[dict]) -> list[dict]:
         out.append(dict(
             size=size, mode=mode, attn=attn, time_vs_softmax=r["median_ms"] / base["median_ms"],
             memory_vs_softmax=div(r["peak_mb"], base["peak_mb"]),
+            heap_vs_softmax=div(r.get("heap_mb"), base.get("heap_mb")),
             activations_vs_softmax=div(r.get("activations_mb"), base.get("activations_mb")),
         ))
     return out
@@ -180,14 +182,15 @@ def main(argv=None) -> None:
     stem = Path(args.out) if args.out else RESULTS / f"model_throughput_{torch.device(args.device).type}"
     write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, load_average=load), settings=vars(args))
     table = markdown_table(
-        ["attn", "size", "mode", "batch", "median ms", "IQR ms", "images/s", "peak RSS MiB", "activations MiB"],
+        ["attn", "size", "mode", "batch", "median ms", "IQR ms", "images/s", "peak RSS MiB", "peak heap MiB",
+         "activations MiB"],
         [[r["attn"], r["size"], r["mode"], r["batch"], r["median_ms"], r["iqr_ms"], r["images_per_s"], r["peak_mb"],
-          r["activations_mb"]] for r in rows],
+          r["heap_mb"], r["activations_mb"]] for r in rows],
     )
     table += "\n" + markdown_table(
-        ["attn", "size", "mode", "time / softmax", "peak RSS / softmax", "activations / softmax"],
-        [[r["attn"], r["size"], r["mode"], r["time_vs_softmax"], r["memory_vs_softmax"], r["activations_vs_softmax"]]
-         for r in rel],
+        ["attn", "size", "mode", "time / softmax", "peak RSS / softmax", "peak heap / softmax", "activations / softmax"],
+        [[r["attn"], r["size"], r["mode"], r["time_vs_softmax"], r["memory_vs_softmax"], r["heap_vs_softmax"],
+          r["activations_vs_softmax"]] for r in rel],
     )
     info = machine_info()
     header = (
@@ -208,6 +211,12 @@ def main(argv=None) -> None:
                   for a in args.attn for m in ("infer", "train")}
         series = {a: xy for a, xy in series.items() if xy[0]}
         panels.append(dict(ylabel="peak RSS MiB", title="peak memory", series=series))
+    if args.device == "cpu":
+        series = {f"{a} {m}": ([r["size"] for r in rows if r["attn"] == a and r["mode"] == m and r["heap_mb"]],
+                               [r["heap_mb"] for r in rows if r["attn"] == a and r["mode"] == m and r["heap_mb"]])
+                  for a in args.attn for m in ("infer", "train")}
+        series = {a: xy for a, xy in series.items() if xy[0]}
+        panels.append(dict(ylabel="peak heap MiB", title="live memory peak", series=series))
     series = {a: ([r["size"] for r in rows if r["attn"] == a and r["mode"] == "train"],
                   [r["activations_mb"] for r in rows if r["attn"] == a and r["mode"] == "train"]) for a in args.attn}
     series = {a: xy for a, xy in series.items() if xy[0]}

@@ -67,3 +67,13 @@ def test_model_throughput_smoke_and_activation_count(tmp_path):
     full = model_throughput.saved_activations_mb("laplacianformer_micro", "laplacian", 64, 1)
     lean = model_throughput.saved_activations_mb("laplacianformer_micro", "laplacian-recompute", 64, 1)
     assert lean < full
+
+
+def test_peak_heap_memory_sees_a_live_allocation():
+    from benchmarks.common import heap_in_use, peak_heap_memory
+
+    if heap_in_use() is None:
+        pytest.skip("needs glibc mallinfo2")
+    # two 64 MiB tensors alive at once inside the call: seen although both are freed before it returns
+    peak = peak_heap_memory(lambda: (torch.ones(16 * 2**20) + 1).sum())
+    assert 120 <= peak <= 140, peak
