@@ -82,3 +82,15 @@ def test_recompute_keeps_fewer_tensors_for_backward():
             attn(x, (28, 28))
         sizes.append(sum(kept.values()))
     assert sizes[1] < 0.6 * sizes[0], sizes
+
+
+def test_training_after_inference_mode_call():
+    """Cached constants (the landmark pooling matrices) built under inference_mode must not break a later
+    training call (autograd cannot save inference tensors)."""
+    attn = LaplacianAttention(16, 2)
+    x = torch.randn(1, 100, 16)
+    with torch.inference_mode():
+        attn(x, (10, 10))
+    x.requires_grad_(True)
+    attn(x, (10, 10)).sum().backward()
+    assert torch.isfinite(x.grad).all()

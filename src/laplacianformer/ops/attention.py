@@ -14,13 +14,14 @@ under autocast (SPEC.md §1: exp(-D/lam) underflows in float16); the output has 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
 
 from .kernel import laplace_kernel, laplace_kernel_matmul
 from .newton_schulz import pinv_residual, regularise, regularised_inverse
-from .normalization import normalize_dense, normalize_nystrom
+from .normalization import _graph_capture, normalize_dense, normalize_nystrom
 from .validation import (
     KERNELS,
     NORMS,
@@ -60,6 +61,20 @@ def adaptive_pool_matrix(n: int, out: int, dtype: torch.dtype, device: torch.dev
     return inside.to(dtype) / (hi - lo).to(dtype)[:, None]
 
 
+@functools.lru_cache(maxsize=64)
+def _cached_pool_matrix(n: int, out: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    # built outside inference mode, so autograd may save it in later training calls
+    with torch.inference_mode(False), torch.no_grad():
+        return adaptive_pool_matrix(n, out, dtype, device)
+
+
+def _pool_matrix(n: int, out: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``adaptive_pool_matrix``, cached in eager mode (building it is ~8 small ops); rebuilt while tracing."""
+    if _graph_capture():
+        return adaptive_pool_matrix(n, out, dtype, device)
+    return _cached_pool_matrix(n, out, dtype, device)
+
+
 def pool_landmarks(x: torch.Tensor, hw: tuple[int, int] | None, landmarks) -> torch.Tensor:
     """Adaptive average pooling of the token map.  x: (B, H, N, d) -> (B, H, m, d).
 
@@ -77,11 +92,11 @@ def pool_landmarks(x: torch.Tensor, hw: tuple[int, int] | None, landmarks) -> to
             pooled = F.adaptive_avg_pool2d(flat.reshape(b * h, d, hw[0], hw[1]), landmarks).flatten(2)
         return pooled.transpose(1, 2).reshape(b, h, -1, d)
     if hw is None:
-        return adaptive_pool_matrix(n, landmarks, x.dtype, x.device) @ x
+        return _pool_matrix(n, landmarks, x.dtype, x.device) @ x
     (gh, gw), (lh, lw) = hw, landmarks
     rows = x.reshape(b * h * gh, gw, d)
-    pooled_w = adaptive_pool_matrix(gw, lw, x.dtype, x.device) @ rows
-    pooled = adaptive_pool_matrix(gh, lh, x.dtype, x.device) @ pooled_w.reshape(b * h, gh, lw * d)
+    pooled_w = _pool_matrix(gw, lw, x.dtype, x.device) @ rows
+    pooled = _pool_matrix(gh, lh, x.dtype, x.device) @ pooled_w.reshape(b * h, gh, lw * d)
     return pooled.reshape(b, h, lh * lw, d)
 
 
