@@ -115,10 +115,13 @@ class TokenAttention(nn.Module):
             heads = checkpoint(self._attend_tokens, x, v, hw, use_reentrant=False)
         else:
             heads = self._attend_tokens(x, v, hw)
-        if self.dwconv is not None:
+        if self.dwconv is None:
+            out = heads.transpose(1, 2).reshape(b, n, c)
+        elif torch.is_grad_enabled() and (heads.requires_grad or v_tok.requires_grad):
+            # out of place: autograd of an in-place add into a view clones and copies the gradient
+            out = self._value_conv(v_tok, hw) + heads.transpose(1, 2).reshape(b, n, c)
+        else:
             # DWConv(V) in token layout, then the heads added into it: one pass merges the heads.
             out = self._value_conv(v_tok, hw)
             out.view(b, n, self.num_heads, self.head_dim).transpose(1, 2).add_(heads)
-        else:
-            out = heads.transpose(1, 2).reshape(b, n, c)
         return self.proj_drop(self.proj(self.attn_drop(out)))
