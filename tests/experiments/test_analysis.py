@@ -39,7 +39,8 @@ def test_capture_reproduces_the_module_output():
     mod = model.a1
     settings = {**r["settings"], "qk_scale": 1.0}
     attn = laplacian_attention(r["q"], r["k"], r["v"], hw=r["hw"], landmarks=r["landmarks"], **settings)
-    rebuilt = mod.proj((attn + mod._value_conv(r["v"], model.hw)).transpose(1, 2).reshape(3, 30, 8))
+    v_tok = r["v"].transpose(1, 2).reshape(3, 30, 8)
+    rebuilt = mod.proj(attn.transpose(1, 2).reshape(3, 30, 8) + mod._value_conv(v_tok, model.hw))
     torch.testing.assert_close(rebuilt, mod(x, model.hw))
 
 

@@ -42,10 +42,9 @@ def capture_qk(model: torch.nn.Module, images: torch.Tensor) -> list[dict]:
     def hook(module, args, kwargs):
         x = args[0]
         hw = args[1] if len(args) > 1 else kwargs.get("hw")
-        b, n, _ = x.shape
-        parts = module.qkv(x).reshape(b, n, -1, module.num_heads, module.head_dim).permute(2, 0, 3, 1, 4)
-        q, v = parts[0], parts[-1]
-        k = q if module.tie_qk else parts[1]
+        n = x.shape[1]
+        q, k = module._project_qk(x)
+        v = module._heads(module._project_v(x))
         kw = module.attn_kwargs
         scale = module.head_dim**-0.5 if kw["qk_scale"] is None else kw["qk_scale"]
         records.append({
