@@ -1,5 +1,7 @@
 """Loader for the C loops of the CPU path (``csrc/pairwise.c``), built at first use.
 
+``load_library`` / ``_build`` also serve the other C sources (``ops/newton_schulz/native.py``).
+
 The source has no Python or torch headers: ``cc -O3 -march=native -fopenmp`` builds it in a few seconds
 into a per-user cache (``$LAPLACIANFORMER_CACHE`` or ``~/.cache/laplacianformer``), keyed by the source,
 the flags and the CPU's feature flags, and it is loaded with ctypes (the GIL is released during calls).
@@ -41,20 +43,23 @@ def _cache_dir() -> Path:
     return Path(root)
 
 
-def _build(cc: str) -> Path:
+def _build(cc: str, src: Path | None = None) -> Path:
+    """The shared library of the C source ``src`` (``pairwise.c`` by default), built into the cache unless
+    it is there already (named after the source's stem and a hash of the source, flags and CPU)."""
+    src = _SRC if src is None else src
     key = hashlib.sha256(
-        _SRC.read_bytes() + " ".join([cc, *_FLAGS]).encode() + _cpu_signature().encode()
+        src.read_bytes() + " ".join([cc, *_FLAGS]).encode() + _cpu_signature().encode()
     ).hexdigest()[:16]
-    target = _cache_dir() / f"pairwise-{key}.so"
+    target = _cache_dir() / f"{src.stem}-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        # An absolute path: the source includes itself through __FILE__ (once per scalar type).
-        src = str(_SRC.resolve())
-        proc = subprocess.run([cc, *_FLAGS, "-o", tmp, src], capture_output=True, text=True, timeout=120)
+        # An absolute path: the sources include themselves through __FILE__ (once per scalar type).
+        path = str(src.resolve())
+        proc = subprocess.run([cc, *_FLAGS, "-o", tmp, path], capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
         os.replace(tmp, target)
@@ -75,23 +80,30 @@ def _signatures(lib: ctypes.CDLL) -> None:
         grad.restype = i32
 
 
-@functools.lru_cache(maxsize=1)
-def load() -> ctypes.CDLL | None:
-    """The compiled library, or None (see ``load_error()``). Set LAPLACIANFORMER_NO_NATIVE=1 to disable."""
+def load_library(src: Path, signatures, errors: list[str]) -> ctypes.CDLL | None:
+    """Builds (see ``_build``) and loads the C source ``src``, sets its ctypes signatures with
+    ``signatures(lib)``; None with the reason appended to ``errors`` when disabled
+    (LAPLACIANFORMER_NO_NATIVE=1), without a C compiler, or when building or loading fails."""
     if os.environ.get("LAPLACIANFORMER_NO_NATIVE", "0") not in ("", "0"):
-        _error.append("disabled by LAPLACIANFORMER_NO_NATIVE")
+        errors.append("disabled by LAPLACIANFORMER_NO_NATIVE")
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        _error.append("no C compiler (cc/gcc) on PATH")
+        errors.append("no C compiler (cc/gcc) on PATH")
         return None
     try:
-        lib = ctypes.CDLL(str(_build(cc)))
-        _signatures(lib)
+        lib = ctypes.CDLL(str(_build(cc, src)))
+        signatures(lib)
     except Exception as exc:
-        _error.append(f"{type(exc).__name__}: {exc}")
+        errors.append(f"{type(exc).__name__}: {exc}")
         return None
     return lib
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> ctypes.CDLL | None:
+    """The compiled library, or None (see ``load_error()``). Set LAPLACIANFORMER_NO_NATIVE=1 to disable."""
+    return load_library(_SRC, _signatures, _error)
 
 
 def load_error() -> str:

@@ -7,6 +7,8 @@ of the truncated iteration; ``backward="unrolled"`` gives that one instead.
 ``solver="cg"`` (ablation) and ``solver="exact"`` (tests; torch.linalg.solve) share the implicit backward.
 On CUDA, with m <= 128 and no ``tol``, the iteration and the implicit backward run in the batched Triton
 kernels of ``triton.py`` (selection "auto" or "triton" of ``laplacianformer.ops.kernel.backend``).
+On the CPU, float32/float64 iterations without autograd run as one call of the C loop of ``native.py``
+(selection "auto" or "cpu"; see ``naive.newton_schulz_iterate``); the implicit backward stays in torch.
 """
 
 from __future__ import annotations
