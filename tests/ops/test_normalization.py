@@ -117,3 +117,138 @@ def test_attention_gradcheck_end_to_end(norm):
         return laplacian_attention(q, k, v, hw=(3, 3), landmarks=(2, 2), norm=norm, solver="exact", norm_eps=1e-3)
 
     assert torch.autograd.gradcheck(f, (q, k, v), fast_mode=True)
+
+
+# --- W-form: normalize_nystrom(c_q, c_k, v, norm, w_inv=W⁺) takes C_k and W⁺ instead of B = C_k W⁺ᵀ ---
+
+
+def landmark_factors(groups=(2, 3), n_q=11, n_k=11, m=5, e=4, requires_grad=False):
+    c, c_k, v = factors(groups, n_q, n_k, m, e)
+    w = torch.randn(*groups, m, m, generator=torch.Generator().manual_seed(torch.seed() % 2**31), dtype=torch.float64)
+    return [t.requires_grad_(requires_grad) for t in (c, c_k, w, v)]
+
+
+@pytest.mark.parametrize("norm", ["injective", "inline", "rowsum", "none"])
+@pytest.mark.parametrize("n_q,n_k", [(11, 11), (9, 13)])
+def test_w_inv_form_equals_composite_of_b(norm, n_q, n_k, block_elements):
+    """Values and gradients for (c, c_k, W⁺, v) equal the composite applied to B = C_k W⁺ᵀ."""
+    c, c_k, w, v = landmark_factors(n_q=n_q, n_k=n_k, requires_grad=True)
+    probe = torch.randn(2, 3, n_q, 4, dtype=torch.float64)
+    out = normalize_nystrom(c, c_k, v, norm, w_inv=w)
+    ref = normalize_nystrom_reference(c, c_k @ w.transpose(-1, -2), v, norm)
+    torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-10)
+    fused = torch.autograd.grad(out, (c, c_k, w, v), probe)
+    composite = torch.autograd.grad(ref, (c, c_k, w, v), probe)
+    for name, a, r in zip(("c", "c_k", "w_inv", "v"), fused, composite):
+        torch.testing.assert_close(a, r, rtol=1e-8, atol=1e-10, msg=lambda m: f"d{name}: {m}")
+    with torch.no_grad():
+        torch.testing.assert_close(normalize_nystrom(c, c_k, v, norm, w_inv=w), ref, rtol=1e-8, atol=1e-10)
+
+
+def test_w_inv_form_gradcheck(block_elements):
+    c, c_k, w, v = landmark_factors(groups=(2,), n_q=7, n_k=8, m=4, e=3, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda c, c_k, w, v: normalize_nystrom(c, c_k, v, "injective", 1e-3, w_inv=w),
+                                    (c, c_k, w, v))
+
+
+def test_w_inv_form_broadcasts_and_double_backward_raises():
+    c, c_k, w, v = landmark_factors(groups=(2, 3), requires_grad=True)
+    w1 = w[:1].detach().clone().requires_grad_()
+    out = normalize_nystrom(c, c_k, v, "injective", w_inv=w1)
+    ref = normalize_nystrom_reference(c, c_k @ w1.transpose(-1, -2), v, "injective")
+    torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), w1)[0], torch.autograd.grad(ref.sum(), w1)[0],
+                               rtol=1e-8, atol=1e-10)
+    (g,) = torch.autograd.grad(normalize_nystrom(c, c_k, v, "injective", w_inv=w).square().sum(), w, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(g.sum(), v)
+
+
+def test_w_inv_form_graph_capture_uses_composite(monkeypatch):
+    c, c_k, w, v = landmark_factors(requires_grad=True)
+    assert "InjectiveNormalizationBackward" in _graph_names(normalize_nystrom(c, c_k, v, "injective", w_inv=w))
+    monkeypatch.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
+    out = normalize_nystrom(c, c_k, v, "injective", w_inv=w)
+    assert "InjectiveNormalizationBackward" not in _graph_names(out)
+    torch.testing.assert_close(out, normalize_nystrom_reference(c, c_k @ w.transpose(-1, -2), v, "injective"))
+
+
+@pytest.mark.parametrize("with_w", [False, True], ids=["b", "w_inv"])
+def test_float32_covariance_of_nearly_constant_queries(with_w, block_elements):
+    """c = const + tiny noise: the covariance comes from shifted data, not E[ccᵀ] − c̄c̄ᵀ, so float32 stays
+    as close to the float64 result as the float32 composite (raw moments would lose ~8% here)."""
+    gen = torch.Generator().manual_seed(0)
+    c = 0.7 + 1e-3 * torch.rand(2, 3000, 6, generator=gen, dtype=torch.float64)
+    c_k = torch.rand(2, 3000, 6, generator=gen, dtype=torch.float64)
+    w = torch.randn(2, 6, 6, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, 3000, 5, generator=gen, dtype=torch.float64)
+    ref = normalize_nystrom_reference(c, c_k @ w.transpose(-1, -2), v, "injective")
+    c32, c_k32, w32, v32 = (t.float() for t in (c, c_k, w, v))
+    if with_w:
+        out = normalize_nystrom(c32, c_k32, v32, "injective", w_inv=w32)
+    else:
+        out = normalize_nystrom(c32, c_k32 @ w32.transpose(-1, -2), v32, "injective")
+    composite = normalize_nystrom_reference(c32, c_k32 @ w32.transpose(-1, -2), v32, "injective")
+
+    b = c_k32 @ w32.transpose(-1, -2)
+    b_t = b - b.mean(-2, keepdim=True)
+    c_mean = c32.mean(-2, keepdim=True)
+    raw_cov = c32.transpose(-1, -2) @ c32 / c32.shape[-2] - c_mean.transpose(-1, -2) @ c_mean
+    raw_var = ((b_t @ raw_cov) * b_t).sum(-1, keepdim=True).clamp_min(0.0)
+    raw = (c32 - c_mean) @ ((b_t * torch.rsqrt(raw_var + 1e-6)).transpose(-1, -2) @ v32) + v32.mean(-2, keepdim=True)
+
+    def rel(x):
+        return ((x.double() - ref).norm() / ref.norm()).item()
+
+    assert rel(out) < 1e-3
+    assert rel(out) <= 2 * rel(composite)
+    assert rel(raw) > 10 * rel(out)  # the test can tell: E[ccᵀ] − c̄c̄ᵀ in float32 fails it
+
+
+def test_w_inv_form_empty_inputs():
+    c, c_k, w, v = landmark_factors(groups=(2,), n_q=0, n_k=0)
+    assert normalize_nystrom(c, c_k, v, "injective", w_inv=w).shape == (2, 0, 4)
+    c, c_k, w, v = landmark_factors(groups=(2,), e=0)
+    assert normalize_nystrom(c, c_k, v, "injective", w_inv=w).shape == (2, 11, 0)
+
+
+@pytest.mark.parametrize("norm", FUSED)
+@pytest.mark.parametrize("tied", [False, True], ids=["q!=k", "k is q"])
+def test_attention_fused_equals_reference_normalization(norm, tied):
+    """laplacian_attention (Newton–Schulz, implicit backward: dW⁺ flows from the fused op into the solver)
+    gives the same values and gradients with the fused normalisation as with the composite."""
+    from laplacianformer.ops.normalization import reference_normalization
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 36, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    probe = torch.randn(2, 2, 36, 8, generator=gen, dtype=torch.float64)
+
+    def run():
+        out = laplacian_attention(q, q if tied else k, v, hw=(6, 6), landmarks=(3, 3), norm=norm)
+        return out, torch.autograd.grad(out, (q, v) if tied else (q, k, v), probe)
+
+    out, grads = run()
+    with reference_normalization():
+        ref, ref_grads = run()
+    torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-10)
+    for a, r in zip(grads, ref_grads):
+        torch.testing.assert_close(a, r, rtol=1e-7, atol=1e-9)
+
+
+def test_kept_scratch_works_across_inference_mode_and_training(block_elements):
+    """The CPU scratch kept between calls (injective._WORKSPACE) is made outside inference mode, so a call
+    under torch.inference_mode() does not break later training calls, and results do not depend on it."""
+    c, c_k, w, v = landmark_factors(groups=(2,), n_q=9, n_k=13)
+    injective._WORKSPACE.__dict__.clear()
+    with torch.inference_mode():
+        first = normalize_nystrom(c, c_k, v, "injective", w_inv=w)
+    c.requires_grad_()
+    out = normalize_nystrom(c, c_k, v, "injective", w_inv=w)
+    (d_c,) = torch.autograd.grad(out.sum(), c)
+    ref = normalize_nystrom_reference(c, c_k @ w.transpose(-1, -2), v, "injective")
+    torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(first, ref.detach(), rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(d_c, torch.autograd.grad(ref.sum(), c)[0], rtol=1e-8, atol=1e-10)
+    with torch.inference_mode():
+        torch.testing.assert_close(normalize_nystrom(c, c_k, v, "injective", w_inv=w), ref.detach(),
+                                   rtol=1e-8, atol=1e-10)

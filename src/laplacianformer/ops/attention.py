@@ -186,7 +186,7 @@ def laplacian_attention(
                 out = laplace_kernel_matmul(qs, marks, w_inv @ (c_k.transpose(-1, -2) @ vv), lam, kernel)
             else:
                 c_q = c_k if k is q else laplace_kernel(qs, marks, lam, kernel)
-                out = normalize_nystrom(c_q, c_k @ w_inv.transpose(-1, -2), vv, norm, norm_eps)
+                out = normalize_nystrom(c_q, c_k, vv, norm, norm_eps, w_inv=w_inv)
             if return_stats:
                 with torch.no_grad():
                     stats["residual"] = pinv_residual(regularise(w, ns_eps), w_inv)

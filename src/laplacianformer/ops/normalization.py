@@ -3,7 +3,9 @@
 Two implementations of each variant, which tests hold equal:
 - ``normalize_dense(g, v, norm)``: the formula applied to a materialised (B, H, N, N) matrix ĝ;
 - ``normalize_nystrom(c_q, b, v, norm)``: the same output from the Nyström factors ĝ = C_q Bᵀ with
-  C_q (B, H, N, m) and B = C_k W⁺ᵀ (B, H, N, m), in O(N·m² + N·m·d) time and O(N·m) memory.
+  C_q (B, H, N, m) and B = C_k W⁺ᵀ (B, H, N, m), in O(N·m² + N·m·d) time and O(N·m) memory;
+  ``normalize_nystrom(c_q, c_k, v, norm, w_inv=W⁺)`` takes C_k and W⁺ (B, H, m, m) instead of B
+  (the attention's call: "injective" then never forms B).
   "injective" and "inline" run the fused functions of ``ops/injective.py`` (hand-written backward,
   few (N, m) temporaries); ``normalize_nystrom_reference`` is the plain autograd composite they are
   tested against, also used under torch.compile, tracing and ONNX export.
@@ -61,24 +63,46 @@ def _graph_capture() -> bool:
 
 
 def normalize_nystrom(
-    c_q: torch.Tensor, b: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e-6
+    c_q: torch.Tensor,
+    b: torch.Tensor,
+    v: torch.Tensor,
+    norm: str,
+    eps: float = 1e-6,
+    *,
+    w_inv: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Z(C_q Bᵀ) V without forming the N×N matrix.
 
     c_q: (..., N, m) query–landmark kernel; b: (..., N, m) with row j = W⁺ c_kj (key side);
     v: (..., N, e); leading dimensions broadcast.  Returns (..., N, e).
 
+    With ``w_inv`` = W⁺ (..., m, m) given, ``b`` is C_k (..., N, m) instead and the key factor is
+    B = C_k W⁺ᵀ: the result of ``normalize_nystrom(c_q, b @ w_inv.transpose(-1, -2), v, norm, eps)``.
+    "injective" then never forms B (one N·m² product less in the forward and two in the backward, no
+    (N, m) tensor kept for the backward) and returns gradients for C_k and W⁺; the other variants and
+    the composite form B.
+
     "injective" and "inline" use the fused functions of ``ops/injective.py``; their backward is first
     order only (double backward raises).  Under torch.compile, tracing or ONNX export, and for the
     other variants, this is ``normalize_nystrom_reference``.
     """
-    if norm not in ("injective", "inline") or _FORCE_REFERENCE[0] or _graph_capture() or 0 in (c_q.numel(), b.numel(), v.numel()):
+    fused = (
+        norm in ("injective", "inline")
+        and not (_FORCE_REFERENCE[0] or _graph_capture())
+        and 0 not in (c_q.numel(), b.numel(), v.numel())
+    )
+    if w_inv is not None and not (fused and norm == "injective"):
+        b, w_inv = b @ w_inv.transpose(-1, -2), None
+    if not fused:
         return normalize_nystrom_reference(c_q, b, v, norm, eps)
-    batch = torch.broadcast_shapes(c_q.shape[:-2], b.shape[:-2], v.shape[:-2])
-    c3, b3, v3 = (t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:]) for t in (c_q, b, v))
-    needs_grad = torch.is_grad_enabled() and (c_q.requires_grad or b.requires_grad or v.requires_grad)
+    factors = (c_q, b, v) if w_inv is None else (c_q, b, v, w_inv)
+    batch = torch.broadcast_shapes(*(t.shape[:-2] for t in factors))
+    c3, b3, v3, *w3 = (t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:]) for t in factors)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in factors)
     if norm == "injective":
-        out = InjectiveNormalization.apply(c3, b3, v3, float(eps)) if needs_grad else injective_forward(c3, b3, v3, eps)
+        w3 = w3[0] if w3 else None
+        out = (InjectiveNormalization.apply(c3, b3, w3, v3, float(eps)) if needs_grad
+               else injective_forward(c3, b3, v3, eps, w3))
     else:
         out = InlineNormalization.apply(c3, b3, v3) if needs_grad else inline_forward(c3, b3, v3)
     return out.reshape(*batch, *out.shape[-2:])
