@@ -221,8 +221,8 @@ def test_cpu_path_strided_inputs(nan_empty, kind, monkeypatch):
     _native_or_skip()
     seed, gen = _seeded()
     copies = []
-    real = native._rows
-    monkeypatch.setattr(native, "_rows", lambda t: copies.append(real(t) is not t) or real(t))
+    real = native.last_dim_contiguous
+    monkeypatch.setattr(native, "last_dim_contiguous", lambda t: copies.append(real(t) is not t) or real(t))
     qk = torch.randn(2, 41, 2 * 9, dtype=torch.float64, generator=gen).requires_grad_()
     lm = torch.randn(2, 13, 2 * 9, dtype=torch.float64, generator=gen).requires_grad_()
     v = torch.randn(2, 13, 4, dtype=torch.float64, generator=gen).requires_grad_()

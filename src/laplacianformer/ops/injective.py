@@ -57,6 +57,8 @@ import threading
 import torch
 from torch.autograd.function import once_differentiable
 
+from .layout import last_dim_contiguous
+
 
 BLOCK_ELEMENTS = 1 << 18
 """Elements of one (rows, m) working block on CPU: the passes below walk c and k in blocks of at most
@@ -66,12 +68,6 @@ everything on other devices (cheap caching allocator, costly launches), are one 
 
 _PILOT_ROWS = 64
 """About this many (at most twice as many) evenly spaced rows of c give the shift p of the covariance pass."""
-
-
-def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
-    """x itself when its last dimension is contiguous (the products read any row stride, e.g. the heads of
-    a (B, N, H·e) value tensor), else a contiguous copy."""
-    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _centre(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -282,7 +278,7 @@ def injective_forward(c: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: fl
     c (G, Nq, m), k (G, Nk, m), v (G, Nk, e), w (G, m, m) or None -> (G, Nq, e).  With w the key
     factor is b = k wᵀ (k = C_k, w = W⁺); without, k is b itself."""
     w = None if w is None else w.contiguous()
-    return _injective_forward(c.contiguous(), k.contiguous(), w, _rows_contiguous(v), eps)[0]
+    return _injective_forward(c.contiguous(), k.contiguous(), w, last_dim_contiguous(v), eps)[0]
 
 
 def inline_forward(c: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -297,7 +293,7 @@ class InjectiveNormalization(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, c, k, w, v, eps):
-        c, k, v = c.contiguous(), k.contiguous(), _rows_contiguous(v)
+        c, k, v = c.contiguous(), k.contiguous(), last_dim_contiguous(v)
         w = None if w is None else w.contiguous()
         out, saved = _injective_forward(c, k, w, v, eps)
         ctx.save_for_backward(c, k, w, v, *saved)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ..layout import last_dim_contiguous
 from . import native
 
 _CHUNK_ELEMS = 1 << 16
@@ -37,8 +38,7 @@ def _batch_rows(t: torch.Tensor) -> torch.Tensor:
     """(..., R, C) -> (B, R, C): the view ``reshape`` gives when it can and its columns are adjacent (the C
     loops take any batch and row strides, e.g. q = qk[..., :d] of a wider projection), else a contiguous
     copy. backend.flatten_batch always copies to contiguous (the Triton layout)."""
-    t3 = t.reshape(-1, t.shape[-2], t.shape[-1])
-    return t3 if t3.stride(-1) == 1 else t3.contiguous()
+    return last_dim_contiguous(t.reshape(-1, t.shape[-2], t.shape[-1]))
 
 
 def pairwise_distance_cpu(

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from ..layout import last_dim_contiguous
+
 _SRC = Path(__file__).with_name("csrc") / "pairwise.c"
 _FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c99"]
 _error: list[str] = []
@@ -127,11 +129,6 @@ def _threads(work: int) -> int:
     return 1 if work < _SERIAL_WORK else torch.get_num_threads()
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """t (B, R, C) itself when its columns are adjacent (any batch and row strides), else a contiguous copy."""
-    return t if t.stride(2) == 1 or t.shape[2] <= 1 else t.contiguous()
-
-
 def _check(status: int) -> None:
     if status != 0:
         raise MemoryError("laplacianformer C loops: workspace allocation failed")
@@ -154,7 +151,7 @@ def pairwise_distance_native(
     (B, N, M) tensor, when given). x and y may have any batch and row strides; they are copied only when
     their last dimension is not contiguous."""
     lib = load()
-    x, y = _rows(x), _rows(y)
+    x, y = last_dim_contiguous(x), last_dim_contiguous(y)
     b, n, d = x.shape
     m = y.shape[1]
     if out is None:
@@ -181,7 +178,7 @@ def pairwise_distance_grad_native(
     contiguous); dX is written into ``dx`` when given (any batch and row strides, last dimension
     contiguous), else into a new contiguous tensor; dY is contiguous."""
     lib = load()
-    x, y = _rows(x), _rows(y)
+    x, y = last_dim_contiguous(x), last_dim_contiguous(y)
     b, n, d = x.shape
     m = y.shape[1]
     if dx is None:

@@ -50,9 +50,10 @@ _NATIVE_DTYPES = (torch.float32, torch.float64)
 
 def _use_native(p: torch.Tensor, symmetric: bool) -> bool:
     """Whether ``newton_schulz_iterate`` runs the C loop (see the module docstring)."""
-    if torch.compiler.is_compiling():  # first: dynamo folds it, and traces none of the checks below
-        return False
-    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+    from ..normalization import _graph_capture
+
+    # first (it asks is_compiling first): dynamo folds it and traces none of the checks below
+    if _graph_capture():
         return False
     if not (symmetric and type(p) is torch.Tensor and p.is_cpu and p.dtype in _NATIVE_DTYPES):
         return False  # subclasses (FakeTensor, functorch wrappers, Parameter): the torch loop
