@@ -17,6 +17,14 @@ Peak memory (``peak_memory``):
   allocator may keep freed pages mapped, so this counts memory the process touched, not live tensors.
 ``peak_heap_memory`` (CPU, glibc) counts live allocations instead: the C heap in use, sampled after every
 aten op during one call, minus the level before it.
+
+Allocator (CPU): by default glibc returns freed large blocks to the kernel (``munmap``, heap trimming), so
+a later tensor of that size starts on fresh pages and pays one page fault per 4 KiB on first touch (about
+1 us each here, more in a VM whose host has reclaimed the pages). Which tensors pay depends on the order of
+every allocation in the process, so the same model's time moves by +-20% between runs and between
+neighbouring variants. ``RETAINED_HEAP_ENV`` (the ``--retain-heap`` option of the timing scripts) sets
+glibc's tunables so that freed memory stays mapped and is reused: times are then steady-state compute.
+Both are worth reporting; ``allocator`` in the JSON settings says which one a file holds.
 """
 
 from __future__ import annotations
@@ -277,6 +285,33 @@ def peak_heap_memory(fn: Callable[[], object]) -> float | None:
     with _Sampler() as sampler:
         fn()
     return max(sampler.peak - before, 0) / MIB
+
+
+RETAINED_HEAP_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(2**31 - 1),  # large blocks from the heap, not per-call mmap/munmap
+    "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1),  # never give the top of the heap back
+    "MALLOC_TOP_PAD_": str(256 * MIB),  # grow the heap in large steps
+}
+"""glibc tunables (read at process start) that keep freed memory mapped for reuse."""
+
+
+def allocator_setting() -> str:
+    """'glibc-retain' when ``RETAINED_HEAP_ENV`` is in effect for this process, else 'default'."""
+    return "glibc-retain" if all(os.environ.get(k) == v for k, v in RETAINED_HEAP_ENV.items()) else "default"
+
+
+def reexec_with_retained_heap(module: str, argv: Sequence[str] | None = None) -> None:
+    """Restarts this process as ``python -m module *argv`` (default: this process's arguments) with
+    ``RETAINED_HEAP_ENV`` set, unless it is set already (glibc reads it only at start-up). Returns only in
+    the already-set case."""
+    if allocator_setting() == "glibc-retain":
+        return
+    env = {**os.environ, **RETAINED_HEAP_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    args = list(sys.argv[1:] if argv is None else argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", module, *args], env)
 
 
 def write_json(path: str | Path, results: object, *, settings: Mapping | None = None) -> Path:

@@ -2,6 +2,7 @@
 
     python -m benchmarks.model_throughput                       # Tiny at 224² and 512², CPU
     python -m benchmarks.model_throughput --device cuda --batch 8
+    python -m benchmarks.model_throughput --retain-heap         # glibc keeps freed memory (steady state)
 
 Same LaplacianFormer backbone (default Tiny), attention "laplacian" | "laplacian-recompute" (the same with
 ``recompute=True``: the attention core is recomputed in the backward) | "gaussian" (same module, Gaussian
@@ -11,7 +12,11 @@ Timing: the variants of one (size, mode) run round-robin, one call each per roun
 them alike; medians and IQRs over the rounds.
 Memory: "peak RSS" is one call in a fresh subprocess (CPU: RSS high-water mark) or the CUDA allocator peak;
 "peak heap" (CPU) the live C-heap peak of one call sampled after every op (``benchmarks/common.py``);
-"activations" (training) what autograd keeps for the backward, counted from the saved tensors' storages. Writes benchmarks/results/model_throughput_<device>.{json,md,png}.
+"activations" (training) what autograd keeps for the backward, counted from the saved tensors' storages.
+``--retain-heap`` reruns the script with glibc tunables that keep freed memory mapped (``benchmarks/common.py``):
+with the default allocator part of each time is page faults on fresh memory, which moves with the order of
+all allocations; with it, times are steady-state compute. Writes
+benchmarks/results/model_throughput_<device>[_retain].{json,md,png}.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402
-    machine_info, markdown_table, peak_heap_memory, peak_memory, plot_loglog, synchronize, time_call, write_json,
+    allocator_setting, machine_info, markdown_table, peak_heap_memory, peak_memory, plot_loglog,
+    reexec_with_retained_heap, synchronize, time_call, write_json,
 )
 from laplacianformer.models import create_model  # noqa: E402
 
@@ -171,15 +177,21 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     p.add_argument("--no-memory", action="store_true")
-    p.add_argument("--out", default=None, help="output stem (default results/model_throughput_<device>)")
+    p.add_argument("--retain-heap", action="store_true",
+                   help="rerun with glibc keeping freed memory mapped (steady-state times, no page-fault lottery)")
+    p.add_argument("--out", default=None, help="output stem (default results/model_throughput_<device>[_retain])")
     args = p.parse_args(argv)
+    if args.retain_heap:
+        reexec_with_retained_heap("benchmarks.model_throughput", argv)
+    args.allocator = allocator_setting()
     if args.threads:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     rows = run(args)
     rel = ratios(rows)
     load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
-    stem = Path(args.out) if args.out else RESULTS / f"model_throughput_{torch.device(args.device).type}"
+    suffix = "_retain" if args.allocator == "glibc-retain" else ""
+    stem = Path(args.out) if args.out else RESULTS / f"model_throughput_{torch.device(args.device).type}{suffix}"
     write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, load_average=load), settings=vars(args))
     table = markdown_table(
         ["attn", "size", "mode", "batch", "median ms", "IQR ms", "images/s", "peak RSS MiB", "peak heap MiB",
@@ -194,7 +206,8 @@ def main(argv=None) -> None:
     )
     info = machine_info()
     header = (
-        f"# {args.model} throughput ({args.device}; {info.get('cpu', '')}; torch {torch.__version__})\n\n"
+        f"# {args.model} throughput ({args.device}; {info.get('cpu', '')}; torch {torch.__version__}; "
+        f"allocator {args.allocator})\n\n"
         f"Load average (1 min) before/after: {load['before'][0]:.1f} / {load['after'][0]:.1f} on {load['cpus']} CPUs.\n\n"
     )
     stem.with_suffix(".md").write_text(header + table)

@@ -69,6 +69,33 @@ def test_model_throughput_smoke_and_activation_count(tmp_path):
     assert lean < full
 
 
+def test_stage_attention_smoke_under_retained_heap(tmp_path):
+    """The per-stage layer benchmark, run as a user would with --retain-heap: it restarts itself with the
+    glibc tunables (recorded as the allocator), times every stage and mode, and its MAC counts are those
+    of the layer (stage 1 of micro at 64² with stem stride 4: a 16×16 grid, one head)."""
+    import os
+    import subprocess
+
+    out = tmp_path / "sa"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    cmd = [sys.executable, "-m", "benchmarks.stage_attention", "--model", "laplacianformer_micro", "--size", "64",
+           "--repeats", "2", "--retain-heap", "--out", str(out)]
+    subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=True, capture_output=True, timeout=600)
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["settings"]["allocator"] == "glibc-retain"
+    rows = data["results"]["rows"]
+    assert {(r["stage"], r["attn"], r["mode"]) for r in rows} == {
+        (s, a, m) for s in range(4) for a in ("laplacian", "gaussian", "softmax") for m in ("infer", "train")}
+    first = {r["attn"]: r for r in rows if r["stage"] == 0 and r["mode"] == "infer"}
+    assert first["softmax"]["tokens"] == 256 and first["softmax"]["heads"] == 1
+    # softmax, sr 8 on a 16×16 grid: q, kv and output projections, the 8×8 reduction conv, and SDPA over 4 keys
+    n, c, keys = 256, 32, 4
+    expected = n * c * c + keys * c * c * 64 + keys * c * 2 * c + n * keys * 2 * c + n * c * c
+    assert round(first["softmax"]["forward_gmacs"] * 1e9) == expected
+    assert all(r["median_ms"] > 0 for r in rows)
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
 def test_peak_heap_memory_sees_a_live_allocation():
     from benchmarks.common import heap_in_use, peak_heap_memory
 

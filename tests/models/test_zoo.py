@@ -60,6 +60,19 @@ def test_mac_counter_counts_l1_distance_and_matmul():
     assert macs == 2 * 7 * 4 and per_module["0"] == macs
 
 
+class _Sdpa(torch.nn.Module):
+    def forward(self, q):
+        kv = q[:, :, :6, :5]
+        return torch.nn.functional.scaled_dot_product_attention(q, kv, kv)
+
+
+def test_mac_counter_counts_cpu_sdpa():
+    """The softmax baseline's attention products: Nq·Nk·(d + d_v) per head (FlopCounterMode alone counts 0
+    for the CPU flash kernel)."""
+    macs, _ = count_macs(_Sdpa(), torch.randn(2, 3, 13, 5))
+    assert macs == 2 * 3 * 13 * 6 * (5 + 5)
+
+
 def _check_fwd_bwd(model, x, num_classes, out=None):
     out = model(x) if out is None else out
     assert out.shape == (x.shape[0], num_classes)

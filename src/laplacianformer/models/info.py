@@ -4,7 +4,9 @@ Convention (the one of fvcore and of the vision papers whose tables we compare w
 multiply-accumulate of every matmul / linear / convolution / scaled-dot-product attention, counted by
 ``torch.utils.flop_counter.FlopCounterMode`` (which reports 2 FLOPs per MAC; we halve it), plus the
 L1-distance work of the Laplacian kernel, N·M·d per (N×M) kernel matrix over d dims (``aten._cdist_forward``,
-which FlopCounterMode does not know; we register that formula). Element-wise work (exp, LayerNorm, GELU,
+which FlopCounterMode does not know; we register that formula). Scaled-dot-product attention counts its two
+products, Nq·Nk·(d + d_v) MACs per head: FlopCounterMode knows the CUDA kernels but not the CPU one
+(``aten._scaled_dot_product_flash_attention_for_cpu``), so we register it too. Element-wise work (exp, LayerNorm, GELU,
 additions, pooling) is not counted, as in fvcore. The Gaussian kernel's distances are matmuls and are
 counted by the default rules.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from ..ops.kernel.backend import backend as kernel_backend
 from ..ops.attention import reference_pooling
@@ -43,7 +45,11 @@ def count_macs(model: nn.Module, x: torch.Tensor) -> tuple[int, dict[str, int]]:
     pooling runs as ``adaptive_avg_pool2d`` (not counted), not as its pooling-matrix products.
     Per-module keys are dotted paths below the model ("patch_embed", "stages.0", "head", ...).
     """
-    mapping = {torch.ops.aten._cdist_forward: lambda x_shape, y_shape, *a, out_shape=None, **k: _cdist_flops(x_shape, y_shape)}
+    mapping = {
+        torch.ops.aten._cdist_forward: lambda x_shape, y_shape, *a, out_shape=None, **k: _cdist_flops(x_shape, y_shape),
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: (
+            lambda q_shape, k_shape, v_shape, *a, out_shape=None, **k: sdpa_flop_count(q_shape, k_shape, v_shape)),
+    }
     counter = FlopCounterMode(display=False, custom_mapping=mapping)
     with torch.no_grad(), kernel_backend("composite"), reference_normalization(), reference_pooling(), counter:
         model(x)

@@ -1,0 +1,216 @@
+"""Where a backbone's time goes: one attention layer per stage, laplacian vs gaussian vs softmax, side by side.
+
+    python -m benchmarks.stage_attention                          # Tiny's four stages at 512², CPU
+    python -m benchmarks.stage_attention --retain-heap            # steady state (see benchmarks/common.py)
+    python -m benchmarks.stage_attention --size 1024 --device cuda --batch 8
+
+For each stage of the backbone (default Tiny) the first block's attention layer, as the backbone builds it
+(widths, heads, landmarks; spatial-reduction ratios 8/4/2/1 for softmax), runs on random tokens of the shape
+that stage sees at ``--size`` (recorded from a forward of the whole model). Inference: the layer's forward
+under no_grad; training: forward and backward of the sum of its output (input and weight gradients).
+The variants of one (stage, mode) are timed round-robin. MACs follow ``laplacianformer.models.count_macs``
+(matmuls, convolutions, SDPA, and N·M·d per L1 distance matrix); MACs per second says how well each layer
+uses the machine (the Laplacian layer does fewer MACs than spatial-reduction softmax at 512², in smaller
+products). Writes benchmarks/results/stage_attention_<device>[_retain].{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import (  # noqa: E402
+    allocator_setting, machine_info, markdown_table, reexec_with_retained_heap, write_json,
+)
+from benchmarks.model_throughput import time_interleaved  # noqa: E402
+from laplacianformer.models import count_macs, create_model  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ATTENTIONS = ("laplacian", "gaussian", "softmax")
+
+
+class LayerOnGrid(torch.nn.Module):
+    """An attention layer with its token grid fixed: forward(x (B, N, C)) -> (B, N, C)."""
+
+    def __init__(self, layer: torch.nn.Module, hw: tuple[int, int]):
+        super().__init__()
+        self.layer, self.hw = layer, hw
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x, self.hw)
+
+
+def stage_inputs(model: str, size: int) -> list[dict]:
+    """Per stage: the (N, C) token shape and (height, width) grid its first attention layer sees at size²."""
+    net = create_model(model).eval()
+    seen = {}
+
+    def hook(i):
+        def record(module, args, kwargs):
+            x = args[0]
+            hw = args[1] if len(args) > 1 else kwargs.get("hw")
+            seen[i] = dict(stage=i, tokens=x.shape[1], channels=x.shape[2], hw=tuple(hw), heads=module.num_heads)
+        return record
+
+    handles = [s.blocks[0].attn.register_forward_pre_hook(hook(i), with_kwargs=True) for i, s in enumerate(net.stages)]
+    with torch.no_grad():
+        net(torch.zeros(1, 3, size, size))
+    for h in handles:
+        h.remove()
+    return [seen[i] for i in sorted(seen)]
+
+
+def make_layer_case(model: str, attn: str, stage: int, shape: dict, batch: int, mode: str, device: str = "cpu",
+                    seed: int = 0):
+    """(callable to time, the layer on its grid, the input) for one stage's first attention layer."""
+    torch.manual_seed(seed)
+    net = create_model(model, attn=attn)
+    layer = LayerOnGrid(net.stages[stage].blocks[0].attn, shape["hw"]).to(device)
+    x = torch.randn(batch, shape["tokens"], shape["channels"], device=device)
+    if mode == "infer":
+        layer.eval()
+
+        def run():
+            with torch.no_grad():
+                return layer(x)
+
+        return run, layer, x
+    layer.train()
+    x.requires_grad_(True)
+
+    def step():
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        out = layer(x)
+        out.sum().backward()
+        return out
+
+    return step, layer, x
+
+
+def run(args) -> list[dict]:
+    from tqdm import tqdm
+
+    shapes = stage_inputs(args.model, args.size)
+    rows = []
+    groups = [(s, m) for s in shapes for m in ("infer", "train")]
+    for shape, mode in tqdm(groups, desc="stage_attention"):
+        cases = {a: make_layer_case(args.model, a, shape["stage"], shape, args.batch, mode, args.device)
+                 for a in args.attn}
+        timings = time_interleaved({a: c[0] for a, c in cases.items()}, device=args.device, repeats=args.repeats,
+                                   max_seconds=args.max_seconds)
+        for attn, (_, layer, x) in cases.items():
+            macs = count_macs(layer.cpu().eval(), x.detach().cpu()[:1])[0] * args.batch
+            t = timings[attn]
+            rows.append(dict(
+                model=args.model, size=args.size, stage=shape["stage"], tokens=shape["tokens"],
+                channels=shape["channels"], heads=shape["heads"], attn=attn, mode=mode, batch=args.batch,
+                median_ms=t["median_ms"], iqr_ms=t["iqr_ms"], repeats=t["repeats"], forward_gmacs=macs / 1e9,
+                gmacs_per_s=macs / 1e9 / (t["median_ms"] / 1e3) if mode == "infer" else None,
+            ))
+    return rows
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """Per (stage, mode), each variant's time and forward MACs relative to softmax, and the sum over stages."""
+    key = {(r["stage"], r["mode"], r["attn"]): r for r in rows}
+    out = []
+    for (stage, mode, attn), r in key.items():
+        base = key.get((stage, mode, "softmax"))
+        if attn != "softmax" and base is not None:
+            out.append(dict(stage=stage, mode=mode, attn=attn, time_vs_softmax=r["median_ms"] / base["median_ms"],
+                            macs_vs_softmax=r["forward_gmacs"] / base["forward_gmacs"]))
+    for mode in ("infer", "train"):
+        total = {a: sum(r["median_ms"] for r in rows if r["attn"] == a and r["mode"] == mode) for a in ATTENTIONS}
+        if total.get("softmax"):
+            for a in ATTENTIONS:
+                if a != "softmax" and total.get(a):
+                    out.append(dict(stage="all", mode=mode, attn=a, time_vs_softmax=total[a] / total["softmax"],
+                                    macs_vs_softmax=None))
+    return out
+
+
+def plot(path: Path, rows: list[dict], attns, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = sorted({r["stage"] for r in rows})
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    width = 0.8 / max(1, len(attns))
+    panels = [("infer", "median_ms", "inference ms / layer"), ("train", "median_ms", "training step ms / layer"),
+              ("infer", "gmacs_per_s", "inference GMAC/s")]
+    for ax, (mode, field, label) in zip(axes, panels):
+        for i, a in enumerate(attns):
+            ys = [next((r[field] for r in rows if r["stage"] == s and r["attn"] == a and r["mode"] == mode), 0) or 0
+                  for s in stages]
+            ax.bar([s + (i - (len(attns) - 1) / 2) * width for s in stages], ys, width, label=a, color=f"C{i}")
+        ax.set_xticks(stages)
+        ax.set_xticklabels([f"stage {s + 1}\nN={next(r['tokens'] for r in rows if r['stage'] == s)}" for s in stages])
+        ax.set_ylabel(label)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="laplacianformer_tiny")
+    p.add_argument("--size", type=int, default=512)
+    p.add_argument("--attn", nargs="+", default=list(ATTENTIONS), choices=list(ATTENTIONS))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--max-seconds", type=float, default=20.0, help="cap on timed seconds per (stage, mode) group")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    p.add_argument("--retain-heap", action="store_true",
+                   help="rerun with glibc keeping freed memory mapped (steady-state times)")
+    p.add_argument("--out", default=None, help="output stem (default results/stage_attention_<device>[_retain])")
+    args = p.parse_args(argv)
+    if args.retain_heap:
+        reexec_with_retained_heap("benchmarks.stage_attention", argv)
+    args.allocator = allocator_setting()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    rows = run(args)
+    rel = ratios(rows)
+    load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
+    suffix = "_retain" if args.allocator == "glibc-retain" else ""
+    stem = Path(args.out) if args.out else RESULTS / f"stage_attention_{torch.device(args.device).type}{suffix}"
+    write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, load_average=load), settings=vars(args))
+    table = markdown_table(
+        ["stage", "tokens", "C", "heads", "attn", "mode", "median ms", "IQR ms", "forward GMACs", "GMAC/s"],
+        [[r["stage"] + 1, r["tokens"], r["channels"], r["heads"], r["attn"], r["mode"], r["median_ms"], r["iqr_ms"],
+          r["forward_gmacs"], r["gmacs_per_s"]] for r in rows],
+    )
+    table += "\n" + markdown_table(
+        ["stage", "mode", "attn", "time / softmax", "forward MACs / softmax"],
+        [[r["stage"] if r["stage"] == "all" else r["stage"] + 1, r["mode"], r["attn"], r["time_vs_softmax"],
+          r["macs_vs_softmax"]] for r in rel],
+    )
+    info = machine_info()
+    header = (
+        f"# {args.model}: first attention layer of each stage at {args.size}² ({args.device}; {info.get('cpu', '')}; "
+        f"torch {torch.__version__}; allocator {args.allocator}; batch {args.batch})\n\n"
+        f"Load average (1 min) before/after: {load['before'][0]:.1f} / {load['after'][0]:.1f} on {load['cpus']} CPUs.\n\n"
+    )
+    stem.with_suffix(".md").write_text(header + table)
+    print(header + table)
+    plot(stem.with_suffix(".png"), rows, args.attn, f"{args.model} attention layers at {args.size}², batch {args.batch}")
+
+
+if __name__ == "__main__":
+    main()
