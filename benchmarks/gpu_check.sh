@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GPU check for the fused kernels (docs/KERNELS.md), for a machine with CUDA and Triton.
-# Usage: bash benchmarks/gpu_check.sh OUTDIR      (run from anywhere; at most 8 minutes: 150 + 150 + 170 s limits)
+# Usage: bash benchmarks/gpu_check.sh OUTDIR      (run from anywhere; at most 9.5 minutes: 150 + 130 + 150 + 140 s)
 #   1. the Triton tests for real on CUDA (no interpreter): kernel primitives and Newton-Schulz;
 #   2. benchmarks/kernels.py on CUDA and CPU (correctness-gated speedups, first-call compile times);
-#   3. benchmarks/attention_scaling.py on CUDA against SDPA (N = 1k ... 64k).
+#   3. benchmarks/attention_scaling.py on CUDA against SDPA (N = 1k ... 64k);
+#   4. benchmarks/model_throughput.py (Tiny, batch 8, 224² and 512²: the model-zoo target) and
+#      benchmarks/stage_attention.py (one attention layer per stage at 512²) on CUDA.
 # Every step writes its log and results under OUTDIR; the script exits non-zero when a step fails,
 # after running the others.
 set -uo pipefail
@@ -46,9 +48,13 @@ PY
 
 step triton_tests 150 "$py" -m pytest -q -p no:cacheprovider -m triton \
   tests/ops/test_kernel_triton.py tests/ops/test_newton_schulz_triton.py
-step kernels_bench 150 "$py" -m benchmarks.kernels --devices cuda --sizes 1024 4096 16384 65536 --naive-max-n 4096 \
+step kernels_bench 130 "$py" -m benchmarks.kernels --devices cuda --sizes 1024 4096 16384 65536 --naive-max-n 4096 \
   --check-max-n 16384 --repeats 10 --out "$out/kernels_cuda"
-step attention_scaling 170 "$py" -m benchmarks.attention_scaling --device cuda --repeats 5 \
+step attention_scaling 150 "$py" -m benchmarks.attention_scaling --device cuda --repeats 5 \
   --out "$out/attention_scaling_cuda"
+step model_throughput 100 "$py" -m benchmarks.model_throughput --device cuda --batch 8 --sizes 224 512 --repeats 10 \
+  --max-seconds 20 --out "$out/model_throughput_cuda"
+step stage_attention 40 "$py" -m benchmarks.stage_attention --device cuda --batch 8 --repeats 20 \
+  --out "$out/stage_attention_cuda"
 echo "gpu_check: results in $out (status $status)"
 exit "$status"
