@@ -89,7 +89,9 @@ def test_backend_selection_and_explain():
         assert K.get_backend() == "composite"
     assert K.get_backend() == "auto"
     text = K.explain_dispatch(x, x, x)
-    assert text.startswith("selection 'auto'") and "triton:" in text and "cuda" in text
+    # why Triton is not used here: no CUDA tensor, or (CPU-only torch builds) no triton package at all
+    assert text.startswith("selection 'auto'") and "triton:" in text
+    assert "cuda" in text or "triton package is not installed" in text, text
     with pytest.raises(ValueError, match="^name: expected one of"):
         K.set_backend("fast")
     with K.backend("cpu"), pytest.raises(ValueError, match="^backend: 'cpu' cannot run this call: dtype"):
