@@ -314,6 +314,46 @@ def reexec_with_retained_heap(module: str, argv: Sequence[str] | None = None) ->
     os.execve(sys.executable, [sys.executable, "-m", module, *args], env)
 
 
+def add_timing_options(parser, name: str) -> None:
+    """The options every timing script shares: --device, --threads, --retain-heap, --out (``name`` is the
+    script's results stem, e.g. 'model_throughput')."""
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    parser.add_argument("--retain-heap", action="store_true",
+                        help="rerun with glibc keeping freed memory mapped (steady-state times, no page-fault lottery)")
+    parser.add_argument("--out", default=None, help=f"output stem (default results/{name}_<device>[_retain])")
+
+
+def start_timing_run(args, module: str, argv: Sequence[str] | None) -> tuple[float, float, float]:
+    """Applies the shared options before timing: reruns ``python -m module`` under ``RETAINED_HEAP_ENV`` for
+    --retain-heap, records ``args.allocator``, sets the thread count. Returns the load average before."""
+    if args.retain_heap:
+        reexec_with_retained_heap(module, argv)
+    args.allocator = allocator_setting()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return os.getloadavg()
+
+
+def results_stem(args, name: str) -> Path:
+    """--out, or benchmarks/results/<name>_<device type>[_retain] (``_retain`` under ``RETAINED_HEAP_ENV``)."""
+    if args.out:
+        return Path(args.out)
+    suffix = "_retain" if args.allocator == "glibc-retain" else ""
+    return REPO_ROOT / "benchmarks" / "results" / f"{name}_{torch.device(args.device).type}{suffix}"
+
+
+def report_header(title: str, args, load: Mapping, extra: str = "") -> str:
+    """'# title (device; CPU; torch; allocator[; extra])' and the load-average line of a Markdown report;
+    ``load`` is {"before": loadavg, "after": loadavg, "cpus": n}."""
+    info = machine_info()
+    extra = f"; {extra}" if extra else ""
+    return (
+        f"# {title} ({args.device}; {info.get('cpu', '')}; torch {torch.__version__}; allocator {args.allocator}{extra})"
+        f"\n\nLoad average (1 min) before/after: {load['before'][0]:.1f} / {load['after'][0]:.1f} on {load['cpus']} CPUs.\n\n"
+    )
+
+
 def write_json(path: str | Path, results: object, *, settings: Mapping | None = None) -> Path:
     """Writes {"machine", "command", "settings", "timestamp_utc", "results"} as indented JSON."""
     path = Path(path)

@@ -32,12 +32,11 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402
-    allocator_setting, machine_info, markdown_table, peak_heap_memory, peak_memory, plot_loglog,
-    reexec_with_retained_heap, synchronize, time_call, write_json,
+    add_timing_options, markdown_table, peak_heap_memory, peak_memory, plot_loglog, report_header, results_stem,
+    start_timing_run, synchronize, time_call, write_json,
 )
 from laplacianformer.models import create_model  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = {
     "laplacian": dict(attn="laplacian"),
     "laplacian-recompute": dict(attn="laplacian", attn_kwargs=dict(recompute=True)),
@@ -174,24 +173,14 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-seconds", type=float, default=60.0, help="cap on timed seconds per (size, mode) group")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     p.add_argument("--no-memory", action="store_true")
-    p.add_argument("--retain-heap", action="store_true",
-                   help="rerun with glibc keeping freed memory mapped (steady-state times, no page-fault lottery)")
-    p.add_argument("--out", default=None, help="output stem (default results/model_throughput_<device>[_retain])")
+    add_timing_options(p, "model_throughput")
     args = p.parse_args(argv)
-    if args.retain_heap:
-        reexec_with_retained_heap("benchmarks.model_throughput", argv)
-    args.allocator = allocator_setting()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
+    load_before = start_timing_run(args, "benchmarks.model_throughput", argv)
     rows = run(args)
     rel = ratios(rows)
     load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
-    suffix = "_retain" if args.allocator == "glibc-retain" else ""
-    stem = Path(args.out) if args.out else RESULTS / f"model_throughput_{torch.device(args.device).type}{suffix}"
+    stem = results_stem(args, "model_throughput")
     write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, load_average=load), settings=vars(args))
     table = markdown_table(
         ["attn", "size", "mode", "batch", "median ms", "IQR ms", "images/s", "peak RSS MiB", "peak heap MiB",
@@ -204,12 +193,7 @@ def main(argv=None) -> None:
         [[r["attn"], r["size"], r["mode"], r["time_vs_softmax"], r["memory_vs_softmax"], r["heap_vs_softmax"],
           r["activations_vs_softmax"]] for r in rel],
     )
-    info = machine_info()
-    header = (
-        f"# {args.model} throughput ({args.device}; {info.get('cpu', '')}; torch {torch.__version__}; "
-        f"allocator {args.allocator})\n\n"
-        f"Load average (1 min) before/after: {load['before'][0]:.1f} / {load['after'][0]:.1f} on {load['cpus']} CPUs.\n\n"
-    )
+    header = report_header(f"{args.model} throughput", args, load)
     stem.with_suffix(".md").write_text(header + table)
     print(header + table)
     panels = []

@@ -27,12 +27,11 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402
-    allocator_setting, machine_info, markdown_table, reexec_with_retained_heap, write_json,
+    add_timing_options, markdown_table, report_header, results_stem, start_timing_run, write_json,
 )
 from benchmarks.model_throughput import time_interleaved  # noqa: E402
 from laplacianformer.models import count_macs, create_model  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ATTENTIONS = ("laplacian", "gaussian", "softmax")
 
 
@@ -100,6 +99,7 @@ def run(args) -> list[dict]:
 
     shapes = stage_inputs(args.model, args.size)
     rows = []
+    macs = {}
     groups = [(s, m) for s in shapes for m in ("infer", "train")]
     for shape, mode in tqdm(groups, desc="stage_attention"):
         cases = {a: make_layer_case(args.model, a, shape["stage"], shape, args.batch, mode, args.device)
@@ -107,13 +107,15 @@ def run(args) -> list[dict]:
         timings = time_interleaved({a: c[0] for a, c in cases.items()}, device=args.device, repeats=args.repeats,
                                    max_seconds=args.max_seconds)
         for attn, (_, layer, x) in cases.items():
-            macs = count_macs(layer.cpu().eval(), x.detach().cpu()[:1])[0] * args.batch
+            key = (shape["stage"], attn)
+            if key not in macs:  # the forward's MACs, the same layer in both modes
+                macs[key] = count_macs(layer.cpu().eval(), x.detach().cpu()[:1])[0] * args.batch
             t = timings[attn]
             rows.append(dict(
                 model=args.model, size=args.size, stage=shape["stage"], tokens=shape["tokens"],
                 channels=shape["channels"], heads=shape["heads"], attn=attn, mode=mode, batch=args.batch,
-                median_ms=t["median_ms"], iqr_ms=t["iqr_ms"], repeats=t["repeats"], forward_gmacs=macs / 1e9,
-                gmacs_per_s=macs / 1e9 / (t["median_ms"] / 1e3) if mode == "infer" else None,
+                median_ms=t["median_ms"], iqr_ms=t["iqr_ms"], repeats=t["repeats"], forward_gmacs=macs[key] / 1e9,
+                gmacs_per_s=macs[key] / 1e9 / (t["median_ms"] / 1e3) if mode == "infer" else None,
             ))
     return rows
 
@@ -174,23 +176,13 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--max-seconds", type=float, default=20.0, help="cap on timed seconds per (stage, mode) group")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
-    p.add_argument("--retain-heap", action="store_true",
-                   help="rerun with glibc keeping freed memory mapped (steady-state times)")
-    p.add_argument("--out", default=None, help="output stem (default results/stage_attention_<device>[_retain])")
+    add_timing_options(p, "stage_attention")
     args = p.parse_args(argv)
-    if args.retain_heap:
-        reexec_with_retained_heap("benchmarks.stage_attention", argv)
-    args.allocator = allocator_setting()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
+    load_before = start_timing_run(args, "benchmarks.stage_attention", argv)
     rows = run(args)
     rel = ratios(rows)
     load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
-    suffix = "_retain" if args.allocator == "glibc-retain" else ""
-    stem = Path(args.out) if args.out else RESULTS / f"stage_attention_{torch.device(args.device).type}{suffix}"
+    stem = results_stem(args, "stage_attention")
     write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, load_average=load), settings=vars(args))
     table = markdown_table(
         ["stage", "tokens", "C", "heads", "attn", "mode", "median ms", "IQR ms", "forward GMACs", "GMAC/s"],
@@ -202,12 +194,8 @@ def main(argv=None) -> None:
         [[r["stage"] if r["stage"] == "all" else r["stage"] + 1, r["mode"], r["attn"], r["time_vs_softmax"],
           r["macs_vs_softmax"]] for r in rel],
     )
-    info = machine_info()
-    header = (
-        f"# {args.model}: first attention layer of each stage at {args.size}² ({args.device}; {info.get('cpu', '')}; "
-        f"torch {torch.__version__}; allocator {args.allocator}; batch {args.batch})\n\n"
-        f"Load average (1 min) before/after: {load['before'][0]:.1f} / {load['after'][0]:.1f} on {load['cpus']} CPUs.\n\n"
-    )
+    header = report_header(f"{args.model}: first attention layer of each stage at {args.size}²", args, load,
+                           f"batch {args.batch}")
     stem.with_suffix(".md").write_text(header + table)
     print(header + table)
     plot(stem.with_suffix(".png"), rows, args.attn, f"{args.model} attention layers at {args.size}², batch {args.batch}")
