@@ -19,10 +19,10 @@ Peak memory (``peak_memory``):
 aten op during one call, minus the level before it.
 
 Allocator (CPU): by default glibc returns freed large blocks to the kernel (``munmap``, heap trimming), so
-a later tensor of that size starts on fresh pages and pays one page fault per 4 KiB on first touch (about
-1 us each here, more in a VM whose host has reclaimed the pages). Which tensors pay depends on the order of
-every allocation in the process, so the same model's time moves by +-20% between runs and between
-neighbouring variants. ``RETAINED_HEAP_ENV`` (the ``--retain-heap`` option of the timing scripts) sets
+a later tensor of that size starts on fresh pages and pays one page fault per 4 KiB on first touch
+(``python -m benchmarks.cpu_pitfalls`` measures the cost per page). Which tensors pay depends on the order of
+every allocation in the process, so the same model's time moves between runs and between neighbouring
+variants. ``RETAINED_HEAP_ENV`` (the ``--retain-heap`` option of the timing scripts) sets
 glibc's tunables so that freed memory stays mapped and is reused: times are then steady-state compute.
 Both are worth reporting; ``allocator`` in the JSON settings says which one a file holds.
 """

@@ -8,7 +8,8 @@ For each stage of the backbone (default Tiny) the first block's attention layer,
 (widths, heads, landmarks; spatial-reduction ratios 8/4/2/1 for softmax), runs on random tokens of the shape
 that stage sees at ``--size`` (recorded from a forward of the whole model). Inference: the layer's forward
 under no_grad; training: forward and backward of the sum of its output (input and weight gradients).
-The variants of one (stage, mode) are timed round-robin. MACs follow ``laplacianformer.models.count_macs``
+The variants of one (stage, mode) are timed round-robin. With "laplacian" among the variants a second table
+splits that layer's inference time into its steps (``laplacian_pieces``). MACs follow ``laplacianformer.models.count_macs``
 (matmuls, convolutions, SDPA, and N·M·d per L1 distance matrix); MACs per second says how well each layer
 uses the machine (the Laplacian layer does fewer MACs than spatial-reduction softmax at 512², in smaller
 products). Writes benchmarks/results/stage_attention_<device>[_retain].{json,md,png}.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -27,10 +29,15 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402
-    add_timing_options, markdown_table, report_header, results_stem, start_timing_run, write_json,
+    add_timing_options, markdown_table, report_header, results_stem, start_timing_run, synchronize, write_json,
 )
 from benchmarks.model_throughput import time_interleaved  # noqa: E402
+from laplacianformer.layers.laplacian_attention import effective_landmarks  # noqa: E402
 from laplacianformer.models import count_macs, create_model  # noqa: E402
+from laplacianformer.ops.attention import pool_landmarks  # noqa: E402
+from laplacianformer.ops.kernel import laplace_kernel  # noqa: E402
+from laplacianformer.ops.newton_schulz import regularised_inverse  # noqa: E402
+from laplacianformer.ops.normalization import normalize_nystrom  # noqa: E402
 
 ATTENTIONS = ("laplacian", "gaussian", "softmax")
 
@@ -94,10 +101,10 @@ def make_layer_case(model: str, attn: str, stage: int, shape: dict, batch: int, 
     return step, layer, x
 
 
-def run(args) -> list[dict]:
+def run(args, shapes: list[dict]) -> list[dict]:
+    """Rows of timings and MACs for every stage shape (from ``stage_inputs``), mode and variant."""
     from tqdm import tqdm
 
-    shapes = stage_inputs(args.model, args.size)
     rows = []
     macs = {}
     groups = [(s, m) for s in shapes for m in ("infer", "train")]
@@ -118,6 +125,61 @@ def run(args) -> list[dict]:
                 gmacs_per_s=macs[key] / 1e9 / (t["median_ms"] / 1e3) if mode == "infer" else None,
             ))
     return rows
+
+
+def laplacian_pieces(model: str, stage: int, shape: dict, batch: int, device: str = "cpu", repeats: int = 30,
+                     seed: int = 0) -> dict:
+    """Median ms of each step of one Laplacian layer's inference forward, timed one after another in the order
+    the layer runs them: the v and q/k projections, then the steps of ``laplacian_attention`` (landmark pooling,
+    W = k(L, L), the Newton–Schulz solve, C_k, C_q, the injective normalisation; the default options:
+    injective norm, Newton–Schulz, qk_scale folded into λ), DWConv(V), the head merge, the output projection;
+    and the whole layer called as usual ("layer"), which the steps should add up to. None for a stage whose
+    grid has no more tokens than landmarks (the layer then uses the exact kernel, not these steps)."""
+    torch.manual_seed(seed)
+    layer = create_model(model).stages[stage].blocks[0].attn.to(device).eval()
+    opts = layer.attn_kwargs
+    if (opts["norm"], opts["solver"], opts["kernel"]) != ("injective", "newton_schulz", "laplacian"):
+        raise ValueError("laplacian_pieces: times the default options only")
+    hw = shape["hw"]
+    x = torch.randn(batch, shape["tokens"], shape["channels"], device=device)
+    lam = opts["lam"] / (opts["qk_scale"] or layer.head_dim ** -0.5)
+    grid = effective_landmarks(layer.landmarks, hw, shape["tokens"])
+    if grid is None:
+        return None
+    times: dict[str, list[float]] = {}
+
+    def timed(name, fn, *args):
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        synchronize(device)
+        times.setdefault(name, []).append((time.perf_counter() - t0) * 1e3)
+        return out
+
+    def steps():
+        v_tok = timed("v projection", layer._project_v, x)
+        q, k = timed("q, k projections", layer._project_qk, x)
+        marks = timed("landmark pooling", pool_landmarks, q, hw, grid)
+        w = timed("W = k(L, L)", laplace_kernel, marks, marks, lam)
+        w_inv = timed("Newton-Schulz solve", lambda: regularised_inverse(
+            w, solver="newton_schulz", iters=opts["iters"], eps=opts["ns_eps"]))
+        c_k = timed("C_k = k(K, L)", laplace_kernel, k, marks, lam)
+        c_q = timed("C_q = k(Q, L)", laplace_kernel, q, marks, lam)
+        heads = timed("injective normalisation", lambda: normalize_nystrom(
+            c_q, c_k, layer._heads(v_tok), "injective", 1e-6, w_inv=w_inv))
+        out = timed("DWConv(V)", layer._value_conv, v_tok, hw)
+        b, n, c = x.shape
+        timed("head merge", lambda: out.view(b, n, layer.num_heads, layer.head_dim).transpose(1, 2).add_(heads))
+        timed("output projection", layer.proj, out)
+        timed("layer", layer, x, hw)
+
+    with torch.no_grad():
+        for _ in range(3):
+            steps()
+        times.clear()
+        for _ in range(repeats):
+            steps()
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -179,11 +241,17 @@ def main(argv=None) -> None:
     add_timing_options(p, "stage_attention")
     args = p.parse_args(argv)
     load_before = start_timing_run(args, "benchmarks.stage_attention", argv)
-    rows = run(args)
+    shapes = stage_inputs(args.model, args.size)
+    rows = run(args, shapes)
     rel = ratios(rows)
+    pieces = {}
+    if "laplacian" in args.attn:
+        pieces = {s["stage"]: laplacian_pieces(args.model, s["stage"], s, args.batch, args.device) for s in shapes}
+        pieces = {stage: steps for stage, steps in pieces.items() if steps is not None}
     load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
     stem = results_stem(args, "stage_attention")
-    write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, load_average=load), settings=vars(args))
+    write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, laplacian_pieces=pieces, load_average=load),
+               settings=vars(args))
     table = markdown_table(
         ["stage", "tokens", "C", "heads", "attn", "mode", "median ms", "IQR ms", "forward GMACs", "GMAC/s"],
         [[r["stage"] + 1, r["tokens"], r["channels"], r["heads"], r["attn"], r["mode"], r["median_ms"], r["iqr_ms"],
@@ -196,6 +264,13 @@ def main(argv=None) -> None:
     )
     header = report_header(f"{args.model}: first attention layer of each stage at {args.size}²", args, load,
                            f"batch {args.batch}")
+    if pieces:
+        names = list(next(iter(pieces.values())))
+        table += "\nLaplacian layer, inference, median ms per step (timed one after another):\n\n" + markdown_table(
+            ["step", *[f"stage {s + 1}" for s in pieces]],
+            [[name, *[pieces[s][name] for s in pieces]] for name in names]
+            + [["sum of the steps", *[sum(v for k, v in pieces[s].items() if k != "layer") for s in pieces]]],
+        )
     stem.with_suffix(".md").write_text(header + table)
     print(header + table)
     plot(stem.with_suffix(".png"), rows, args.attn, f"{args.model} attention layers at {args.size}², batch {args.batch}")

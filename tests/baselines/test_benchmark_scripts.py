@@ -94,6 +94,12 @@ def test_stage_attention_smoke_under_retained_heap(tmp_path):
     assert round(first["softmax"]["forward_gmacs"] * 1e9) == expected
     assert all(r["median_ms"] > 0 for r in rows)
     assert out.with_suffix(".png").stat().st_size > 0
+    # the Laplacian layer's inference split into its steps, for the stages with more tokens than landmarks
+    pieces = data["results"]["laplacian_pieces"]
+    assert set(pieces) == {"0", "1"}
+    assert all(list(p) == list(pieces["0"]) and p["layer"] > 0 and p["injective normalisation"] > 0
+               for p in pieces.values())
+    assert "sum of the steps" in out.with_suffix(".md").read_text()
 
 
 def test_peak_heap_memory_sees_a_live_allocation():
@@ -104,3 +110,13 @@ def test_peak_heap_memory_sees_a_live_allocation():
     # two 64 MiB tensors alive at once inside the call: seen although both are freed before it returns
     peak = peak_heap_memory(lambda: (torch.ones(16 * 2**20) + 1).sum())
     assert 120 <= peak <= 140, peak
+
+
+def test_cpu_pitfalls_measurements_run():
+    from benchmarks import cpu_pitfalls
+
+    pages = cpu_pitfalls.fresh_page_fill(mib=1, repeats=3)
+    assert pages["pages"] == 256 and pages["fresh_ms"] > 0 and pages["touched_ms"] > 0
+    product = cpu_pitfalls.subnormal_product(repeats=3)
+    assert product["normal_ms"] > 0 and product["subnormal_ms"] > 0
+    assert cpu_pitfalls.attention_at_scale(1.0, 1.0, repeats=1) > 0
