@@ -133,7 +133,8 @@ def laplacian_pieces(model: str, stage: int, shape: dict, batch: int, device: st
     the layer runs them: the v and q/k projections, then the steps of ``laplacian_attention`` (landmark pooling,
     W = k(L, L), the Newton–Schulz solve, C_k, C_q, the injective normalisation; the default options:
     injective norm, Newton–Schulz, qk_scale folded into λ), DWConv(V), the head merge, the output projection;
-    and the whole layer called as usual ("layer"), which the steps should add up to. None for a stage whose
+    and the whole layer called as usual ("layer"), which the steps should add up to (their output is checked
+    against the layer's). None for a stage whose
     grid has no more tokens than landmarks (the layer then uses the exact kernel, not these steps)."""
     torch.manual_seed(seed)
     layer = create_model(model).stages[stage].blocks[0].attn.to(device).eval()
@@ -170,12 +171,14 @@ def laplacian_pieces(model: str, stage: int, shape: dict, batch: int, device: st
         out = timed("DWConv(V)", layer._value_conv, v_tok, hw)
         b, n, c = x.shape
         timed("head merge", lambda: out.view(b, n, layer.num_heads, layer.head_dim).transpose(1, 2).add_(heads))
-        timed("output projection", layer.proj, out)
-        timed("layer", layer, x, hw)
+        y = timed("output projection", layer.proj, out)
+        return y, timed("layer", layer, x, hw)
 
     with torch.no_grad():
         for _ in range(3):
-            steps()
+            by_steps, whole = steps()
+        # the steps are the layer's own computation, not an approximation of it
+        torch.testing.assert_close(by_steps, whole, rtol=1e-4, atol=1e-5)
         times.clear()
         for _ in range(repeats):
             steps()
