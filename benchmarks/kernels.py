@@ -1,5 +1,5 @@
 """Kernel benchmark: each primitive on the fast backend versus the naive reference and the torch.cdist
-composite, forward and forward+backward, measured side by side in one process (SPEC.md §6).
+composite, forward and forward+backward, measured side by side in one process (DESIGN.md §6).
 
 Cases (registry ``CASES``), on (B·H, N, d) = (2, N, 32) tensors against m = 49 landmarks:
     kernel      laplace_kernel(x, landmarks)            -> (2, N, 49)

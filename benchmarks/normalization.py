@@ -1,6 +1,6 @@
 """Normalisation benchmark: the fused injective / inline functions (``ops/injective.py``) versus the
 autograd composite ``normalize_nystrom_reference``, forward and forward+backward, interleaved in one
-process (SPEC.md §4).
+process (DESIGN.md §4).
 
 Inputs per case: C_q and B of shape (1, 2, N, 49) and V of shape (1, 2, N, 32), float32, as in the
 default attention (B=1, H=2, m=49, d=32).  Before timing, the fused output and gradients are compared

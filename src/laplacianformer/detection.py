@@ -1,4 +1,4 @@
-"""LaplacianFormer backbones for torchvision detectors: an FPN on the hierarchical stages (SPEC.md §5, COCO).
+"""LaplacianFormer backbones for torchvision detectors: an FPN on the hierarchical stages (DESIGN.md §5, COCO).
 
     from laplacianformer.detection import retinanet, mask_rcnn
     model = mask_rcnn("laplacianformer_tiny", num_classes=91)     # torchvision MaskRCNN

@@ -8,11 +8,11 @@ import pytest
 from laplacianformer.experiments import ablate
 from laplacianformer.experiments.ablations import ABLATIONS, get_ablation, resolve_variant
 
-SPEC_ITEMS = {"lambda", "solver", "kernel", "norm", "landmarks", "ns_iters", "qk_scale", "tie_qk"}
+DESIGN_ABLATIONS = {"lambda", "solver", "kernel", "norm", "landmarks", "ns_iters", "qk_scale", "tie_qk"}
 
 
 def test_registry_covers_spec_section_7():
-    assert set(ABLATIONS) == SPEC_ITEMS
+    assert set(ABLATIONS) == DESIGN_ABLATIONS
     for a in ABLATIONS.values():
         assert a.default in a.labels
         assert all(q in a.labels for q in a.quick)

@@ -1,7 +1,7 @@
 """Ill-conditioned and degenerate inputs shared by the robustness tests and ``benchmarks/robustness.py``.
 
 - ``landmark_kernel_with_condition(kappa)``: the Laplacian kernel matrix W = k(L, L) of landmarks on a
-  regular side×side grid (the layout adaptive pooling produces, SPEC.md §2), with the grid spacing found
+  regular side×side grid (the layout adaptive pooling produces, DESIGN.md §2), with the grid spacing found
   by bisection so that cond(W) = kappa. Shrinking the spacing makes landmarks near-duplicates.
 - ``attention_inputs(case, ...)``: (q, k, v) for the end-to-end cases (random, all-equal tokens,
   near-duplicate landmarks, two clusters, huge and tiny scales).

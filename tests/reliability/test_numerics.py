@@ -115,7 +115,7 @@ def test_injective_requires_positive_norm_eps():
 
 
 def test_all_equal_tokens_give_the_mean_value():
-    """Constant similarities: every normalisation that centres returns mean_j v_j exactly (SPEC.md §4)."""
+    """Constant similarities: every normalisation that centres returns mean_j v_j exactly (DESIGN.md §4)."""
     q, k, v = attention_inputs("all_equal", hw=(6, 7))
     for norm in ("injective", "inline", "rowsum"):
         out = laplacian_attention(q, k, v, hw=(6, 7), landmarks=(3, 3), norm=norm)

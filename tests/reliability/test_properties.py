@@ -50,7 +50,7 @@ def pooled_landmarks(x: torch.Tensor, hw, landmarks) -> torch.Tensor:
 
 
 def materialised_reference(q, k, v, *, hw, landmarks, lam, qk_scale, norm, kernel, ns_eps=0.01):
-    """Z(ĝ) V with ĝ the dense N×N (Nyström or exact) similarity, from SPEC.md §1–§4 directly."""
+    """Z(ĝ) V with ĝ the dense N×N (Nyström or exact) similarity, from DESIGN.md §1–§4 directly."""
     scale = q.shape[-1] ** -0.5 if qk_scale is None else qk_scale
     qs, ks = q * scale, k * scale
     if landmarks is None:

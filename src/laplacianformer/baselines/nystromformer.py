@@ -10,7 +10,7 @@ A⁺ comes from the paper's third-order iteration (Razavi et al. 2014)
     Z_{k+1} = ¼ Z_k (13I - A Z_k (15I - A Z_k (7I - A Z_k)))
 started, for EACH matrix separately, at Z_0 = Aᵀ / (‖A‖_1 ‖A‖_∞) (max column sum times max row sum),
 which makes ‖I - A Z_0‖_2 < 1 for any non-singular A. Nyströmformer's released code took these
-norms as maxima over the whole batch, which couples samples (ANCHORS.md §9.1); here they are per matrix.
+norms as maxima over the whole batch, which couples samples (a known complaint of its users, docs/BASELINES.md); here they are per matrix.
 Segment means use adaptive average pooling, equal to the paper's means when m divides N. On a 2-D
 token grid the segments run over the row-major flattened sequence, as in the paper.
 The paper's optional depthwise convolution on V is not part of this op.

@@ -4,9 +4,9 @@ A Gaussian kernel with keys tied to queries, no row normalisation, Nyström-appr
     S_ij = exp(-||q_i - q_j||² / (2·sqrt(d)))          (the SOFT bandwidth)
     out  = C (W + eps·I)^{-1} Cᵀ V,  C = k(Q, L) (N×m),  W = k(L, L) (m×m),  L = pooled queries
 This is ``laplacian_attention(q, q, v, kernel="gaussian", norm="none", qk_scale=1, lam=2·sqrt(d))``: the
-same landmark pooling (adaptive average to a fixed grid, SPEC.md §2) and Newton–Schulz solver (SPEC.md §3)
+same landmark pooling (adaptive average to a fixed grid, DESIGN.md §2) and Newton–Schulz solver (DESIGN.md §3)
 as ours, so the only differences from LaplacianFormer are the kernel and the normalisation. SOFT's own
-landmarks are a strided conv or average pool; ours keep m fixed at any resolution (ANCHORS.md §10).
+landmarks are learned by a strided conv + norm; ours are pooled to a fixed m at any resolution (DESIGN.md §2).
 """
 
 from __future__ import annotations

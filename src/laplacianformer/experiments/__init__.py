@@ -1,4 +1,4 @@
-"""Experiments of SPEC.md §7: ablations (``ablate``), the solver study and attention analyses (``analyze``).
+"""Experiments of DESIGN.md §7: ablations (``ablate``), the solver study and attention analyses (``analyze``).
 
     laplacianformer ablate lambda            # or: python -m laplacianformer.experiments.ablate lambda
     laplacianformer analyze solver

@@ -206,7 +206,7 @@ def _pct(x: float) -> float:
 
 
 def ablation_table(record: dict, rows: list[dict]) -> str:
-    """Markdown table of ``summarise`` rows (± only where there are several seeds); the SPEC default is marked."""
+    """Markdown table of ``summarise`` rows (± only where there are several seeds); the default of docs/DESIGN.md is marked."""
     out = []
     for r in rows:
         name = r["label"] + (" (default)" if r["label"] == record.get("default") else "")
@@ -252,7 +252,7 @@ def plot_ablation(record: dict, rows: list[dict], path: Path) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="laplacianformer ablate",
-        description="Run the ablations of SPEC.md §7 on the micro model (Fashion-MNIST subset); resumable.",
+        description="Run the ablations of DESIGN.md §7 on the micro model (Fashion-MNIST subset); resumable.",
     )
     p.add_argument("names", nargs="*", help=f"ablations to run: {', '.join(ABLATIONS)} or 'all'")
     p.add_argument("--list", action="store_true", help="list the ablations and their values, then exit")

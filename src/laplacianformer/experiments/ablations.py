@@ -1,4 +1,4 @@
-"""The ablations of SPEC.md §7 as data: each one changes a single setting of the micro model.
+"""The ablations of DESIGN.md §7 as data: each one changes a single setting of the micro model.
 
 A ``Variant`` is (label, attention type, attention kwargs, model kwargs) handed to
 ``laplacianformer.train.TrainConfig``; everything else in the run is the shared base budget.
@@ -24,7 +24,7 @@ class Variant:
 
 @dataclass(frozen=True)
 class Ablation:
-    """A named sweep; ``default`` is the label of SPEC.md's default value (None when there is none)."""
+    """A named sweep; ``default`` is the label of the design's default value (docs/DESIGN.md) (None when there is none)."""
 
     name: str
     setting: str
@@ -67,7 +67,7 @@ ABLATIONS: dict[str, Ablation] = {
             "laplacian", ("laplacian", "gaussian"),
         ),
         Ablation(
-            "norm", "norm", "Injective normalisation and its variants (SPEC.md §4)",
+            "norm", "norm", "Injective normalisation and its variants (DESIGN.md §4)",
             tuple(Variant(n, attn_kwargs={"norm": n}) for n in ("injective", "inline", "rowsum", "none")),
             "injective", ("injective", "inline"),
         ),
@@ -82,7 +82,7 @@ ABLATIONS: dict[str, Ablation] = {
             "iters=20", ("iters=5", "iters=20"),
         ),
         Ablation(
-            "qk_scale", "qk_scale", "Scale of q and k before the distance: 1, d^-1/4, d^-1/2 (SPEC.md §1)",
+            "qk_scale", "qk_scale", "Scale of q and k before the distance: 1, d^-1/4, d^-1/2 (DESIGN.md §1)",
             (Variant("1", qk_scale_power=0.0), Variant("d^-0.25", qk_scale_power=-0.25), Variant("d^-0.5", qk_scale_power=-0.5)),
             "d^-0.5", ("1", "d^-0.5"),
         ),

@@ -1,4 +1,4 @@
-"""Analyses of a (trained) model's attention (SPEC.md §1, §2, §4): what the paper's claims rest on.
+"""Analyses of a (trained) model's attention (DESIGN.md §1, §2, §4): what the paper's claims rest on.
 
 All functions take the queries/keys that the model's ``LaplacianAttention`` modules actually see
 (``capture_qk``) and work on small token grids only: the exact N×N matrices are materialised here for

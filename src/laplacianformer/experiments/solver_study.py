@@ -1,4 +1,4 @@
-"""Newton–Schulz vs conjugate gradient on the regularised inverse (SPEC.md §3, §7 "NS vs CG").
+"""Newton–Schulz vs conjugate gradient on the regularised inverse (DESIGN.md §3, §7 "NS vs CG").
 
 For each family of symmetric positive definite matrices P the study records the residual
 ||I - P V||_F after k iterations of each solver (V from ``newton_schulz_iterate`` or
@@ -7,7 +7,7 @@ For each family of symmetric positive definite matrices P the study records the 
 Families:
 - ``spd(kappa)``: P = Q diag(λ) Qᵀ, Q random orthogonal, λ geometric from 1 down to 1/kappa (m×m).
 - ``landmarks(source, lam)``: P = W + eps·I with W = k(L, L) the Laplacian kernel of landmarks L,
-  L = 7×7 average pool of scaled tokens (SPEC.md §2), tokens either i.i.d. Gaussian ("iid") or a
+  L = 7×7 average pool of scaled tokens (DESIGN.md §2), tokens either i.i.d. Gaussian ("iid") or a
   spatially smooth random field ("smooth", neighbouring tokens alike, as in real feature maps).
 - any extra (batch, m, m) matrices, e.g. W from a trained model's queries (``analyze solver --checkpoint``).
 

@@ -1,10 +1,10 @@
-"""``LaplacianAttention``: the attention block of LaplacianFormer as an nn.Module (SPEC.md §2, §4).
+"""``LaplacianAttention``: the attention block of LaplacianFormer as an nn.Module (DESIGN.md §2, §4).
 
 Input (B, N, C) tokens and the grid size (height, width); output (B, N, C):
     q, k, v = projections of x (k = q when ``tie_qk``, the SOFT variant)
     out = proj( laplacian_attention(q, k, v) + DWConv3x3(V) )
 The landmark grid is clamped to the token grid, and when it covers every token (m >= N) the exact
-kernel is used (SPEC.md §2), so the module works at any input resolution.
+kernel is used (DESIGN.md §2), so the module works at any input resolution.
 """
 
 from __future__ import annotations

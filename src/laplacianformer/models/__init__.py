@@ -1,4 +1,4 @@
-"""LaplacianFormer model zoo (SPEC.md §5): the backbone family, named sizes, MAC counting, timm entry points.
+"""LaplacianFormer model zoo (DESIGN.md §5): the backbone family, named sizes, MAC counting, timm entry points.
 
     from laplacianformer.models import create_model, model_info
     model = create_model("laplacianformer_tiny", num_classes=10, attn="laplacian")

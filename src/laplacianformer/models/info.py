@@ -1,4 +1,4 @@
-"""Parameter and MAC counts of a model (SPEC.md §5: "FLOPs are multiply-accumulates at 224²").
+"""Parameter and MAC counts of a model (DESIGN.md §5: "FLOPs are multiply-accumulates at 224²").
 
 Convention (the one of fvcore and of the vision papers whose tables we compare with): one MAC per
 multiply-accumulate of every matmul / linear / convolution / scaled-dot-product attention, counted by

@@ -1,8 +1,8 @@
-"""LaplacianFormer: a PVTv2-style hierarchical vision backbone with Laplacian–Nyström attention (SPEC.md §5).
+"""LaplacianFormer: a PVTv2-style hierarchical vision backbone with Laplacian–Nyström attention (DESIGN.md §5).
 
 Paper: "LaplacianFormer: Rethinking Linear Attention with Laplacian Kernel" (arXiv 2604.20368). The paper
 names a PVT backbone with self-attention replaced but gives no depths or widths; the macro design here is
-ours (SPEC.md §5): overlapping conv patch embedding (7×7 stride 4, then 3×3 stride 2 per stage), four
+ours (DESIGN.md §5): overlapping conv patch embedding (7×7 stride 4, then 3×3 stride 2 per stage), four
 stages of pre-norm blocks
 
     x = x + DropPath(Attention(LayerNorm(x)))
@@ -259,7 +259,7 @@ def _per_stage(name: str, value, n: int) -> tuple:
 
 
 class LaplacianFormer(nn.Module):
-    """Hierarchical LaplacianFormer backbone and classifier (SPEC.md §5).
+    """Hierarchical LaplacianFormer backbone and classifier (DESIGN.md §5).
 
     Args:
         in_chans: input channels. num_classes: classes of the linear head (0: no head).

@@ -1,4 +1,4 @@
-"""Named LaplacianFormer configurations and ``create_model`` (SPEC.md §5); works without timm.
+"""Named LaplacianFormer configurations and ``create_model`` (DESIGN.md §5); works without timm.
 
 The five paper sizes (Tiny–Huge) have depths/widths chosen by us so that parameters and MACs at 224²
 land within ±5% of the paper's table (``PAPER`` below; checked by tests/models). ``laplacianformer_micro``

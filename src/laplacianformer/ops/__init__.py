@@ -1,4 +1,4 @@
-"""Operators of SPEC.md §1–§4: kernel primitives, regularised inverse, normalisation, attention."""
+"""Operators of DESIGN.md §1–§4: kernel primitives, regularised inverse, normalisation, attention."""
 
 from .attention import laplacian_attention
 from .kernel import laplace_kernel, laplace_kernel_matmul

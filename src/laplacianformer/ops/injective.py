@@ -1,5 +1,5 @@
 """Fused injective and inline normalisation of the Nyström factors, with a hand-written backward
-(SPEC.md §4, the linear-cost form).
+(DESIGN.md §4, the linear-cost form).
 
 Per batch·head, with c = C_q (Nq×m), k = C_k (Nk×m), W = W⁺ (m×m), v (Nk×e) and the key factor
 b = k Wᵀ (Nk×m, row j = W⁺ c_kj):
@@ -9,7 +9,7 @@ b = k Wᵀ (Nk×m, row j = W⁺ c_kj):
                 M = b̃ᵀ (r ⊙ v) (m×e),  out = c̃ M + v̄
     inline:     M = b̃ᵀ v,  out = c M + v̄
 
-This is SPEC.md §4 with ĝ = c bᵀ: row centring of ĝ is c b̃ᵀ, the column mean of that is c̄ b̃ᵀ, so
+This is DESIGN.md §4 with ĝ = c bᵀ: row centring of ĝ is c b̃ᵀ, the column mean of that is c̄ b̃ᵀ, so
 h_ij − mu_j = c̃_i · b̃_j, s_j is its column variance, and Σ_j z_ij v_j = c̃_i M + v̄ (the 1/N term
 gives v̄).  The injective op never forms b: with S' = Wᵀ S W and M' = (r ⊙ k̃)ᵀ v (m×e),
 

@@ -1,4 +1,4 @@
-"""Normalisation of the similarity matrix and its product with V (SPEC.md §4).
+"""Normalisation of the similarity matrix and its product with V (DESIGN.md §4).
 
 Two implementations of each variant, which tests hold equal:
 - ``normalize_dense(g, v, norm)``: the formula applied to a materialised (B, H, N, N) matrix ĝ;
@@ -10,7 +10,7 @@ Two implementations of each variant, which tests hold equal:
   few (N, m) temporaries); ``normalize_nystrom_reference`` is the plain autograd composite they are
   tested against, also used under torch.compile, tracing and ONNX export.
 
-Injective variant, per image and head (Eq. 4 and 6 of the paper, with our choices of SPEC.md §4):
+Injective variant, per image and head (Eq. 4 and 6 of the paper, with our choices of DESIGN.md §4):
   h_ij = ĝ_ij - mean_j ĝ_ij,  mu_j = mean_i h_ij,  s_j² = var_i h_ij (population variance),
   z_ij = (h_ij - mu_j) / sqrt(s_j² + eps) + 1/N,  out_i = sum_j z_ij v_j.
 """

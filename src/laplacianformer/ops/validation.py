@@ -1,7 +1,7 @@
 """Argument checks shared by every public op.
 
 Every check raises ``ValueError`` or ``TypeError`` whose message starts with the argument's name and
-states what was expected, so bad input never reaches a kernel (SPEC.md, engineering standards).
+states what was expected, so bad input never reaches a kernel (docs/ARCHITECTURE.md, conventions).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int):
 
     With a 2-D token grid an int m must be a perfect square and means a sqrt(m) x sqrt(m) grid.
     A landmark grid may not exceed the token grid (``landmarks > N`` is an error here; the module
-    layer clamps it to the grid and falls back to the exact kernel, SPEC.md §2).
+    layer clamps it to the grid and falls back to the exact kernel, DESIGN.md §2).
     """
     if landmarks is None:
         return None

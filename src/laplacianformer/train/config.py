@@ -1,6 +1,6 @@
 """``TrainConfig``: every setting of a training run, saved as ``config.json`` in the run directory.
 
-Defaults are a small-data version of the DeiT/SOFT recipe (SPEC.md §5, training recipe): AdamW with
+Defaults are a small-data version of the DeiT/SOFT recipe (DESIGN.md §5, training recipe): AdamW with
 weight decay 0.05, linear warm-up then cosine decay per step, label smoothing 0.1, gradient clipping,
 drop path. Mixup/CutMix/RandAugment/EMA exist but are off by default: on a few thousand 32-px images and
 a few epochs they slow convergence more than they regularise (turn them on for long runs).

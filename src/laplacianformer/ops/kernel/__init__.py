@@ -1,4 +1,4 @@
-"""Kernel primitives of SPEC.md §1: k(x, y) = exp(-||x - y||_1 / lam) (and the Gaussian twin).
+"""Kernel primitives of DESIGN.md §1: k(x, y) = exp(-||x - y||_1 / lam) (and the Gaussian twin).
 
 Public entry points (one dispatcher each):
 - ``laplace_kernel(x, y, lam, kind)``: the (..., N, M) kernel matrix;

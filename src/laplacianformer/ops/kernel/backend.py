@@ -1,4 +1,4 @@
-"""Backend selection for the kernel primitives (SPEC.md §6).
+"""Backend selection for the kernel primitives (DESIGN.md §6).
 
 Backends:
 - ``"composite"``: torch.cdist (L1) or matmul (squared L2) then exp; portable, ONNX-exportable.

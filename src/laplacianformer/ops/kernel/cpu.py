@@ -1,4 +1,4 @@
-"""Fast CPU path for the kernel primitives (SPEC.md §1, §6).
+"""Fast CPU path for the kernel primitives (DESIGN.md §1, §6).
 
     D_nm  = sum_d |x_nd - y_md|  (laplacian)  or  sum_d (x_nd - y_md)^2  (gaussian)
     C_nm  = exp(-D_nm / lam)

@@ -1,4 +1,4 @@
-"""Plain PyTorch ground truth for the kernel primitives (SPEC.md §1).
+"""Plain PyTorch ground truth for the kernel primitives (DESIGN.md §1).
 
 Broadcasting references: they materialise (..., N, M, d) and are meant for tests on small sizes.
 """

@@ -1,4 +1,4 @@
-"""Fused Triton kernels for the kernel primitives (SPEC.md §1, §6); formulas in ``cpu.py``.
+"""Fused Triton kernels for the kernel primitives (DESIGN.md §1, §6); formulas in ``cpu.py``.
 
 - ``laplace_kernel_fwd_kernel``: C = exp(scale · D) tile by tile (scale = -1/lam), D the L1 or squared
   L2 distance, fused in one pass (no raw-distance round trip).

@@ -1,4 +1,4 @@
-"""Regularised inverse W⁺ ≈ (W + eps·I)^{-1} of the landmark kernel matrix (SPEC.md §3).
+"""Regularised inverse W⁺ ≈ (W + eps·I)^{-1} of the landmark kernel matrix (DESIGN.md §3).
 
 ``newton_schulz_pinv`` is the paper's solver. Its default backward is implicit: for V = P^{-1},
 dL/dW = -V^T (dL/dV) V^T, evaluated at the returned V and never differentiated through the iterations
@@ -58,7 +58,7 @@ def _solve(p: torch.Tensor, solver: str, iters: int, tol: float | None) -> torch
 
 
 class _ImplicitInverse(torch.autograd.Function):
-    """V = solve(W + eps·I) forward; dL/dW = -V^T G V^T backward (SPEC.md §3)."""
+    """V = solve(W + eps·I) forward; dL/dW = -V^T G V^T backward (DESIGN.md §3)."""
 
     @staticmethod
     def forward(ctx, w, eps, solver, iters, tol):
@@ -118,7 +118,7 @@ def newton_schulz_pinv(
     backward: str = "implicit",
     return_residual: bool = False,
 ):
-    """Newton–Schulz pseudo-inverse of W + eps·I (SPEC.md §3).
+    """Newton–Schulz pseudo-inverse of W + eps·I (DESIGN.md §3).
 
     w: (..., m, m) symmetric landmark kernel matrices.  Returns V (..., m, m), and with
     ``return_residual=True`` also ||I - P V||_F (...,) for diagnostics.

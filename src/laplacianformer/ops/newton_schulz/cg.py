@@ -1,4 +1,4 @@
-"""Batched conjugate-gradient inverse, the ablation baseline of SPEC.md §3 (not a default path).
+"""Batched conjugate-gradient inverse, the ablation baseline of DESIGN.md §3 (not a default path).
 
 Solves P X = I column by column for symmetric positive definite P = W + eps·I.
 """

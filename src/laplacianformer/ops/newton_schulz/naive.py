@@ -1,4 +1,4 @@
-"""Newton–Schulz pseudo-inverse, plain PyTorch (SPEC.md §3).
+"""Newton–Schulz pseudo-inverse, plain PyTorch (DESIGN.md §3).
 
 P = W + eps·I, V0 = alpha·P with alpha = 1.8 / (max_i sum_j |P_ij|)^2 computed per matrix, then
 V <- 2V - V P V.  For symmetric P, sigma_max(P) <= max row sum, so alpha < 2 / sigma_max^2 and the

@@ -1,4 +1,4 @@
-"""Batched Newton–Schulz Triton kernels (SPEC.md §3), one program per (batch, head) matrix, m <= 128.
+"""Batched Newton–Schulz Triton kernels (DESIGN.md §3), one program per (batch, head) matrix, m <= 128.
 
 - ``newton_schulz_fwd_kernel``: P = W + eps·I (done by the caller), alpha = 1.8 / (max_i sum_j |P_ij|)^2
   per matrix, V0 = alpha·P, then ``iters`` steps of V <- 2V - V (P V), all in registers with float32

@@ -1,4 +1,4 @@
-/* Pairwise-distance loops of the CPU path (SPEC.md §1, §6); formulas in ops/kernel/cpu.py.
+/* Pairwise-distance loops of the CPU path (DESIGN.md §1, §6); formulas in ops/kernel/cpu.py.
  * Plain C with OpenMP, no Python or torch headers, so it builds in a few seconds at first use.
  *
  * x: (B, N, d) with element strides (sxb, sxn, 1); y: (B, M, d) with strides (syb, sym, 1); g, c, out:

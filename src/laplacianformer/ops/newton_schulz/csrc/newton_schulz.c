@@ -1,4 +1,4 @@
-/* Newton–Schulz loop of the CPU path (SPEC.md §3): one call solves a batch of G symmetric m x m matrices.
+/* Newton–Schulz loop of the CPU path (DESIGN.md §3): one call solves a batch of G symmetric m x m matrices.
  * Plain C with OpenMP, no Python or torch headers; built at first use by ops/newton_schulz/native.py.
  * Reference (same semantics, to float rounding): naive.newton_schulz_iterate_reference with symmetric=True.
  *
