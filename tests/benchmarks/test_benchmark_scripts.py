@@ -23,7 +23,7 @@ def allocate(mb: int):
 
 
 def test_peak_memory_subprocess_sees_an_allocation():
-    spec = "tests.baselines.test_benchmark_scripts:allocate"
+    spec = "tests.benchmarks.test_benchmark_scripts:allocate"
     big = peak_memory(spec, {"mb": 96}, warmup_kwargs={"mb": 1}, threads=1)
     assert 90 <= big["peak_mb"] <= 140, big
     assert big["baseline_mb"] > 0 and big["method"]
