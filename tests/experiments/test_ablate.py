@@ -226,6 +226,23 @@ def test_seed_loop_stops_when_halfwidth_target_is_reached(tmp_path, quick_protoc
     again = ablate.grow_seeds(a, target_halfwidth=0.005, max_seeds=12, labels=labels,
                               **_kw(tmp_path, quick_protocol, train_fn=fake))
     assert len(fake.calls) == 2 * n and again["seed_policy"]["seeds"] == n
+    # an interrupted round resumes with its missing cell only
+    saved = json.loads((tmp_path / "lambda.json").read_text())
+    del saved["cells"][f"lam=1|seed={n - 1}"]
+    (tmp_path / "lambda.json").write_text(json.dumps(saved))
+    ablate.grow_seeds(a, target_halfwidth=0.005, max_seeds=12, labels=labels, **_kw(tmp_path, quick_protocol, train_fn=fake))
+    assert fake.calls[2 * n:] == [(1.0, n - 1)]
+
+
+def test_interrupted_training_is_not_recorded(tmp_path, quick_protocol):
+    def interrupted(config):
+        return {"top1": 0.1, "loss": 2.0, "interrupted": "SIGTERM"}
+
+    with pytest.raises(KeyboardInterrupt, match="rerun the same command"):
+        ablate.run_ablation(get_ablation("tie_qk"), **_kw(tmp_path, quick_protocol, seeds=[0], labels=["tied"],
+                                                           train_fn=interrupted))
+    saved = json.loads((tmp_path / "tie_qk.json").read_text())
+    assert saved["cells"] == {} and saved["complete"] is False
 
 
 def test_seed_loop_caps_at_max_seeds_and_runs_two_jobs(tmp_path, quick_protocol):

@@ -12,6 +12,12 @@ old small-budget runs, which has no ``protocol``) is never mixed with this one.
 versus the default is at most P points wide on each side, or K seeds are recorded.  ``--jobs J`` runs J
 cells at once, each in its own single-threaded process.  ``--quick`` is the smoke test (3 steps on 128
 images, 2 values): its numbers are NOT results (the JSON says ``"smoke_test": true``).
+
+In the background (progress is one flushed line per cell, with an ETA):
+
+    nohup laplacianformer ablate lambda --target-halfwidth 0.5 --max-seeds 12 --jobs 2 > ablate-lambda.log 2>&1 &
+
+SIGTERM/Ctrl-C stop the running cells (not recorded); the same command resumes.
 """
 
 from __future__ import annotations
@@ -350,7 +356,11 @@ def grow_seeds(ablation: Ablation, *, target_halfwidth: float, max_seeds: int, s
     n = max(2, min(start_seeds, max_seeds))
     recorded = read_json(Path(kw["out"]) / f"{ablation.name}.json")
     if isinstance(recorded, dict) and not kw.get("fresh") and same_protocol(recorded.get("protocol"), kw["protocol"]):
-        n = max(n, min(len(recorded["protocol"].get("seeds", [])), max_seeds))  # resume where the last run got to
+        active = [lb for lb in labels if lb not in recorded.get("unsupported", {})]
+        done = 0  # resume after the last complete round of seeds
+        while done < max_seeds and all(cell_key(lb, done) in recorded["cells"] for lb in active):
+            done += 1
+        n = max(n, done)
     policy = {"target_halfwidth": target_halfwidth, "max_seeds": max_seeds}
     while True:
         record = run_ablation(ablation, seeds=list(range(n)), labels=labels, progress=progress, on_save=on_save, **kw)
@@ -370,8 +380,11 @@ def grow_seeds(ablation: Ablation, *, target_halfwidth: float, max_seeds: int, s
         if progress:
             lb, w = max(wide.items(), key=lambda kv: math.inf if kv[1] is None else kv[1])
             wtxt = "no CI" if w is None else f"±{100 * w:.2f} points"
+            secs = [c["seconds"] for c in record["cells"].values() if "reused_from" not in c and c.get("seconds")]
+            left = (max_seeds - n) * len([x for x in labels if x not in record.get("unsupported", {})])
+            bound = f", at most {left} cells ≈ {_fmt_time(left * sum(secs) / len(secs) / kw.get('jobs', 1))}" if secs else ""
             print(f"ablate {ablation.name}: {n} seeds: {len(wide)} CI(s) wider than ±{100 * target_halfwidth:.2f} "
-                  f"points (widest {lb}: {wtxt}); adding seed {n}", flush=True)
+                  f"points (widest {lb}: {wtxt}); adding seed {n}{bound}", flush=True)
         n += 1
 
 
@@ -388,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="laplacianformer ablate",
         description="Run the ablations of docs/DESIGN.md §7 on the micro model under the fixed protocol; "
-                    "resumable; paired 95 %% CIs and verdicts.",
+                    "resumable; paired 95 % CIs and verdicts.",
     )
     p.add_argument("names", nargs="*", help=f"ablations to run: {', '.join(ABLATIONS)} or 'all'")
     p.add_argument("--list", action="store_true", help="list the ablations and their values, then exit")

@@ -254,7 +254,9 @@ def plot(record: dict, ablation: Ablation | None, path: Path) -> None:
     bx.set_title("paired difference, 95 % t CI (hollow: n = 1, no CI)", fontsize=8)
     bx.legend(fontsize=7, loc="best")
     bx.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"ablation {record.get('ablation')} — {status(record)}", fontsize=9)
+    proto = record.get("protocol")
+    extra = f" — protocol {proto.get('name')}, {len(proto.get('seeds') or [])} seeds" if proto else ""
+    fig.suptitle(f"ablation {record.get('ablation')} — {status(record)}{extra}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
