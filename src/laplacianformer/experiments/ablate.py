@@ -1,65 +1,78 @@
-"""``laplacianformer ablate NAME``: train the micro model once per (value, seed) and tabulate top-1.
+"""``laplacianformer ablate NAME``: train the micro model once per (value, seed) and decide the claims
+(docs/DESIGN.md §7, ablations and evidence).
 
-Every cell is one call of ``laplacianformer.train.train`` with the shared budget below and one setting
-changed (``ablations.ABLATIONS``).  Results go to ``OUT/NAME.json`` after each cell; a rerun with the same
-settings skips the cells already recorded (resume), a rerun with different settings refuses unless
-``--fresh``.  At the end it prints a Markdown table (mean ± std over seeds), writes ``OUT/NAME.md`` and a
-bar chart ``OUT/NAME.png``.
+Every cell is one ``laplacianformer.train.train`` run with the fixed recipe of ``protocol.PROTOCOL`` and
+one setting changed (``ablations.ABLATIONS``).  ``OUT/NAME.json`` is rewritten after each cell with the
+protocol, the cells, the paired summary, the verdicts and ``complete`` (false while cells are missing);
+``OUT/NAME.md`` and ``OUT/NAME.png`` carry the same status.  A rerun skips recorded cells (resume); cells
+of an identical model are shared between ablations; a file of another protocol (or a legacy file of the
+old small-budget runs, which has no ``protocol``) is never mixed with this one.
 
-``--quick`` is the smoke test: a few optimiser steps on 256 images, one seed, two values; its numbers
-are NOT results (the JSON says ``"smoke_test": true``).
+``--target-halfwidth P --max-seeds K`` adds seeds 0, 1, 2, ... to every value until each paired 95 % CI
+versus the default is at most P points wide on each side, or K seeds are recorded.  ``--jobs J`` runs J
+cells at once, each in its own single-threaded process.  ``--quick`` is the smoke test (3 steps on 128
+images, 2 values): its numbers are NOT results (the JSON says ``"smoke_test": true``).
+
+In the background (progress is one flushed line per cell, with an ETA):
+
+    nohup laplacianformer ablate lambda --target-halfwidth 0.5 --max-seeds 12 --jobs 2 > ablate-lambda.log 2>&1 &
+
+SIGTERM/Ctrl-C stop the running cells (not recorded); the same command resumes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import signal
+import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from .ablations import ABLATIONS, Ablation, get_ablation, resolve_variant
-from .common import environment, markdown_table, mean_std, read_json, write_json
+from .ablations import ABLATIONS, Ablation, get_ablation, operator_support, resolve_variant
+from .common import environment, read_json, write_json
+from .evidence import ablation_of, finalise, markdown, plot, sibling_pool, summarise
+from .protocol import (
+    MIN_TOKENS_PER_LANDMARK, PROTOCOL, PROTOCOL_NAME, QUICK, QUICK_NAME, check_geometry, geometry, protocol_diff,
+    protocol_record, recipe, same_protocol,
+)
 
-BASE = {
-    "model": "laplacianformer_micro",
-    "data": "fashion-mnist",
-    "img_size": 28,
-    "model_kwargs": {"stem_stride": 2},
-    "train_subset": 2000,
-    "test_subset": 1000,
-    "epochs": 2,
-    "batch_size": 64,
-    "lr": 2e-3,
-    "warmup_epochs": 0.25,
-    "drop_path": 0.0,
-    "threads": 1,
-}
-QUICK = {**BASE, "train_subset": 128, "test_subset": 64, "epochs": 1, "max_steps": 3, "batch_size": 16}
-FULL_SEEDS = {"lambda": 3, "solver": 3}
+DEFAULT_SEEDS = 3
 DEFAULT_OUT = "results/ablations"
 QUICK_OUT = "runs/ablations-quick"
 DEFAULT_RUNS = "runs/ablations"
+REPORT_EVERY_S = 30.0
 _KEEP = ("top1", "top5", "loss", "images_per_s", "params", "wall_time_s", "train_time_s", "steps",
          "epochs_completed", "history", "peak_memory_mb", "run_dir")
 
 
-def _train_api():
-    try:
-        from ..train import TrainConfig, train
-    except ImportError as exc:
-        raise RuntimeError(f"ablate: laplacianformer.train is not available ({exc})") from exc
-    return TrainConfig, train
+def _jsonable(value):
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item"):
+        return _jsonable(value.item())
+    return str(value)
 
 
-def head_dim_of(base: dict) -> int | None:
-    """The attention head dim of the base model, or None when its stages use different head dims."""
-    from ..layers import LaplacianAttention
-    from ..models import create_model
-
-    model = create_model(base["model"], num_classes=10, in_chans=1, **base.get("model_kwargs", {}))
-    dims = {m.head_dim for m in model.modules() if isinstance(m, LaplacianAttention)}
-    return dims.pop() if len(dims) == 1 else None
+def build_protocol(name: str, overrides: dict) -> dict:
+    """The ``protocol`` block (no seeds yet) of a recipe; ValueError when stage 1 has too few tokens."""
+    rec = recipe(overrides)
+    geom = geometry(rec)
+    check_geometry(geom, rec)
+    block = protocol_record(name, rec, geom, [])
+    block["head_dim"] = geom["head_dim"]
+    return json.loads(json.dumps(_jsonable(block)))
 
 
 def cell_key(label: str, seed: int) -> str:
@@ -85,12 +98,12 @@ def canonical_attention(attn: str, attn_kwargs: dict, head_dim: int | None) -> d
     return {"attn": attn, **_jsonable(full)}
 
 
-def find_same_cell(out: Path, settings: dict, config: dict, seed: int, head_dim: int | None) -> tuple[str, dict] | None:
-    """A cell recorded in any OUT/*.json (same budget settings) whose model is identical to ``config``:
+def find_same_cell(out: Path, protocol: dict, config: dict, seed: int, head_dim: int | None) -> tuple[str, dict] | None:
+    """A cell recorded in any OUT/*.json of the same protocol whose model is identical to ``config``:
     the ablations share their default value, so its run is trained once.  Returns (where, cell) or None."""
     for path in sorted(out.glob("*.json")):
         rec = read_json(path)
-        if not isinstance(rec, dict) or rec.get("settings") != settings:
+        if not isinstance(rec, dict) or not same_protocol(rec.get("protocol"), protocol):
             continue
         for key, cell in rec.get("cells", {}).items():
             if cell.get("seed") == seed and "reused_from" not in cell and \
@@ -99,24 +112,142 @@ def find_same_cell(out: Path, settings: dict, config: dict, seed: int, head_dim:
     return None
 
 
-def _jsonable(value):
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "item"):
-        return _jsonable(value.item())
-    return str(value)
+def _open_record(ablation: Ablation, path: Path, protocol: dict, smoke_test: bool, fresh: bool) -> dict:
+    old = read_json(path)
+    if isinstance(old, dict) and "protocol" not in old:
+        base = (old.get("settings") or {}).get("base", {})
+        raise ValueError(
+            f"out: {path} holds a legacy record of the old small-budget runs (no protocol block; "
+            f"{base.get('train_subset')} train images, {base.get('epochs')} epochs); it is neither mixed with "
+            f"protocol {protocol['name']!r} nor overwritten (not even with --fresh): move it away "
+            f"(e.g. to {path.parent / 'legacy'}/) or choose another --out"
+        )
+    if old is not None and not fresh and not same_protocol(old.get("protocol"), protocol):
+        diff = protocol_diff(old.get("protocol") or {}, protocol)
+        raise ValueError(f"out: {path} was recorded under another protocol ({'; '.join(diff[:6])}); "
+                         "pass --fresh to overwrite it or choose another --out")
+    if old is None or fresh:
+        old = {"ablation": ablation.name, "setting": ablation.setting, "question": ablation.question,
+               "default": ablation.default, "protocol": {**protocol, "seeds": []}, "smoke_test": smoke_test,
+               "environment": environment(), "resolved": {}, "unsupported": {}, "cells": {}}
+    old.setdefault("resolved", {})
+    old.setdefault("unsupported", {})
+    return old
+
+
+class CellRunner:
+    """Runs cells: in this process (``jobs`` = 1), in threads (an injected ``train_fn``), or in
+    single-threaded subprocesses (``jobs`` > 1).  ``run(items)`` yields (item, result, seconds) as cells finish."""
+
+    CELL_COMMAND = (sys.executable, "-m", "laplacianformer.experiments.cell")
+
+    def __init__(self, jobs: int = 1, train_fn=None, command=None):
+        if jobs < 1:
+            raise ValueError(f"jobs: expected >= 1, got {jobs}")
+        self.jobs, self.train_fn = jobs, train_fn
+        self.command = list(command or self.CELL_COMMAND)  # + [CONFIG.json, RESULT.json]
+        self._procs: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+
+    def _one(self, config: dict) -> dict:
+        if self.train_fn is not None:
+            return self.train_fn(config)
+        if self.jobs == 1:
+            from ..train import TrainConfig, train
+
+            result = train(TrainConfig(**config))
+            return {k: result[k] for k in (*_KEEP, "interrupted") if k in result}
+        return self._subprocess(config)
+
+    def _subprocess(self, config: dict) -> dict:
+        run_dir = Path(config["out"])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cfg_path, res_path, log_path = run_dir / "cell-config.json", run_dir / "cell-result.json", run_dir / "cell.log"
+        write_json(cfg_path, config)
+        if res_path.exists():
+            res_path.unlink()
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([*self.command, str(cfg_path), str(res_path)],
+                                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            with self._lock:
+                self._procs.add(proc)
+            try:
+                rc = proc.wait()
+            finally:
+                with self._lock:
+                    self._procs.discard(proc)
+        result = read_json(res_path)
+        if rc != 0 or result is None:
+            tail = log_path.read_text()[-2000:] if log_path.exists() else ""
+            if rc in (-signal.SIGTERM, -signal.SIGINT):
+                return {"interrupted": f"signal {-rc}"}
+            raise RuntimeError(f"cell {run_dir} failed (exit {rc}); log {log_path}:\n{tail}")
+        return result
+
+    def stop(self) -> None:
+        """SIGTERM to the cell processes this runner started (they stop training and report interrupted)."""
+        with self._lock:
+            procs = list(self._procs)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    def run(self, items: list):
+        """items: [(key, config)] -> yields (key, result, seconds) in completion order."""
+        if self.jobs == 1:
+            for key, config in items:
+                start = time.perf_counter()
+                yield key, self._one(config), time.perf_counter() - start
+            return
+        pool = ThreadPoolExecutor(max_workers=self.jobs)
+        pending = {}
+        installed = threading.current_thread() is threading.main_thread()
+        old_term = signal.signal(signal.SIGTERM, _raise_interrupt) if installed else None
+        try:
+            queue = list(items)
+            while queue or pending:
+                while queue and len(pending) < self.jobs:
+                    key, config = queue.pop(0)
+                    pending[pool.submit(self._timed, config)] = key
+                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    key = pending.pop(fut)
+                    result, secs = fut.result()
+                    yield key, result, secs
+        finally:
+            self.stop()
+            pool.shutdown(wait=True, cancel_futures=True)
+            if installed:
+                signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
+
+    def _timed(self, config):
+        start = time.perf_counter()
+        return self._one(config), time.perf_counter() - start
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _fmt_time(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _save(path: Path, record: dict, ablation: Ablation, out: Path, on_save) -> None:
+    finalise(record, ablation, sibling_pool(out, record))
+    write_json(path, record)
+    if on_save is not None:
+        on_save(record)
 
 
 def run_ablation(
     ablation: Ablation,
     *,
-    base: dict,
+    protocol: dict,
     seeds: list[int],
     labels: list[str],
     out: Path,
@@ -125,202 +256,242 @@ def run_ablation(
     fresh: bool = False,
     progress: bool = True,
     train_fn=None,
+    jobs: int = 1,
+    timing_fn=None,
+    on_save=None,
+    cell_command=None,
 ) -> dict:
     """Runs the missing (value, seed) cells of ``ablation`` and returns the record saved in OUT/NAME.json.
 
-    Each cell's training run directory (checkpoint, curves) is RUNS/NAME/LABEL-sSEED (default OUT/runs).
-    ``train_fn``, when given, replaces ``train(TrainConfig(**cell))`` and receives the cell's config dict."""
-    from tqdm.auto import tqdm
-
-    TrainConfig, train = _train_api() if train_fn is None else (None, train_fn)
+    ``protocol``: a block from ``build_protocol``.  Each cell's run directory is RUNS/NAME/LABEL-sSEED.
+    ``train_fn`` replaces ``train(TrainConfig(**config))`` (tests); ``timing_fn(recipe)`` replaces
+    ``solver_timing.cg_iters_at_ns_time``; ``on_save(record)`` is called after every write (Markdown, plot)."""
+    if protocol["stage1_tokens"] < MIN_TOKENS_PER_LANDMARK * protocol["landmarks"]:
+        check_geometry({"stage1_tokens": protocol["stage1_tokens"], "landmarks": protocol["landmarks"]}, protocol["recipe"])
+    out = Path(out)
     path = out / f"{ablation.name}.json"
-    settings = {"base": base, "smoke_test": smoke_test}
-    record = None if fresh else read_json(path)
-    if record is not None and record.get("settings") != _jsonable(settings):
-        raise ValueError(
-            f"out: {path} was recorded with other settings ({record.get('settings')}); "
-            "pass --fresh to overwrite it or choose another --out"
-        )
-    if record is None:
-        record = {"ablation": ablation.name, "setting": ablation.setting, "question": ablation.question,
-                  "default": ablation.default, "settings": _jsonable(settings), "environment": environment(),
-                  "cells": {}}
-    head_dim = head_dim_of(base) if train_fn is None else None
-    todo = [(lb, s) for lb in labels for s in seeds if cell_key(lb, s) not in record["cells"]]
-    bar = tqdm(todo, desc=f"ablate {ablation.name}", disable=not progress)
-    for label, seed in bar:
-        bar.set_postfix_str(f"{label} seed {seed}")
-        fields = resolve_variant(ablation.variant(label), head_dim)
-        canonical = canonical_attention(fields["attn"], fields["attn_kwargs"], head_dim)
-        same = find_same_cell(out, record["settings"], canonical, seed, head_dim)
+    record = _open_record(ablation, path, protocol, smoke_test, fresh)
+    record["protocol"]["seeds"] = sorted(set(record["protocol"].get("seeds", [])) | set(seeds))
+    head_dim = protocol.get("head_dim")
+    base = protocol["recipe"]
+    if any(ablation.variant(lb).cg_at_ns_time for lb in labels) and "cg_equal_time" not in record["resolved"]:
+        if timing_fn is None:
+            from .solver_timing import cg_iters_at_ns_time as timing_fn
+        say = print if progress else (lambda *a, **k: None)
+        say(f"ablate {ablation.name}: timing NS vs CG on the model's landmark matrices ...", flush=True)
+        record["resolved"]["cg_equal_time"] = _jsonable(timing_fn(base))
+        say(f"ablate {ablation.name}: CG at NS's wall time = {record['resolved']['cg_equal_time']['cg_iters']} iterations",
+            flush=True)
+    cg_iters = record["resolved"].get("cg_equal_time", {}).get("cg_iters")
+    fields = {}
+    for lb in labels:
+        fields[lb] = resolve_variant(ablation.variant(lb), head_dim, cg_iters)
+        why = operator_support(fields[lb])
+        if why:
+            if lb not in record["unsupported"] and progress:
+                print(f"ablate {ablation.name}: {lb}: {why}; skipped", flush=True)
+            record["unsupported"][lb] = why
+        else:
+            record["unsupported"].pop(lb, None)
+    todo = [(lb, s) for s in seeds for lb in labels
+            if cell_key(lb, s) not in record["cells"] and lb not in record["unsupported"]]
+    items = []
+    for lb, seed in todo:
+        f = fields[lb]
+        canonical = canonical_attention(f["attn"], f["attn_kwargs"], head_dim)
+        same = find_same_cell(out, record["protocol"], canonical, seed, head_dim)
         if same is not None:
-            record["cells"][cell_key(label, seed)] = {**same[1], "label": label, "attn_kwargs": _jsonable(fields["attn_kwargs"]),
-                                                      "reused_from": same[0]}
-            write_json(path, record)
+            record["cells"][cell_key(lb, seed)] = {**same[1], "label": lb, "attn_kwargs": _jsonable(f["attn_kwargs"]),
+                                                   "reused_from": same[0]}
+            if progress:
+                print(f"ablate {ablation.name}: {lb} seed {seed}: reused {same[0]}", flush=True)
             continue
-        run_dir = Path(runs or out / "runs") / ablation.name / f"{label}-s{seed}"
-        config = {**base, **fields, "model_kwargs": {**base.get("model_kwargs", {}), **fields["model_kwargs"]},
+        run_dir = Path(runs or out / "runs") / ablation.name / f"{lb}-s{seed}"
+        config = {**base, **f, "model_kwargs": {**(base.get("model_kwargs") or {}), **f["model_kwargs"]},
                   "seed": seed, "progress": False, "out": str(run_dir)}
-        start = time.perf_counter()
-        result = train(TrainConfig(**config)) if TrainConfig is not None else train(config)
+        items.append((cell_key(lb, seed), config))
+    _save(path, record, ablation, out, None)
+    runner = CellRunner(jobs, train_fn, cell_command)
+    times: list[float] = []
+    for i, (key, result, secs) in enumerate(runner.run(items), 1):
+        label, seed = key.split("|seed=")[0], int(key.split("|seed=")[1])
         if result.get("interrupted"):
+            _save(path, record, ablation, out, on_save)
             raise KeyboardInterrupt(f"training of {label} seed {seed} was interrupted ({result['interrupted']}); "
                                     "that cell is not recorded, rerun the same command to resume")
+        f = fields[label]
         cell = {k: _jsonable(result[k]) for k in _KEEP if k in result}
         cell["top1"] = _jsonable(result["top1"])
-        cell.update({"label": label, "seed": seed, "attn": fields["attn"], "attn_kwargs": _jsonable(fields["attn_kwargs"]),
-                     "seconds": round(time.perf_counter() - start, 2)})
-        record["cells"][cell_key(label, seed)] = cell
-        write_json(path, record)
-    write_json(path, record)
+        cell.update({"label": label, "seed": seed, "attn": f["attn"], "attn_kwargs": _jsonable(f["attn_kwargs"]),
+                     "seconds": round(secs, 2)})
+        record["cells"][key] = cell
+        _save(path, record, ablation, out, on_save)
+        times.append(secs)
+        if progress:
+            left = len(items) - i
+            eta = left * (sum(times) / len(times)) / min(jobs, max(left, 1))
+            print(f"[{ablation.name} {i}/{len(items)}] {label} seed {seed}: top-1 {100 * float(result['top1']):.2f} % "
+                  f"in {_fmt_time(secs)}; {left} left, ETA {_fmt_time(eta)} ({jobs} job{'s' * (jobs > 1)})", flush=True)
+    _save(path, record, ablation, out, None)
     return record
 
 
-def summarise(record: dict, labels: list[str] | None = None) -> list[dict]:
-    """Per value: top-1 and test loss mean ± std over the recorded seeds, in registry order, and the paired
-    difference to the default value (same seeds: same data subsets and initialisation)."""
-    by_label: dict[str, list[dict]] = {}
-    for cell in record["cells"].values():
-        by_label.setdefault(cell["label"], []).append(cell)
-    order = labels or [v.label for v in ABLATIONS[record["ablation"]].variants]
-    rows = []
-    for label in order:
-        cells = sorted(by_label.get(label, []), key=lambda c: c["seed"])
-        if not cells:
-            continue
-        top1 = mean_std([c["top1"] for c in cells])
-        loss = mean_std([c["loss"] for c in cells if isinstance(c.get("loss"), (int, float))])
-        secs = mean_std([c["seconds"] for c in cells])
-        ref = {c["seed"]: c["top1"] for c in by_label.get(record.get("default"), [])}
-        diffs = [c["top1"] - ref[c["seed"]] for c in cells if c["seed"] in ref]
-        delta = mean_std(diffs) if diffs and label != record.get("default") else (math.nan, math.nan)
-        rows.append({"label": label, "seeds": [c["seed"] for c in cells], "top1": [c["top1"] for c in cells],
-                     "delta_mean": delta[0], "delta_std": delta[1], "delta_n": len(diffs),
-                     "top1_mean": top1[0], "top1_std": top1[1], "loss_mean": loss[0], "loss_std": loss[1],
-                     "seconds_mean": secs[0]})
-    return rows
+def halfwidths(record: dict, labels: list[str]) -> dict[str, float | None]:
+    """Paired 95 % CI half-width vs the default of each non-default value in ``labels`` (None: no CI)."""
+    summary = record.get("summary") or summarise(record, ABLATIONS.get(record["ablation"]))
+    return {lb: (summary.get(lb) or {}).get("paired_halfwidth") for lb in labels
+            if lb != record["default"] and lb not in record.get("unsupported", {})}
 
 
-def _pct(x: float) -> float:
-    return 100.0 * x if x <= 1.0 else x
+def grow_seeds(ablation: Ablation, *, target_halfwidth: float, max_seeds: int, start_seeds: int = DEFAULT_SEEDS,
+               labels: list[str], progress: bool = True, on_save=None, **kw) -> dict:
+    """Adds seeds 0, 1, 2, ... to every value until each paired CI half-width (fraction) vs the default is
+    ≤ ``target_halfwidth`` or ``max_seeds`` seeds are recorded; resumable (recorded cells are skipped)."""
+    if target_halfwidth <= 0:
+        raise ValueError(f"target_halfwidth: expected > 0, got {target_halfwidth}")
+    if max_seeds < 2:
+        raise ValueError(f"max_seeds: expected >= 2 (a CI needs two seeds), got {max_seeds}")
+    if ablation.default not in labels:
+        raise ValueError(f"values: the seed loop compares with the default {ablation.default!r}; include it")
+    n = max(2, min(start_seeds, max_seeds))
+    recorded = read_json(Path(kw["out"]) / f"{ablation.name}.json")
+    if isinstance(recorded, dict) and not kw.get("fresh") and same_protocol(recorded.get("protocol"), kw["protocol"]):
+        active = [lb for lb in labels if lb not in recorded.get("unsupported", {})]
+        done = 0  # resume after the last complete round of seeds
+        while done < max_seeds and all(cell_key(lb, done) in recorded["cells"] for lb in active):
+            done += 1
+        n = max(n, done)
+    policy = {"target_halfwidth": target_halfwidth, "max_seeds": max_seeds}
+    while True:
+        record = run_ablation(ablation, seeds=list(range(n)), labels=labels, progress=progress, on_save=on_save, **kw)
+        kw["fresh"] = False  # discard old cells once, not every round
+        widths = halfwidths(record, labels)
+        wide = {lb: w for lb, w in widths.items() if w is None or w > target_halfwidth}
+        if not wide or n >= max_seeds:
+            record["seed_policy"] = {**policy, "met": not wide, "seeds": n,
+                                     "halfwidths": {lb: _jsonable(w) for lb, w in widths.items()}}
+            write_json(Path(kw["out"]) / f"{ablation.name}.json", record)
+            if on_save is not None:
+                on_save(record)
+            if progress:
+                state = "met" if not wide else f"NOT met at {max_seeds} seeds ({', '.join(wide)})"
+                print(f"ablate {ablation.name}: half-width target ±{100 * target_halfwidth:.2f} points {state}", flush=True)
+            return record
+        if progress:
+            lb, w = max(wide.items(), key=lambda kv: math.inf if kv[1] is None else kv[1])
+            wtxt = "no CI" if w is None else f"±{100 * w:.2f} points"
+            secs = [c["seconds"] for c in record["cells"].values() if "reused_from" not in c and c.get("seconds")]
+            left = (max_seeds - n) * len([x for x in labels if x not in record.get("unsupported", {})])
+            bound = f", at most {left} cells ≈ {_fmt_time(left * sum(secs) / len(secs) / kw.get('jobs', 1))}" if secs else ""
+            print(f"ablate {ablation.name}: {n} seeds: {len(wide)} CI(s) wider than ±{100 * target_halfwidth:.2f} "
+                  f"points (widest {lb}: {wtxt}); adding seed {n}{bound}", flush=True)
+        n += 1
 
 
-def ablation_table(record: dict, rows: list[dict]) -> str:
-    """Markdown table of ``summarise`` rows (± only where there are several seeds); the default of docs/DESIGN.md is marked."""
-    out = []
-    for r in rows:
-        name = r["label"] + (" (default)" if r["label"] == record.get("default") else "")
-        many = len(r["seeds"]) > 1
-        top1 = f"{_pct(r['top1_mean']):.2f}" + (f" ± {_pct(r['top1_std']):.2f}" if many else "")
-        loss = f"{r['loss_mean']:.3f}" + (f" ± {r['loss_std']:.3f}" if many else "")
-        if math.isnan(r["delta_mean"]):
-            delta = "—"
-        else:
-            delta = f"{100 * r['delta_mean']:+.2f}" + (f" ± {100 * r['delta_std']:.2f}" if r["delta_n"] > 1 else "")
-        out.append([name, top1, delta, len(r["seeds"]), loss, f"{r['seconds_mean']:.0f}"])
-    header = [record["setting"], "top-1 % (mean ± std)", "paired Δ vs default (points)", "seeds", "test loss", "s / run"]
-    return markdown_table(header, out)
-
-
-def plot_ablation(record: dict, rows: list[dict], path: Path) -> None:
-    """Bar chart of mean top-1 with std error bars and the individual seeds as dots."""
-    from .common import pyplot
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(1.4 * len(rows) + 2.5, 3.8))
-    xs = range(len(rows))
-    means = [_pct(r["top1_mean"]) for r in rows]
-    stds = [_pct(r["top1_std"]) for r in rows]
-    colors = ["tab:orange" if r["label"] == record.get("default") else "tab:blue" for r in rows]
-    ax.bar(xs, means, yerr=stds, color=colors, alpha=0.8, capsize=4)
-    for x, r in zip(xs, rows):
-        ax.plot([x] * len(r["top1"]), [_pct(t) for t in r["top1"]], "k.", ms=5)
-    lo = min(min(_pct(t) for t in r["top1"]) for r in rows)
-    hi = max(max(_pct(t) for t in r["top1"]) for r in rows)
-    ax.set_ylim(max(0.0, lo - 3.0), min(100.0, hi + 2.0))
-    ax.set_xticks(list(xs), [r["label"] for r in rows])
-    ax.set_ylabel("test top-1 (%)")
-    base = record["settings"]["base"]
-    tag = "SMOKE TEST, not a result" if record["settings"]["smoke_test"] else f"{base.get('epochs')} ep on {base.get('train_subset')} imgs"
-    ax.set_title(f"ablation {record['ablation']} ({tag}); orange = default, dots = seeds, y axis truncated", fontsize=9)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def write_report(record: dict, out: Path) -> None:
+    """OUT/NAME.md and OUT/NAME.png of a record (any status; legacy files are labelled as such)."""
+    ablation = ablation_of(record)
+    if "protocol" not in record or "summary" not in record:
+        record = {**record, "summary": summarise(record, ablation)}
+    (out / f"{record['ablation']}.md").write_text(markdown(record, ablation) + "\n")
+    plot(record, ablation, out / f"{record['ablation']}.png")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="laplacianformer ablate",
-        description="Run the ablations of DESIGN.md §7 on the micro model (Fashion-MNIST subset); resumable.",
+        description="Run the ablations of docs/DESIGN.md §7 on the micro model under the fixed protocol; "
+                    "resumable; paired 95 % CIs and verdicts.",
     )
     p.add_argument("names", nargs="*", help=f"ablations to run: {', '.join(ABLATIONS)} or 'all'")
     p.add_argument("--list", action="store_true", help="list the ablations and their values, then exit")
     p.add_argument("--quick", action="store_true", help="smoke test: tiny budget, 1 seed, 2 values (not a result)")
     p.add_argument("--seeds", type=int, default=None,
-                   help="number of seeds 0..N-1 (default: 3 for lambda and solver, 1 otherwise; 1 with --quick)")
+                   help=f"seeds 0..N-1 (default {DEFAULT_SEEDS}; 1 with --quick); with --target-halfwidth: the first round")
+    p.add_argument("--target-halfwidth", type=float, default=None, metavar="POINTS",
+                   help="add seeds until every paired 95%% CI vs the default is within ± POINTS top-1 points (e.g. 0.5)")
+    p.add_argument("--max-seeds", type=int, default=12, help="upper bound on seeds with --target-halfwidth (default 12)")
+    p.add_argument("--jobs", type=int, default=1, help="cells run at once, each a single-threaded process (default 1)")
     p.add_argument("--values", nargs="+", default=None, help="run only these values (labels as in --list)")
     p.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT}; {QUICK_OUT} with --quick)")
     p.add_argument("--runs", default=None,
                    help=f"root of the per-cell training run directories (default {DEFAULT_RUNS}; OUT/runs with --quick)")
-    p.add_argument("--report", action="store_true", help="train nothing: redo the table and plot from the recorded JSON")
-    p.add_argument("--fresh", action="store_true", help="discard recorded cells instead of resuming")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--report", action="store_true", help="train nothing: redo summary, verdicts, table and plot from the JSON")
+    p.add_argument("--fresh", action="store_true", help="discard recorded cells instead of resuming (never a legacy file)")
+    p.add_argument("--no-progress", action="store_true", help="print nothing per cell")
     for flag, typ in (("epochs", int), ("train-subset", int), ("test-subset", int), ("max-steps", int),
                       ("img-size", int), ("batch-size", int), ("lr", float), ("threads", int)):
-        p.add_argument(f"--{flag}", type=typ, default=None, help=f"override the budget's {flag.replace('-', '_')}")
+        p.add_argument(f"--{flag}", type=typ, default=None,
+                       help=f"override the protocol's {flag.replace('-', '_')} (makes a different, 'custom' protocol)")
     return p
+
+
+def _report_only(ablation: Ablation, out: Path) -> dict:
+    path = out / f"{ablation.name}.json"
+    record = read_json(path)
+    if record is None:
+        raise ValueError(f"out: {path} does not exist (nothing recorded yet)")
+    if "protocol" in record:
+        finalise(record, ablation, sibling_pool(out, record))
+        write_json(path, record)
+    return record
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.list:
         for a in ABLATIONS.values():
-            print(f"{a.name:10s} {a.setting:10s} {', '.join(a.labels):45s} {a.question}")
+            print(f"{a.name:10s} {a.setting:10s} {', '.join(a.labels):60s} {a.question}")
         return 0
     if not args.names:
         print("ablate: name: expected one or more of " + ", ".join(ABLATIONS) + " or 'all' (see --list)", file=sys.stderr)
         return 2
     names = list(ABLATIONS) if "all" in args.names else args.names
+    overrides = {k: getattr(args, k) for k in ("epochs", "train_subset", "test_subset", "max_steps", "img_size",
+                                                "batch_size", "lr", "threads") if getattr(args, k) is not None}
+    name = (QUICK_NAME if args.quick else PROTOCOL_NAME) + ("+custom" if overrides else "")
+    out = Path(args.out or (QUICK_OUT if args.quick else DEFAULT_OUT))
     try:
         ablations = [get_ablation(n) for n in names]
+        if args.jobs < 1:
+            raise ValueError(f"jobs: expected >= 1, got {args.jobs}")
+        protocol = None if args.report else build_protocol(name, {**(QUICK if args.quick else PROTOCOL), **overrides})
     except ValueError as exc:
         print(f"ablate: {exc}", file=sys.stderr)
         return 2
-    base = dict(QUICK if args.quick else BASE)
-    for key in ("epochs", "train_subset", "test_subset", "max_steps", "img_size", "batch_size", "lr", "threads"):
-        if getattr(args, key) is not None:
-            base[key] = getattr(args, key)
-    out = Path(args.out or (QUICK_OUT if args.quick else DEFAULT_OUT))
     for ablation in ablations:
-        n_seeds = args.seeds or (1 if args.quick else FULL_SEEDS.get(ablation.name, 1))
+        last = [time.monotonic()]
+
+        def on_save(record, _out=out, _last=last):
+            if time.monotonic() - _last[0] >= REPORT_EVERY_S:  # the Markdown and plot of a partial run
+                write_report(record, _out)
+                _last[0] = time.monotonic()
+
         try:
             labels = args.values or (list(ablation.quick) if args.quick else ablation.labels)
             for lb in labels:
                 ablation.variant(lb)
             if args.report:
-                record = read_json(out / f"{ablation.name}.json")
-                if record is None:
-                    raise ValueError(f"out: {out / (ablation.name + '.json')} does not exist (nothing recorded yet)")
-                labels = args.values or [lb for lb in ablation.labels if any(c["label"] == lb for c in record["cells"].values())]
+                record = _report_only(ablation, out)
             else:
-                record = run_ablation(ablation, base=base, seeds=list(range(n_seeds)), labels=labels, out=out,
-                                      smoke_test=args.quick, fresh=args.fresh,
-                                      runs=Path(args.runs or (out / "runs" if args.quick else DEFAULT_RUNS)),
-                                      progress=not args.no_progress)
+                common = dict(protocol=protocol, labels=labels, out=out, smoke_test=args.quick, fresh=args.fresh,
+                              runs=Path(args.runs or (out / "runs" if args.quick else DEFAULT_RUNS)),
+                              progress=not args.no_progress, jobs=args.jobs, on_save=on_save)
+                start = args.seeds or (1 if args.quick else DEFAULT_SEEDS)
+                if args.target_halfwidth is not None:
+                    record = grow_seeds(ablation, target_halfwidth=args.target_halfwidth / 100.0,
+                                        max_seeds=args.max_seeds, start_seeds=max(start, 2), **common)
+                else:
+                    record = run_ablation(ablation, seeds=list(range(start)), **common)
         except ValueError as exc:
             print(f"ablate: {exc}", file=sys.stderr)
             return 2
         except KeyboardInterrupt as exc:
-            print(f"ablate: {exc}", file=sys.stderr)
+            print(f"ablate: interrupted ({exc}); recorded cells are kept, rerun the same command to resume",
+                  file=sys.stderr)
             return 130
-        rows = summarise(record, labels)
-        table = ablation_table(record, rows)
-        smoke = record["settings"]["smoke_test"]
-        title = f"### ablation `{ablation.name}`" + (" (SMOKE TEST, not a result)" if smoke else "")
-        (out / f"{ablation.name}.md").write_text(f"{title}\n\n{ablation.question}\n\n{table}\n")
-        plot_ablation(record, rows, out / f"{ablation.name}.png")
-        print(f"\n{title}\n\n{table}\n\nwrote {out / (ablation.name + '.json')}, .md, .png")
+        write_report(record, out)
+        print(f"\n{markdown(record, ablation)}\nwrote {out / (ablation.name + '.json')}, .md, .png", flush=True)
     return 0
 
 

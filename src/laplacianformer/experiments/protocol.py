@@ -1,0 +1,148 @@
+"""The one fixed training recipe of the ablations (docs/DESIGN.md §7, ablations and evidence).
+
+``PROTOCOL`` is the recipe every cell of every ablation trains with (one setting changed per ablation);
+``QUICK`` is the smoke-test budget (its numbers are not results).  ``recipe()`` fills in every other
+``TrainConfig`` field, so the results file records all training flags, and ``geometry()`` reads the
+stage-1 token count and landmark count off the model: a protocol with fewer than ``MIN_TOKENS_PER_LANDMARK``
+stage-1 tokens per landmark is refused (``check_geometry``), since the Nyström approximation would
+barely be exercised there (m close to N is nearly the exact kernel).
+
+The values marked "placeholder" await the recipe probe; changing any value makes a new protocol, and
+the runner refuses to mix cells of two protocols in one file.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+PROTOCOL_NAME = "fmnist28-full"
+PROTOCOL: dict[str, Any] = {
+    "model": "laplacianformer_micro",
+    "data": "fashion-mnist",
+    "img_size": 28,
+    "model_kwargs": {"stem_stride": 2},  # stage 1: 14×14 = 196 tokens = 4 × 49 landmarks
+    "train_subset": None,                # all 60,000 training images
+    "test_subset": None,                 # all 10,000 test images
+    "epochs": 3,                         # placeholder
+    "batch_size": 64,                    # placeholder
+    "lr": 2e-3,                          # placeholder
+    "warmup_epochs": 0.25,               # placeholder
+    "weight_decay": 0.01,                # placeholder
+    "drop_path": 0.0,                    # placeholder
+    "label_smoothing": 0.0,              # placeholder
+    "random_crop": False,                # placeholder
+    "hflip": False,                      # placeholder
+    "threads": 1,
+    "device": "cpu",
+}
+QUICK_NAME = "quick-smoke"
+QUICK: dict[str, Any] = {**PROTOCOL, "train_subset": 128, "test_subset": 64, "epochs": 1, "max_steps": 3,
+                         "batch_size": 16}
+MIN_TOKENS_PER_LANDMARK = 4
+DATASET_SIZES = {"fashion-mnist": (60_000, 10_000)}
+CELL_FIELDS = ("attn", "attn_kwargs", "seed", "out", "progress")  # set per cell, not part of the recipe
+
+
+def recipe(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Every ``TrainConfig`` field but the per-cell ones: its defaults with ``overrides`` on top."""
+    from ..train import TrainConfig
+
+    full = {k: v for k, v in TrainConfig().to_dict().items() if k not in CELL_FIELDS}
+    unknown = sorted(set(overrides) - set(full) - set(CELL_FIELDS))
+    if unknown:
+        raise ValueError(f"protocol: {unknown} are not TrainConfig fields")
+    full.update({k: v for k, v in overrides.items() if k not in CELL_FIELDS})
+    return full
+
+
+def _in_chans(rec: dict) -> int:
+    if rec.get("in_chans"):
+        return int(rec["in_chans"])
+    return 1 if rec.get("data") in ("fashion-mnist", "digits") else 3
+
+
+def geometry(rec: dict) -> dict[str, Any]:
+    """Stage-1 token grid, landmark count and attention head dim of the recipe's model (default attention).
+
+    One forward of a blank image at ``img_size``; the first attention layer's input gives the stage-1
+    tokens ((img_size / stem_stride)² for the micro model)."""
+    import torch
+
+    from ..layers import LaplacianAttention
+    from ..models import create_model
+
+    model = create_model(rec["model"], num_classes=10, in_chans=_in_chans(rec), **dict(rec.get("model_kwargs") or {}))
+    layers = [m for m in model.modules() if isinstance(m, LaplacianAttention)]
+    if not layers:
+        raise ValueError(f"protocol: model {rec['model']!r} has no Laplacian attention layer")
+    seen: list[tuple[int, Any]] = []
+    hook = layers[0].register_forward_pre_hook(lambda mod, args: seen.append((args[0].shape[1], mod.landmarks)))
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(1, _in_chans(rec), rec["img_size"], rec["img_size"]))
+    except ValueError as exc:
+        raise ValueError(f"protocol: the model does not accept img_size {rec['img_size']} ({exc})") from exc
+    finally:
+        hook.remove()
+    tokens, marks = seen[0]
+    m = marks if isinstance(marks, int) else math.prod(marks)
+    dims = {layer.head_dim for layer in layers}
+    return {"stage1_tokens": int(tokens), "landmarks": int(m), "head_dim": dims.pop() if len(dims) == 1 else None}
+
+
+def check_geometry(geom: dict, rec: dict) -> None:
+    """ValueError when stage 1 has fewer than 4 tokens per landmark."""
+    n, m = geom["stage1_tokens"], geom["landmarks"]
+    if n < MIN_TOKENS_PER_LANDMARK * m:
+        stride = (rec.get("model_kwargs") or {}).get("stem_stride", "?")
+        raise ValueError(
+            f"protocol: stage 1 has {n} tokens (img_size {rec['img_size']}, stem stride {stride}) for m = {m} "
+            f"landmarks, fewer than {MIN_TOKENS_PER_LANDMARK} × m = {MIN_TOKENS_PER_LANDMARK * m}: the Nyström "
+            "approximation would barely be exercised (with m close to N it is nearly the exact kernel, and "
+            "later stages are exact); use a larger img_size or a smaller stem_stride"
+        )
+
+
+def protocol_record(name: str, rec: dict, geom: dict, seeds: list[int]) -> dict[str, Any]:
+    """The ``protocol`` block of a results file (``seeds``: the seeds recorded so far)."""
+    sizes = DATASET_SIZES.get(rec.get("data"))
+
+    def count(subset, full):
+        if full is None:
+            return subset
+        return full if subset is None else min(int(subset), full)
+
+    return {
+        "name": name,
+        "img_size": rec["img_size"],
+        "stage1_tokens": geom["stage1_tokens"],
+        "landmarks": geom["landmarks"],
+        "train_images": count(rec.get("train_subset"), sizes and sizes[0]),
+        "test_images": count(rec.get("test_subset"), sizes and sizes[1]),
+        "epochs": rec["epochs"],
+        "seeds": sorted(seeds),
+        "recipe": rec,
+    }
+
+
+def same_protocol(a: dict | None, b: dict | None) -> bool:
+    """Two ``protocol`` blocks describe the same training (everything but the seeds run so far)."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
+    strip = lambda p: {k: v for k, v in p.items() if k != "seeds"}  # noqa: E731
+    return strip(a) == strip(b)
+
+
+def protocol_diff(a: dict, b: dict) -> list[str]:
+    """The keys (recipe keys as ``recipe.KEY``) in which two protocol blocks differ, for error messages."""
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if k in ("seeds",):
+            continue
+        if k == "recipe" and isinstance(a.get(k), dict) and isinstance(b.get(k), dict):
+            ra, rb = a[k], b[k]
+            out += [f"recipe.{r}: {ra.get(r)!r} vs {rb.get(r)!r}" for r in sorted(set(ra) | set(rb)) if ra.get(r) != rb.get(r)]
+        elif a.get(k) != b.get(k):
+            out.append(f"{k}: {a.get(k)!r} vs {b.get(k)!r}")
+    return out
