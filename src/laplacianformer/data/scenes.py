@@ -211,7 +211,8 @@ def render_scene(
     """One scene from source items ``images`` uint8 (N, 28, 28) / ``labels`` (N,).
 
     Returns (uint8 (size, size) image, items), items bottom to top, each a dict with ``mask`` bool
-    (size, size) (visible pixels), ``label`` (0..9) and ``index`` (into ``images``). Arguments are not
+    (size, size) (visible pixels), ``label`` (0..9), ``index`` (into ``images``) and ``full_area`` (mask
+    pixels before occlusion). Arguments are not
     validated here (``make_scenes`` does it).
     """
     canvas = _draw_background(rng, size)
@@ -262,7 +263,7 @@ def render_scene(
     for k, p in enumerate(placed, start=1):
         m = owner == k
         if int(m.sum()) >= min_area:  # always true by construction; kept as the stated rule
-            items.append({"mask": m, "label": p["label"], "index": p["index"]})
+            items.append({"mask": m, "label": p["label"], "index": p["index"], "full_area": full[k - 1]})
     return canvas.astype(np.uint8), items
 
 
