@@ -234,12 +234,16 @@ def test_rle_encoder_matches_pycocotools():
     from pycocotools import mask as mask_utils
 
     rng = np.random.default_rng(0)
-    for t in range(60):
+    edge = [np.zeros((5, 4), bool), np.ones((5, 4), bool), np.eye(6, dtype=bool), np.eye(6, dtype=bool)[::-1]]
+    for t in range(60 + len(edge)):
         h, w = (int(v) for v in rng.integers(1, 90, size=2))
         m = rng.random((h, w)) < rng.random()
         if t % 3 == 0:  # long runs (multi-group counts)
             m = np.zeros((h, w), dtype=bool)
             m[rng.integers(0, h):, rng.integers(0, w):] = True
+        if t >= 60:  # empty, full, first and last pixel set
+            m = edge[t - 60]
+            h, w = m.shape
         ours = scenes.rle_encode(m)
         assert ours["counts"] == mask_utils.encode(np.asfortranarray(m.astype(np.uint8)))["counts"].decode()
         assert scenes.decode_counts(ours["counts"]) == scenes.rle_counts(m)
@@ -287,3 +291,14 @@ def test_cli_help_run_and_flag_errors(tmp_path, fake_root, capsys):
     capsys.readouterr()
     assert scenes.main(argv + ["--overwrite", "--size", "64"]) == 2
     assert "--size: expected an integer in 128..1024, got 64" in capsys.readouterr().err
+
+
+def test_item_fields_agree_with_the_mask(fake_root):
+    x, y = load_fashion_mnist("test", fake_root)
+    _, items = scenes.render_scene(x, y, scenes.scene_rng(2, "val", 0), size=128, min_items=4, max_scale=3.0)
+    assert items
+    for it in items:
+        m = it["mask"]
+        rows, cols = np.flatnonzero(m.any(1)), np.flatnonzero(m.any(0))
+        assert it["bbox"] == (cols[0], rows[0], cols[-1] - cols[0] + 1, rows[-1] - rows[0] + 1)
+        assert it["area"] == m.sum() and it["counts"] == scenes.rle_counts(m)
