@@ -142,7 +142,7 @@ def _bilinear_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.nd
     den = 2 * n_out
     num = np.clip((2 * j + 1) * n_in - n_out, 0, (n_in - 1) * den)  # source position = num / den
     i0 = np.minimum(num // den, n_in - 1)
-    w1 = ((num - i0 * den) * 256 + den // 2) // den
+    w1 = (((num - i0 * den) * 256 + den // 2) // den).astype(np.int32)
     i1 = np.minimum(i0 + 1, n_in - 1)
     for a in (i0, i1, w1):
         a.flags.writeable = False  # cached
@@ -150,21 +150,25 @@ def _bilinear_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.nd
 
 
 def resize_bilinear(img: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
-    """Integer (h, w) array -> int64 (out_h, out_w), bilinear (half-pixel centres), in exact integer
-    arithmetic (two taps per axis, weights in 1/256), the result rounded half up."""
-    a = np.asarray(img, dtype=np.int64)
+    """Integer (h, w) array -> integer (out_h, out_w), bilinear (half-pixel centres), in exact integer
+    arithmetic (two taps per axis, weights in 1/256), the result rounded half up. int32 while every
+    |value| < 2**15 (the sums stay below 2**31), else int64."""
+    a = np.asarray(img)
+    small = a.size == 0 or int(np.abs(a).max()) < 1 << 15
+    a = a.astype(np.int32 if small else np.int64, copy=False)
     r0, r1, wr = _bilinear_taps(a.shape[0], out_h)
     c0, c1, wc = _bilinear_taps(a.shape[1], out_w)
+    wr, wc = wr.astype(a.dtype, copy=False), wc.astype(a.dtype, copy=False)
     rows = a[r0] * (256 - wr)[:, None] + a[r1] * wr[:, None]
     acc = rows[:, c0] * (256 - wc) + rows[:, c1] * wc
     return (acc + (1 << 15)) >> 16
 
 
 def _draw_background(rng: np.random.Generator, size: int) -> np.ndarray:
-    """int64 (size, size) in 0..255: a grey level, two octaves of smooth value noise, faint strokes and
+    """int32 (size, size) in 0..255: a grey level, two octaves of smooth value noise, faint strokes and
     ellipses (brighter or darker) and per-pixel grain."""
     low = size // 4  # the noise is summed at quarter resolution, then upsampled once
-    noise = np.zeros((low, low), dtype=np.int64)
+    noise = np.zeros((low, low), dtype=np.int32)
     for cells, amp in ((int(rng.integers(2, 6)), int(rng.integers(10, 35))),
                        (int(rng.integers(8, 17)), int(rng.integers(4, 13)))):
         grid = rng.integers(-amp, amp + 1, size=(cells + 1, cells + 1))
@@ -177,7 +181,7 @@ def _draw_background(rng: np.random.Generator, size: int) -> np.ndarray:
         delta = int(rng.integers(12, 41)) * (1 if rng.integers(0, 2) else -1)
         ys, xs = slice(max(cy - ry, 0), cy + ry + 1), slice(max(cx - rx, 0), cx + rx + 1)
         inside = (yy[ys] - cy) ** 2 * rx * rx + (xx[:, xs] - cx) ** 2 * ry * ry <= rx * rx * ry * ry
-        bg[ys, xs] += np.where(inside, delta, 0)
+        bg[ys, xs] += np.where(inside, np.int32(delta), np.int32(0))
     for _ in range(int(rng.integers(1, 7))):  # strokes: straight segments 1..3 px thick
         y0, x0, y1, x1 = (int(v) for v in rng.integers(0, size, size=4))
         thick = int(rng.integers(1, 4))
@@ -425,8 +429,8 @@ def make_scenes(
             img_dir.mkdir(parents=True, exist_ok=True)
             images, labels = load_fashion_mnist(source_split, data_root) if n else (None, None)
             coco_images, anns = [], []
+            bar.set_postfix_str(split, refresh=False)
             for i in range(n):
-                bar.set_postfix_str(split)
                 img, items = render_scene(
                     images, labels, scene_rng(o["seed"], split, i), size=o["size"],
                     min_items=o["min_items"], max_items=o["max_items"], min_scale=o["min_scale"],
