@@ -293,10 +293,11 @@ def test_cli_help_run_and_flag_errors(tmp_path, fake_root, capsys):
     assert "--size: expected an integer in 128..1024, got 64" in capsys.readouterr().err
 
 
-def test_item_fields_agree_with_the_mask(fake_root):
+@pytest.mark.parametrize("size", [128, 131, 1024])
+def test_item_fields_agree_with_the_mask(fake_root, size):
     x, y = load_fashion_mnist("test", fake_root)
-    _, items = scenes.render_scene(x, y, scenes.scene_rng(2, "val", 0), size=128, min_items=4, max_scale=3.0)
-    assert items
+    img, items = scenes.render_scene(x, y, scenes.scene_rng(2, "val", 0), size=size, min_items=4, max_scale=3.0)
+    assert img.shape == (size, size) and img.dtype == np.uint8 and items
     for it in items:
         m = it["mask"]
         rows, cols = np.flatnonzero(m.any(1)), np.flatnonzero(m.any(0))

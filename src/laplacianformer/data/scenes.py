@@ -227,9 +227,9 @@ def render_scene(
     """One scene from source items ``images`` uint8 (N, 28, 28) / ``labels`` (N,).
 
     Returns (uint8 (size, size) image, items), items bottom to top, each a dict with ``mask`` bool
-    (size, size) (visible pixels), ``label`` (0..9), ``index`` (into ``images``), ``area`` (visible pixels),
-    ``full_area`` (pixels before occlusion), ``bbox`` (x, y, w, h) ints and ``counts`` (uncompressed RLE). Arguments are not
-    validated here (``make_scenes`` does it).
+    (size, size) (visible pixels), ``label`` (0..9), ``index`` (into ``images``), ``area`` (visible
+    pixels), ``full_area`` (pixels before occlusion), ``bbox`` (x, y, w, h) ints and ``counts``
+    (uncompressed RLE). Arguments are not validated here (``make_scenes`` does it).
     """
     canvas = _draw_background(rng, size)
     owner = np.zeros((size, size), dtype=np.int32)  # 0 = background, k = item k (1-based), top-most
@@ -400,8 +400,8 @@ def make_scenes(
     min_items..max_items: items drawn per scene (placements that fail MAX_ATTEMPTS times are skipped,
     so a scene can hold fewer, or none). min_scale..max_scale: item side = 28 * scale px (rounded).
     max_overlap: a new item may cover at most this fraction of its own mask area with earlier items, and
-    no earlier item may lose more than this fraction of its mask to it. min_area: smallest visible mask
-    (px). threshold: item intensity (0..255, before resizing to the canvas' contrast) at which a pixel is
+    every item keeps at least (1 - max_overlap) of its mask visible. min_area: smallest visible mask
+    (px). threshold: intensity (1..255, of the resized item before its contrast gain) from which a pixel is
     part of the item's mask. data_root: Fashion-MNIST directory (default: the usual search path).
     overwrite: replace existing train/, val/ and annotations/ under out_dir instead of refusing.
     """
@@ -452,7 +452,8 @@ def make_scenes(
                 "image_mode": "L",
                 "settings": dict(o),
             }
-            categories = [{"id": c + 1, "name": name, "supercategory": "fashion"} for c, name in enumerate(CLASSES)]
+            categories = [{"id": c + 1, "name": name, "supercategory": "fashion"}
+                          for c, name in enumerate(CLASSES)]
             _dump_json({"info": info, "licenses": [], "images": coco_images, "annotations": anns,
                         "categories": categories}, out / "annotations" / f"instances_{split}.json")
             summary[split] = {"images": n, "annotations": len(anns)}
@@ -487,12 +488,13 @@ def add_scenes_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                    help="most items drawn per scene, min-items..64; an item with no valid placement after "
                         f"{MAX_ATTEMPTS} tries is skipped (default: %(default)s)")
     p.add_argument("--min-scale", type=float, default=1.0,
-                   help="smallest item scale: a 28-px item becomes 28*scale px (default: %(default)s)")
+                   help="smallest item scale, >= 0.25: a 28-px item becomes 28*scale px (default: %(default)s)")
     p.add_argument("--max-scale", type=float, default=4.0,
                    help="largest item scale; 28*max-scale must fit in --size (default: %(default)s)")
     p.add_argument("--max-overlap", type=float, default=0.3,
                    help="0..1: a new item may lie on earlier items with at most this fraction of its mask, "
-                        "and may hide at most this fraction of any earlier item's mask (default: %(default)s)")
+                        "and every item keeps at least (1 - max-overlap) of its mask visible "
+                        "(default: %(default)s)")
     p.add_argument("--min-area", type=int, default=32,
                    help="smallest visible mask in pixels an item may have (default: %(default)s)")
     p.add_argument("--threshold", type=int, default=24,
