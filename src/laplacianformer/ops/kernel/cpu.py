@@ -21,6 +21,7 @@ import torch
 
 from ..layout import last_dim_contiguous
 from . import native
+from ._autograd import register_kernel_autograd, register_matmul_autograd
 
 _CHUNK_ELEMS = 1 << 16
 _MATMUL_CHUNK_ELEMS = 1 << 22
@@ -37,7 +38,7 @@ def _use_native(x: torch.Tensor) -> bool:
 def _batch_rows(t: torch.Tensor) -> torch.Tensor:
     """(..., R, C) -> (B, R, C): the view ``reshape`` gives when it can and its columns are adjacent (the C
     loops take any batch and row strides, e.g. q = qk[..., :d] of a wider projection), else a contiguous
-    copy. backend.flatten_batch always copies to contiguous (the Triton layout)."""
+    copy. layout.flatten_batch always copies to contiguous (the Triton layout)."""
     return last_dim_contiguous(t.reshape(-1, t.shape[-2], t.shape[-1]))
 
 
@@ -184,32 +185,8 @@ def _(x, y, v, grad, scale, kind):
     return x.new_empty(x.shape), y.new_empty(y.shape), v.new_empty(v.shape)
 
 
-def _kernel_setup(ctx, inputs, output):
-    x, y, scale, kind = inputs
-    ctx.save_for_backward(x, y, output)
-    ctx.scale, ctx.kind = scale, kind
-
-
-def _kernel_backward(ctx, grad):
-    x, y, out = ctx.saved_tensors
-    dx, dy = _kernel_bwd_op(x, y, grad.contiguous(), out, ctx.scale, ctx.kind)
-    return dx, dy, None, None
-
-
-def _matmul_setup(ctx, inputs, output):
-    x, y, v, scale, kind = inputs
-    ctx.save_for_backward(x, y, v)
-    ctx.scale, ctx.kind = scale, kind
-
-
-def _matmul_backward(ctx, grad):
-    x, y, v = ctx.saved_tensors
-    dx, dy, dv = _matmul_bwd_op(x, y, v, grad.contiguous(), ctx.scale, ctx.kind)
-    return dx, dy, dv, None, None
-
-
-_kernel_op.register_autograd(_kernel_backward, setup_context=_kernel_setup)
-_matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+register_kernel_autograd(_kernel_op, _kernel_bwd_op)
+register_matmul_autograd(_matmul_op, _matmul_bwd_op)
 
 
 def laplace_kernel_cpu(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str = "laplacian") -> torch.Tensor:
