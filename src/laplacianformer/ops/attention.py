@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _runtime
-from .dispatch import Backend, Op
+from .dispatch import Backend, BackendRefused, Op
 from .kernel import laplace_kernel, laplace_kernel_matmul
 from .newton_schulz import pinv_residual, regularise, regularised_inverse
 from .normalization import normalize_dense, normalize_nystrom
@@ -110,7 +110,7 @@ def _pool_matmul(x: torch.Tensor, hw, landmarks) -> torch.Tensor:
 POOLING = Op("pooling", [
     Backend("matmul", _pool_matmul),
     Backend("adaptive_avg_pool", _pool_reference),
-], doc="pool_landmarks(x, hw, landmarks): x (B, H, N, d) -> (B, H, m, d)")
+], signature="pool_landmarks(x, hw, landmarks): x (B, H, N, d) -> (B, H, m, d)")
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -238,7 +238,7 @@ def explain_all(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backward: 
                 out = out[0]
             if backward:
                 torch.autograd.grad(out, list(leaves.values()), torch.ones_like(out))
-        except ValueError as exc:
+        except BackendRefused as exc:
             error = str(exc)
     lines = [f"{head}{' (forward and backward)' if backward else ''}: {len(calls)} dispatched calls"]
     for i, (op, shapes, text) in enumerate(calls, 1):

@@ -7,7 +7,7 @@ The rule, the same for every op:
 
 - automatic selection (choice ``"auto"``) runs the first backend that serves and is not passed over;
 - a forced backend (``_runtime.use(op=name)`` or ``configure``) runs if it serves, else the call
-  raises ``ValueError`` with the reason.
+  raises ``BackendRefused`` (a ``ValueError``) with the reason.
 
 The last backend of a table is the op's reference and must serve every input. Adding a backend is one
 entry in the op's table. ``explain(op, *inputs)`` says which backend serves and why each other one does
@@ -27,9 +27,13 @@ import torch
 
 from . import _runtime
 
-__all__ = ["Backend", "Op", "get_op", "op_names", "explain", "describe_inputs"]
+__all__ = ["Backend", "BackendRefused", "Op", "get_op", "op_names", "explain", "describe_inputs"]
 
 _OPS: dict[str, "Op"] = {}
+
+
+class BackendRefused(ValueError):
+    """A forced backend cannot serve the call; the message ends with the reason."""
 
 
 def _serves(*_inputs) -> str | None:
@@ -51,17 +55,21 @@ class Op:
     """An ordered table of backends under one name; ``op(*inputs)`` runs the selected backend.
 
     ``log``: a logger name; when given, automatic selection falling back to the reference backend logs
-    the other backends' reasons once per distinct set of reasons (INFO)."""
+    the other backends' reasons once per distinct set of reasons (INFO). ``signature``: the inputs every
+    backend takes, in words (shown by ``repr``)."""
 
-    def __init__(self, name: str, backends: list[Backend], *, log: str | None = None, doc: str = ""):
+    def __init__(self, name: str, backends: list[Backend], *, log: str | None = None, signature: str = ""):
         self.name = name
         self.backends = tuple(backends)
         self.by_name = {b.name: b for b in self.backends}
         self.reference = self.backends[-1].name
         self.log = log
-        self.doc = doc
+        self.signature = signature
         _OPS[name] = self
         _runtime.register_op(name, tuple(self.by_name), self.reference)
+
+    def __repr__(self) -> str:
+        return f"Op({self.name!r}: {' > '.join(self.by_name)}; {self.signature})"
 
     def _choose(self, inputs) -> Backend:
         wanted = _runtime.choice(self.name)
@@ -69,7 +77,7 @@ class Op:
             chosen = self.by_name[wanted]
             why = chosen.refusal(*inputs)
             if why is not None:
-                raise ValueError(f"backend: {wanted!r} cannot run this {self.name} call: {why}")
+                raise BackendRefused(f"backend: {wanted!r} cannot run this {self.name} call: {why}")
             return chosen
         for b in self.backends:
             if b.refusal(*inputs) is None and b.auto_refusal(*inputs) is None:
@@ -118,7 +126,7 @@ class Op:
         head = f"{self.name}: selection {wanted!r}"
         try:
             chosen = self._choose(inputs)
-        except ValueError as exc:
+        except BackendRefused as exc:
             return f"{head} refused: {exc}"
         lines = [f"{head} runs {chosen.name!r}"]
         for b in self.backends:

@@ -145,4 +145,4 @@ def normalize_nystrom_reference(
 NORMALIZATION = Op("normalization", [
     Backend("fused", _fused, _fused_refusal),
     Backend("composite", _composite),
-], doc="normalize_nystrom(c_q, b, v, norm, eps, w_inv): c_q, b (..., N, m), v (..., N, e)")
+], signature="normalize_nystrom(c_q, b, v, norm, eps, w_inv): c_q, b (..., N, m), v (..., N, e)")

@@ -128,14 +128,14 @@ KERNEL = Op("kernel", [
     Backend("cpu", laplace_kernel_cpu, _cpu_refusal, _cpu_auto_refusal),
     Backend("naive", laplace_kernel_naive, auto_refusal=_naive_auto_refusal),
     Backend("composite", laplace_kernel_composite),
-], log="laplacianformer.ops.kernel", doc="laplace_kernel(x, y, lam, kind): x (..., N, d), y (..., M, d)")
+], log="laplacianformer.ops.kernel", signature="laplace_kernel(x, y, lam, kind): x (..., N, d), y (..., M, d)")
 
 KERNEL_MATMUL = Op("kernel_matmul", [
     Backend("triton", _triton_matmul, _triton_refusal, _triton_auto_refusal),
     Backend("cpu", laplace_kernel_matmul_cpu, _cpu_refusal, _cpu_auto_refusal),
     Backend("naive", laplace_kernel_matmul_naive, auto_refusal=_naive_auto_refusal),
     Backend("composite", laplace_kernel_matmul_composite),
-], log="laplacianformer.ops.kernel", doc="laplace_kernel_matmul(x, y, v, lam, kind): v (..., M, e)")
+], log="laplacianformer.ops.kernel", signature="laplace_kernel_matmul(x, y, v, lam, kind): v (..., M, e)")
 
 
 def _check_xy(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str) -> None:

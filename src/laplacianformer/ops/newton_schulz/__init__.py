@@ -128,12 +128,12 @@ NEWTON_SCHULZ = Op("newton_schulz", [
     Backend("triton", _solve_triton, _triton_solve_refusal, _triton_auto_refusal),
     Backend("cpu", _solve_cpu, _cpu_refusal),
     Backend("torch", newton_schulz_iterate_reference),
-], doc="newton_schulz_iterate(p, iters, tol, symmetric): p (..., m, m)")
+], signature="newton_schulz_iterate(p, iters, tol, symmetric): p (..., m, m)")
 
 NEWTON_SCHULZ_GRAD = Op("newton_schulz_grad", [
     Backend("triton", _grad_triton, _triton_refusal, _triton_auto_refusal),
     Backend("torch", _grad_torch),
-], doc="implicit_grad(v, grad_v): v, grad_v (..., m, m)")
+], signature="implicit_grad(v, grad_v): v, grad_v (..., m, m)")
 
 
 def newton_schulz_iterate(
