@@ -8,7 +8,7 @@
     ĝ  = C_q W⁺ C_kᵀ, never materialised; output = Z(ĝ) V (DESIGN.md §4)
 
 The kernel matrices, the solver and the normalisation run in float32 for half-precision inputs and
-under autocast (DESIGN.md §1: exp(-D/lam) underflows in float16); the output has the inputs' dtype.
+under autocast (docs/DESIGN.md §1: exp(-D/lam) underflows in float16); the output has the inputs' dtype.
 The landmark pooling is the dispatched op ``pooling`` (docs/DESIGN.md §6); ``explain_all`` reports the
 backend decision of every dispatched call the operator makes.
 """
@@ -143,10 +143,10 @@ def laplacian_attention(
         hw: (height, width) of a 2-D token grid with height·width = N; None for a 1-D sequence.
         landmarks: grid (lh, lw) or a perfect-square int (2-D), an int (1-D), or None for the exact
             O(N²) kernel.  Landmarks are the adaptive average pool of the scaled queries.
-        lam: kernel bandwidth lambda > 0 (DESIGN.md §1, default 4).
+        lam: kernel bandwidth lambda > 0 (docs/DESIGN.md §1, default 4).
         qk_scale: factor applied to q and k before the distance; None means d**-0.5.
-        norm: "injective" | "inline" | "rowsum" | "none" (DESIGN.md §4).
-        solver: "newton_schulz" | "cg" | "exact" for (W + ns_eps·I)^{-1} (DESIGN.md §3).
+        norm: "injective" | "inline" | "rowsum" | "none" (docs/DESIGN.md §4).
+        solver: "newton_schulz" | "cg" | "exact" for (W + ns_eps·I)^{-1} (docs/DESIGN.md §3).
         iters: solver iterations; ns_eps: diagonal regulariser; norm_eps: whitening epsilon, > 0 for
             "injective" (with 0 a key whose similarity column is constant, e.g. all-equal tokens, gives 0/0).
         kernel: "laplacian" exp(-||x-y||_1/lam) or "gaussian" exp(-||x-y||²/lam).

@@ -11,7 +11,7 @@ Two implementations of each variant, which tests hold equal:
   hand-written backward, few (N, m) temporaries; eager only) and ``composite``
   (``normalize_nystrom_reference``, the plain autograd composite they are tested against, every norm).
 
-Injective variant, per image and head (Eq. 4 and 6 of the paper, with our choices of DESIGN.md §4):
+Injective variant, per image and head (Eq. 4 and 6 of the paper, with our choices of docs/DESIGN.md §4):
   h_ij = ĝ_ij - mean_j ĝ_ij,  mu_j = mean_i h_ij,  s_j² = var_i h_ij (population variance),
   z_ij = (h_ij - mu_j) / sqrt(s_j² + eps) + 1/N,  out_i = sum_j z_ij v_j.
 """

@@ -1,4 +1,4 @@
-"""Fast CPU path for the kernel primitives (DESIGN.md §1, §6).
+"""Fast CPU path for the kernel primitives (docs/DESIGN.md §1, §6).
 
     D_nm  = sum_d |x_nd - y_md|  (laplacian)  or  sum_d (x_nd - y_md)^2  (gaussian)
     C_nm  = exp(-D_nm / lam)
@@ -10,7 +10,8 @@ minimal-norm subgradient).  D and the sign reduction run in the C loops of ``nat
 (n, m, d), no (N, M, d) temporary, vectorised and threaded); exp and the products with V use PyTorch.
 Without a C compiler the same formulas run in PyTorch on row chunks small enough to stay in cache.
 The primitives are ``torch.library.custom_op``s (``laplacianformer::laplace_kernel_cpu`` ...) with fake
-implementations and registered autograd, so torch.compile traces them without graph breaks.
+implementations and registered autograd (``_autograd.py``, shared with ``triton.py``), so torch.compile
+traces them without graph breaks.
 ``laplace_kernel_matmul`` works on row chunks and never stores the N×M matrix; its backward recomputes
 each chunk of C.
 """

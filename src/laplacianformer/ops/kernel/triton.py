@@ -1,4 +1,4 @@
-"""Fused Triton kernels for the kernel primitives (DESIGN.md §1, §6); formulas in ``cpu.py``.
+"""Fused Triton kernels for the kernel primitives (docs/DESIGN.md §1, §6); formulas in ``cpu.py``.
 
 - ``laplace_kernel_fwd_kernel``: C = exp(scale · D) tile by tile (scale = -1/lam), D the L1 or squared
   L2 distance, fused in one pass (no raw-distance round trip).
@@ -11,7 +11,7 @@
 Inputs float32/float16/bfloat16, accumulation in float32, outputs in the input dtype. Products with V
 run as float32 ``tl.dot`` (IEEE for float32 inputs, TF32 on GPU for half inputs). The host functions
 are registered with ``torch.library.triton_op`` (``laplacianformer::...``) so torch.compile traces them,
-with autograd through ``register_autograd``.
+with autograd through ``_autograd.py`` (the glue shared with ``cpu.py``). Dispatch: ``kernel/__init__.py``.
 """
 
 from __future__ import annotations
