@@ -346,3 +346,12 @@ def test_no_import_cycles_inside_ops():
     assert not any(m.startswith("laplacianformer.ops.normalization") or m.startswith("laplacianformer.ops.kernel")
                    for m in graph["laplacianformer.ops.newton_schulz"] | graph["laplacianformer.ops.newton_schulz.naive"])
     assert graph["laplacianformer.ops.kernel.triton"] <= {"laplacianformer.ops.layout", "laplacianformer.ops.kernel._autograd"}
+
+
+def test_nested_recordings_both_see_the_calls():
+    x = torch.randn(1, 8, 3)
+    with _runtime.recording() as outer:
+        with _runtime.recording() as inner:
+            laplace_kernel(x, x)
+        laplace_kernel(x, x)
+    assert len(inner) == 1 and len(outer) == 2 and not _runtime.is_recording()

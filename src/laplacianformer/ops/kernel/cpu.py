@@ -37,9 +37,10 @@ def _use_native(x: torch.Tensor) -> bool:
 
 
 def _batch_rows(t: torch.Tensor) -> torch.Tensor:
-    """(..., R, C) -> (B, R, C): the view ``reshape`` gives when it can and its columns are adjacent (the C
-    loops take any batch and row strides, e.g. q = qk[..., :d] of a wider projection), else a contiguous
-    copy. layout.flatten_batch always copies to contiguous (the Triton layout)."""
+    """(..., R, C) -> (B, R, C), copying as little as possible: ``reshape`` (a view when the leading
+    dimensions merge, else a copy), then a contiguous copy only when the last dimension is strided. The C
+    loops take any batch and row strides (e.g. q = qk[..., :d] of a wider projection); the Triton path
+    uses ``layout.flatten_batch`` instead, which always returns a contiguous tensor."""
     return last_dim_contiguous(t.reshape(-1, t.shape[-2], t.shape[-1]))
 
 
