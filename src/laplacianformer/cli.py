@@ -135,9 +135,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
 
-    p = sub.add_parser("info", help="parameters, FLOPs and per-stage shapes of a model")
-    p.add_argument("model", help="e.g. laplacianformer_tiny")
+    p = sub.add_parser("info", help="parameters, FLOPs and per-stage shapes of a model; --dispatch: backends")
+    p.add_argument("model", nargs="?", help="e.g. laplacianformer_tiny")
     p.add_argument("--img-size", type=_positive_int, default=224)
+    p.add_argument("--dispatch", action="store_true",
+                   help="print each op's backend decision for laplacian_attention at --shape (no model needed)")
+    p.add_argument("--shape", default="1,2,3136,32", help="B,H,N,d of q, k and v (default 1,2,3136,32)")
+    p.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--hw", default=None, help="token grid H,W with H*W = N (default: square N, else 1-D)")
+    p.add_argument("--landmarks", default=None, help="lh,lw (2-D) or m (1-D); default 7,7 or 49")
+    p.add_argument("--backward", action="store_true", help="also run the backward (the solver's implicit gradient)")
 
     p = sub.add_parser("bench", help="run the benchmark scripts under benchmarks/")
     p.add_argument("names", nargs="*", help="benchmark script names (default: all); see --list")
@@ -239,7 +247,49 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def _ints(flag: str, text: str, count: int | None = None) -> tuple[int, ...]:
+    try:
+        values = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise UserError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if (count is not None and len(values) != count) or min(values) < 1:
+        raise UserError(f"{flag}: expected {count or 'one or more'} integers >= 1, got {text!r}")
+    return values
+
+
+def _info_dispatch(args) -> int:
+    import torch
+
+    from .ops import explain_all
+
+    b, h, n, d = _ints("--shape", args.shape, 4)
+    if args.hw is not None:
+        hw = _ints("--hw", args.hw, 2)
+    else:
+        side = int(round(n**0.5))
+        hw = (side, side) if side * side == n else None
+    if args.landmarks is not None:
+        landmarks = _ints("--landmarks", args.landmarks)
+        landmarks = landmarks[0] if len(landmarks) == 1 else landmarks
+    else:
+        landmarks = (7, 7) if hw is not None else 49
+    try:
+        device = torch.device(args.device)
+        q, k, v = (torch.randn(b, h, n, d, dtype=getattr(torch, args.dtype), device=device) for _ in range(3))
+    except (RuntimeError, ValueError) as e:
+        raise UserError(f"--device: {e}") from None
+    try:
+        print(explain_all(q, k, v, hw=hw, landmarks=landmarks, backward=args.backward))
+    except (TypeError, ValueError) as e:
+        raise UserError(str(e)) from None
+    return 0
+
+
 def cmd_info(args) -> int:
+    if args.dispatch:
+        return _info_dispatch(args)
+    if args.model is None:
+        raise UserError("info: expected MODEL (e.g. laplacianformer_tiny) or --dispatch")
     try:
         from .models import format_model_info, model_info
     except ImportError as e:

@@ -1,25 +1,20 @@
 """Kernel primitives: the fast CPU path against the naive reference (float64 values + gradcheck, with and
-without the C loops), the backend selector, explain_dispatch, fallback logging and torch.compile."""
+without the C loops), the backend selector, explain_dispatch, fallback logging and torch.compile.
+Random inputs come from the fixed, printed seeds of the ``seeded`` fixture (tests/ops/conftest.py)."""
 
 from __future__ import annotations
 
 import logging
-import os
 
 import pytest
 import torch
 
 from laplacianformer.ops import kernel as K
 from laplacianformer.ops.kernel import cpu as kcpu
-from laplacianformer.ops.kernel.backend import _warned as warned_reasons
+from laplacianformer.ops import _runtime
 from laplacianformer.ops.kernel import native
 
 KINDS = ["laplacian", "gaussian"]
-
-
-def _seeded():
-    seed = int.from_bytes(os.urandom(4), "little")
-    return seed, torch.Generator().manual_seed(seed)
 
 
 def _rel(a, b):
@@ -38,8 +33,8 @@ def loops(request, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_cpu_path_gradcheck(loops, kind):
-    seed, gen = _seeded()
+def test_cpu_path_gradcheck(loops, kind, seeded):
+    seed, gen = seeded
     x = torch.randn(2, 13, 5, dtype=torch.float64, generator=gen).requires_grad_()
     y = torch.randn(2, 7, 5, dtype=torch.float64, generator=gen).requires_grad_()
     v = torch.randn(2, 7, 3, dtype=torch.float64, generator=gen).requires_grad_()
@@ -49,9 +44,9 @@ def test_cpu_path_gradcheck(loops, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_cpu_path_matches_naive(nan_empty, loops, kind, dtype):
+def test_cpu_path_matches_naive(nan_empty, loops, kind, dtype, seeded):
     """Ragged sizes, (B, H, N, d) inputs, values and all gradients; outputs start NaN-filled."""
-    seed, gen = _seeded()
+    seed, gen = seeded
     x, y, v = (torch.randn(2, 3, k, c, generator=gen, dtype=torch.float64) * 0.4 for k, c in ((67, 9), (19, 9), (19, 5)))
     grads = {}
     for name in ("cpu", "naive"):
@@ -90,23 +85,23 @@ def test_backend_selection_and_explain():
     assert K.get_backend() == "auto"
     text = K.explain_dispatch(x, x, x)
     # why Triton is not used here: no CUDA tensor, or (CPU-only torch builds) no triton package at all
-    assert text.startswith("selection 'auto'") and "triton:" in text
+    assert text.startswith("kernel_matmul: selection 'auto'") and "triton:" in text
     assert "cuda" in text or "triton package is not installed" in text, text
     with pytest.raises(ValueError, match="^name: expected one of"):
         K.set_backend("fast")
-    with K.backend("cpu"), pytest.raises(ValueError, match="^backend: 'cpu' cannot run this call: dtype"):
+    with K.backend("cpu"), pytest.raises(ValueError, match="^backend: 'cpu' cannot run this kernel call: dtype"):
         K.laplace_kernel(x.half(), x.half())
 
 
 def test_triton_refused_on_cpu_without_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     x = torch.randn(1, 30, 8)
-    with K.backend("triton"), pytest.raises(ValueError, match="^backend: 'triton' cannot run this call"):
+    with K.backend("triton"), pytest.raises(ValueError, match="^backend: 'triton' cannot run this kernel call: tensors on \\['cpu'\\], not cuda"):
         K.laplace_kernel(x, x)
 
 
 def test_fallback_logged_once(caplog, monkeypatch):
-    warned_reasons.clear()
+    _runtime.forget_logged()
     x = torch.randn(1, 10, 4, dtype=torch.float16)
     with caplog.at_level(logging.INFO, logger="laplacianformer.ops.kernel"):
         K.laplace_kernel(x, x)
@@ -141,10 +136,10 @@ def test_cpu_path_compiles_without_graph_breaks():
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_cpu_matmul_row_chunks(nan_empty, loops, kind, monkeypatch):
+def test_cpu_matmul_row_chunks(nan_empty, loops, kind, monkeypatch, seeded):
     """Several row chunks with a ragged last one give the same values and gradients as one chunk."""
     monkeypatch.setattr(kcpu, "_MATMUL_CHUNK_ELEMS", 3 * 11 * 4)
-    seed, gen = _seeded()
+    seed, gen = seeded
     x = torch.randn(3, 37, 5, dtype=torch.float64, generator=gen).requires_grad_()
     y = torch.randn(3, 11, 5, dtype=torch.float64, generator=gen).requires_grad_()
     v = torch.randn(3, 11, 4, dtype=torch.float64, generator=gen).requires_grad_()
@@ -162,11 +157,11 @@ def _native_or_skip():
 @pytest.mark.parametrize("n,m,d", [(1, 1, 1), (3, 15, 3), (5, 16, 64), (3, 17, 64), (5, 49, 64), (1, 130, 3),
                                    (5, 130, 64), (9, 49, 40), (4, 7, 17), (3, 1, 64), (5, 9, 64), (8, 33, 1),
                                    (6, 20, 112), (2, 49, 32)])
-def test_native_loops_odd_sizes(nan_empty, kind, dtype, n, m, d):
+def test_native_loops_odd_sizes(nan_empty, kind, dtype, n, m, d, seeded):
     """The C loops' forward and backward at sizes around the vector width (m, d not multiples of 16, row
     remainders) against the float64 reference, sign(0) = 0 included (some y rows equal some x rows)."""
     _native_or_skip()
-    seed, gen = _seeded()
+    seed, gen = seeded
     x = torch.randn(2, n, d, dtype=torch.float64, generator=gen)
     y = torch.randn(2, m, d, dtype=torch.float64, generator=gen)
     y[:, : min(n, m)] = x[:, : min(n, m)]
@@ -192,11 +187,11 @@ def test_native_loops_odd_sizes(nan_empty, kind, dtype, n, m, d):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_native_loops_strided_x(nan_empty, kind):
+def test_native_loops_strided_x(nan_empty, kind, seeded):
     """x as a column slice of a wider tensor (row stride > d) and a row slice, y a column slice too: the
     same values and gradients as contiguous copies, bit for bit, and no copy of x is needed."""
     _native_or_skip()
-    seed, gen = _seeded()
+    seed, gen = seeded
     l1 = kind == "laplacian"
     for dtype in (torch.float64, torch.float32):
         qk = torch.randn(3, 37, 2 * 20, dtype=dtype, generator=gen)
@@ -217,11 +212,11 @@ def test_native_loops_strided_x(nan_empty, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_cpu_path_strided_inputs(nan_empty, kind, monkeypatch):
+def test_cpu_path_strided_inputs(nan_empty, kind, monkeypatch, seeded):
     """q, k as column slices of one projection output (float64): the custom ops pass them without a copy
     and give the naive reference's values and gradients; gradcheck through the slices."""
     _native_or_skip()
-    seed, gen = _seeded()
+    seed, gen = seeded
     copies = []
     real = native.last_dim_contiguous
     monkeypatch.setattr(native, "last_dim_contiguous", lambda t: copies.append(real(t) is not t) or real(t))

@@ -28,9 +28,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
-def _inputs(shape, dtype):
-    seed = int.from_bytes(os.urandom(4), "little")
-    gen = torch.Generator().manual_seed(seed)
+def _inputs(shape, dtype, seeded):
+    seed, gen = seeded
     b, n, m, d, e = shape
     x, y, v = (torch.randn(b, k, c, generator=gen) * 0.3 for k, c in ((n, d), (m, d), (m, e)))
     return seed, [t.to(DEVICE, dtype).requires_grad_() for t in (x, y, v)]
@@ -54,30 +53,30 @@ def _check(op, ref, args, kind, dtype, seed):
 @needs_triton
 @pytest.mark.parametrize("kind", ["laplacian", "gaussian"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_kernel_matrix_matches_naive(nan_empty, kind, shape):
-    seed, (x, y, _) = _inputs(shape, torch.float32)
+def test_kernel_matrix_matches_naive(nan_empty, kind, shape, seeded):
+    seed, (x, y, _) = _inputs(shape, torch.float32, seeded)
     _check(laplace_kernel, laplace_kernel_naive, [x, y], kind, torch.float32, seed)
 
 
 @needs_triton
 @pytest.mark.parametrize("kind", ["laplacian", "gaussian"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_kernel_matmul_matches_naive(nan_empty, kind, shape):
-    seed, args = _inputs(shape, torch.float32)
+def test_kernel_matmul_matches_naive(nan_empty, kind, shape, seeded):
+    seed, args = _inputs(shape, torch.float32, seeded)
     _check(laplace_kernel_matmul, laplace_kernel_matmul_naive, args, kind, torch.float32, seed)
 
 
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_inputs_accumulate_in_float32(nan_empty, dtype):
-    seed, args = _inputs((1, 40, 21, 16, 16), dtype)
+def test_half_inputs_accumulate_in_float32(nan_empty, dtype, seeded):
+    seed, args = _inputs((1, 40, 21, 16, 16), dtype, seeded)
     _check(laplace_kernel_matmul, laplace_kernel_matmul_naive, args, "laplacian", dtype, seed)
 
 
 @needs_triton
-def test_leading_dims_and_sign_zero_convention(nan_empty):
+def test_leading_dims_and_sign_zero_convention(nan_empty, seeded):
     """(B, H, N, d) inputs; x_n == y_m exactly gives sign(0) = 0, as the naive autograd does."""
-    seed, (x, y, _) = _inputs((6, 20, 17, 8, 1), torch.float32)
+    seed, (x, y, _) = _inputs((6, 20, 17, 8, 1), torch.float32, seeded)
     x = x.detach().reshape(2, 3, 20, 8)
     y = y.detach().reshape(2, 3, 17, 8)
     x[:, :, :5] = y[:, :, :5]
@@ -87,8 +86,8 @@ def test_leading_dims_and_sign_zero_convention(nan_empty):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch.compile of the Triton ops needs CUDA")
-def test_compiles_without_graph_breaks_on_cuda():
-    seed, (x, y, v) = _inputs((2, 300, 49, 32, 32), torch.float32)
+def test_compiles_without_graph_breaks_on_cuda(seeded):
+    seed, (x, y, v) = _inputs((2, 300, 49, 32, 32), torch.float32, seeded)
 
     def f(a, b, c):
         return laplace_kernel(a, b, 4.0).sum() + laplace_kernel_matmul(a, b, c, 4.0).square().sum()

@@ -84,15 +84,10 @@ def test_half_precision_inputs_are_solved_in_float32():
 import importlib.util
 from pathlib import Path
 
-from laplacianformer.ops.kernel import native as kernel_native
+from laplacianformer.ops._clib import CLibrary
 from laplacianformer.ops.newton_schulz import native as ns_native
-from laplacianformer.ops.newton_schulz import naive as ns_naive
-from laplacianformer.ops.newton_schulz.naive import (
-    CHECK_EVERY,
-    newton_schulz_iterate,
-    newton_schulz_iterate_reference,
-    regularise,
-)
+from laplacianformer.ops.newton_schulz import newton_schulz_iterate
+from laplacianformer.ops.newton_schulz.naive import CHECK_EVERY, newton_schulz_iterate_reference, regularise
 
 NATIVE_M = [1, 2, 7, 16, 49, 64, 100]
 NATIVE_G = [1, 3, 8]
@@ -274,9 +269,9 @@ def test_newton_schulz_iterate_dispatch(c_loop, monkeypatch):
 
 def test_c_loop_is_disabled_by_environment(monkeypatch):
     monkeypatch.setenv("LAPLACIANFORMER_NO_NATIVE", "1")
-    errors = []
-    assert kernel_native.load_library(ns_native._SRC, ns_native._signatures, errors) is None
-    assert errors == ["disabled by LAPLACIANFORMER_NO_NATIVE"]
+    lib = CLibrary(ns_native._SRC, ns_native._signatures)
+    assert lib.load() is None
+    assert lib.error() == "disabled by LAPLACIANFORMER_NO_NATIVE"
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.jit.trace is deprecated

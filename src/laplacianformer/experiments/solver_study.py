@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..ops.attention import pool_landmarks
 from ..ops.kernel import laplace_kernel
 from ..ops.newton_schulz import conjugate_gradient_inverse, regularise
-from ..ops.newton_schulz.naive import newton_schulz_iterate
+from ..ops.newton_schulz import newton_schulz_iterate
 from .common import markdown_table
 
 SOLVER_FUNCS = {"newton_schulz": newton_schulz_iterate, "cg": conjugate_gradient_inverse}

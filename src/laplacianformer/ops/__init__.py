@@ -1,6 +1,14 @@
-"""Operators of DESIGN.md §1–§4: kernel primitives, regularised inverse, normalisation, attention."""
+"""Operators of docs/DESIGN.md §1–§4: kernel primitives, regularised inverse, normalisation, attention.
 
-from .attention import laplacian_attention
+Backend selection (docs/DESIGN.md §6): every op dispatches through one registry (``dispatch.py``) and
+reads one runtime (``_runtime.py``): ``use(...)`` forces backends per op in a ``with`` block,
+``explain(op, *inputs)`` says which backend serves one call, ``explain_all(q, k, v, hw=..., landmarks=...)``
+every call of the attention operator.
+"""
+
+from ._runtime import capturing, configure, use
+from .attention import explain_all, laplacian_attention
+from .dispatch import explain, op_names
 from .kernel import laplace_kernel, laplace_kernel_matmul
 from .newton_schulz import conjugate_gradient_inverse, newton_schulz_pinv, pinv_residual, regularised_inverse
 
@@ -12,4 +20,10 @@ __all__ = [
     "regularised_inverse",
     "conjugate_gradient_inverse",
     "pinv_residual",
+    "use",
+    "configure",
+    "capturing",
+    "explain",
+    "explain_all",
+    "op_names",
 ]

@@ -1,4 +1,4 @@
-"""Laplacian-kernel Nyström attention, the operator of the paper (DESIGN.md §1–§4).
+"""Laplacian-kernel Nyström attention, the operator of the paper (docs/DESIGN.md §1–§4).
 
     q' = s·q, k' = s·k                        (s = qk_scale, default d**-0.5; DESIGN.md §1, ours;
                                                computed as k(q, k; lam / s) for the Laplacian kernel)
@@ -8,7 +8,9 @@
     ĝ  = C_q W⁺ C_kᵀ, never materialised; output = Z(ĝ) V (DESIGN.md §4)
 
 The kernel matrices, the solver and the normalisation run in float32 for half-precision inputs and
-under autocast (DESIGN.md §1: exp(-D/lam) underflows in float16); the output has the inputs' dtype.
+under autocast (docs/DESIGN.md §1: exp(-D/lam) underflows in float16); the output has the inputs' dtype.
+The landmark pooling is the dispatched op ``pooling`` (docs/DESIGN.md §6); ``explain_all`` reports the
+backend decision of every dispatched call the operator makes.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from . import _runtime
+from .dispatch import Backend, BackendRefused, Op
 from .kernel import laplace_kernel, laplace_kernel_matmul
 from .newton_schulz import pinv_residual, regularise, regularised_inverse
-from .normalization import _graph_capture, normalize_dense, normalize_nystrom
+from .normalization import normalize_dense, normalize_nystrom
 from .validation import (
     KERNELS,
     NORMS,
@@ -36,18 +40,13 @@ from .validation import (
 )
 
 
-_POOL_REFERENCE = [False]
-
-
 @contextlib.contextmanager
 def reference_pooling():
     """Within this block ``pool_landmarks`` calls ``F.adaptive_avg_pool2d`` / ``1d`` (the MAC counter uses
-    it: the pooling-matrix products would count as multiply-accumulates that pooling does not have)."""
-    previous, _POOL_REFERENCE[0] = _POOL_REFERENCE[0], True
-    try:
+    it: the pooling-matrix products would count as multiply-accumulates that pooling does not have):
+    ``_runtime.use(pooling="adaptive_avg_pool")``, thread-local."""
+    with _runtime.use(pooling="adaptive_avg_pool"):
         yield
-    finally:
-        _POOL_REFERENCE[0] = previous
 
 
 def adaptive_pool_matrix(n: int, out: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -70,27 +69,35 @@ def _cached_pool_matrix(n: int, out: int, dtype: torch.dtype, device: torch.devi
 
 def _pool_matrix(n: int, out: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``adaptive_pool_matrix``, cached in eager mode (building it is ~8 small ops); rebuilt while tracing."""
-    if _graph_capture():
+    if _runtime.capturing(modes=False):
         return adaptive_pool_matrix(n, out, dtype, device)
     return _cached_pool_matrix(n, out, dtype, device)
 
 
 def pool_landmarks(x: torch.Tensor, hw: tuple[int, int] | None, landmarks) -> torch.Tensor:
-    """Adaptive average pooling of the token map.  x: (B, H, N, d) -> (B, H, m, d).
+    """Adaptive average pooling of the token map (docs/DESIGN.md §2).  x: (B, H, N, d) -> (B, H, m, d).
 
     2-D: x is read as a (height, width) grid and pooled to the (lh, lw) grid, m = lh·lw.
     1-D: x is pooled along the sequence to m = landmarks tokens.
-    Computed as products with the pooling matrices (width, then height), which read x in its token
-    layout (any row stride): the same bins and values as ``F.adaptive_avg_pool2d`` / ``1d``.
+    Op ``pooling``: backend ``matmul`` computes products with the pooling matrices (width, then
+    height), which read x in its token layout (any row stride); the reference ``adaptive_avg_pool``
+    calls ``F.adaptive_avg_pool2d`` / ``1d``. Same bins and values.
     """
+    return POOLING(x, hw, landmarks)
+
+
+def _pool_reference(x: torch.Tensor, hw, landmarks) -> torch.Tensor:
     b, h, n, d = x.shape
-    if _POOL_REFERENCE[0]:
-        flat = x.reshape(b * h, n, d).transpose(1, 2)
-        if hw is None:
-            pooled = F.adaptive_avg_pool1d(flat, landmarks)
-        else:
-            pooled = F.adaptive_avg_pool2d(flat.reshape(b * h, d, hw[0], hw[1]), landmarks).flatten(2)
-        return pooled.transpose(1, 2).reshape(b, h, -1, d)
+    flat = x.reshape(b * h, n, d).transpose(1, 2)
+    if hw is None:
+        pooled = F.adaptive_avg_pool1d(flat, landmarks)
+    else:
+        pooled = F.adaptive_avg_pool2d(flat.reshape(b * h, d, hw[0], hw[1]), landmarks).flatten(2)
+    return pooled.transpose(1, 2).reshape(b, h, -1, d)
+
+
+def _pool_matmul(x: torch.Tensor, hw, landmarks) -> torch.Tensor:
+    b, h, n, d = x.shape
     if hw is None:
         return _pool_matrix(n, landmarks, x.dtype, x.device) @ x
     (gh, gw), (lh, lw) = hw, landmarks
@@ -98,6 +105,12 @@ def pool_landmarks(x: torch.Tensor, hw: tuple[int, int] | None, landmarks) -> to
     pooled_w = _pool_matrix(gw, lw, x.dtype, x.device) @ rows
     pooled = _pool_matrix(gh, lh, x.dtype, x.device) @ pooled_w.reshape(b * h, gh, lw * d)
     return pooled.reshape(b, h, lh * lw, d)
+
+
+POOLING = Op("pooling", [
+    Backend("matmul", _pool_matmul),
+    Backend("adaptive_avg_pool", _pool_reference),
+], signature="pool_landmarks(x, hw, landmarks): x (B, H, N, d) -> (B, H, m, d)")
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -130,10 +143,10 @@ def laplacian_attention(
         hw: (height, width) of a 2-D token grid with height·width = N; None for a 1-D sequence.
         landmarks: grid (lh, lw) or a perfect-square int (2-D), an int (1-D), or None for the exact
             O(N²) kernel.  Landmarks are the adaptive average pool of the scaled queries.
-        lam: kernel bandwidth lambda > 0 (DESIGN.md §1, default 4).
+        lam: kernel bandwidth lambda > 0 (docs/DESIGN.md §1, default 4).
         qk_scale: factor applied to q and k before the distance; None means d**-0.5.
-        norm: "injective" | "inline" | "rowsum" | "none" (DESIGN.md §4).
-        solver: "newton_schulz" | "cg" | "exact" for (W + ns_eps·I)^{-1} (DESIGN.md §3).
+        norm: "injective" | "inline" | "rowsum" | "none" (docs/DESIGN.md §4).
+        solver: "newton_schulz" | "cg" | "exact" for (W + ns_eps·I)^{-1} (docs/DESIGN.md §3).
         iters: solver iterations; ns_eps: diagonal regulariser; norm_eps: whitening epsilon, > 0 for
             "injective" (with 0 a key whose similarity column is constant, e.g. all-equal tokens, gives 0/0).
         kernel: "laplacian" exp(-||x-y||_1/lam) or "gaussian" exp(-||x-y||²/lam).
@@ -193,3 +206,45 @@ def laplacian_attention(
                     stats["landmarks"] = marks.shape[-2]
     out = out.to(out_dtype)
     return (out, stats) if return_stats else out
+
+
+def explain_all(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backward: bool | None = None, **kwargs) -> str:
+    """The backend decision of every dispatched call ``laplacian_attention(q, k, v, **kwargs)`` makes, in
+    order, under the current choices (``_runtime.use``): op, input shapes, the backend that runs and why
+    each other one does not (docs/DESIGN.md §6).
+
+    q, k: (B, H, N, d); v: (B, H, N, d_v); ``kwargs`` as for ``laplacian_attention`` (hw, landmarks, ...).
+    Runs the operator once on detached copies of the inputs, and its backward too when ``backward``
+    (default: when q, k or v requires grad), so the report is what those calls do, not a prediction.
+    A forced backend that cannot serve ends the report with its reason.
+    """
+    if backward is None:
+        backward = any(t.requires_grad for t in (q, k, v))
+    leaves = {}
+
+    def leaf(t):
+        if id(t) not in leaves:
+            leaves[id(t)] = t.detach().requires_grad_(backward)
+        return leaves[id(t)]
+
+    args = (leaf(q), leaf(k), leaf(v))
+    head = (f"laplacian_attention at q {tuple(q.shape)}, v {tuple(v.shape)} {str(q.dtype).removeprefix('torch.')} "
+            f"{q.device.type}, " + ", ".join(f"{key}={val!r}" for key, val in kwargs.items()))
+    error = None
+    with _runtime.recording() as calls, torch.enable_grad() if backward else torch.no_grad():
+        try:
+            out = laplacian_attention(*args, **kwargs)
+            if isinstance(out, tuple):
+                out = out[0]
+            if backward:
+                torch.autograd.grad(out, list(leaves.values()), torch.ones_like(out))
+        except BackendRefused as exc:
+            error = str(exc)
+    lines = [f"{head}{' (forward and backward)' if backward else ''}: {len(calls)} dispatched calls"]
+    for i, (op, shapes, text) in enumerate(calls, 1):
+        first, *rest = text.splitlines()
+        lines.append(f"{i:2d}. [{shapes}] {first}")
+        lines.extend("      " + line.strip() for line in rest)
+    if error is not None:
+        lines.append(f"stopped: {error}")
+    return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Memory-layout helper shared by the CPU fast paths."""
+"""Memory-layout helpers shared by the fast paths (docs/DESIGN.md §6)."""
 
 from __future__ import annotations
 
@@ -10,3 +10,8 @@ def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     products read rows in place, e.g. q = qk[..., :d] of a wider projection or the heads of a (B, N, H·e)
     tensor), else a contiguous copy."""
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def flatten_batch(t: torch.Tensor) -> torch.Tensor:
+    """(..., R, C) -> contiguous (B, R, C), B the product of the leading dimensions (the Triton layout)."""
+    return t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()

@@ -1,4 +1,4 @@
-"""Normalisation of the similarity matrix and its product with V (DESIGN.md §4).
+"""Normalisation of the similarity matrix and its product with V (docs/DESIGN.md §4).
 
 Two implementations of each variant, which tests hold equal:
 - ``normalize_dense(g, v, norm)``: the formula applied to a materialised (B, H, N, N) matrix ĝ;
@@ -6,11 +6,12 @@ Two implementations of each variant, which tests hold equal:
   C_q (B, H, N, m) and B = C_k W⁺ᵀ (B, H, N, m), in O(N·m² + N·m·d) time and O(N·m) memory;
   ``normalize_nystrom(c_q, c_k, v, norm, w_inv=W⁺)`` takes C_k and W⁺ (B, H, m, m) instead of B
   (the attention's call: "injective" then never forms B).
-  "injective" and "inline" run the fused functions of ``ops/injective.py`` (hand-written backward,
-  few (N, m) temporaries); ``normalize_nystrom_reference`` is the plain autograd composite they are
-  tested against, also used under torch.compile, tracing and ONNX export.
+  ``normalize_nystrom`` is the dispatched op ``normalization`` (``ops/dispatch.py``, docs/DESIGN.md §6)
+  with two backends: ``fused`` ("injective" and "inline": the functions of ``ops/injective.py``,
+  hand-written backward, few (N, m) temporaries; eager only) and ``composite``
+  (``normalize_nystrom_reference``, the plain autograd composite they are tested against, every norm).
 
-Injective variant, per image and head (Eq. 4 and 6 of the paper, with our choices of DESIGN.md §4):
+Injective variant, per image and head (Eq. 4 and 6 of the paper, with our choices of docs/DESIGN.md §4):
   h_ij = ĝ_ij - mean_j ĝ_ij,  mu_j = mean_i h_ij,  s_j² = var_i h_ij (population variance),
   z_ij = (h_ij - mu_j) / sqrt(s_j² + eps) + 1/N,  out_i = sum_j z_ij v_j.
 """
@@ -21,9 +22,12 @@ import contextlib
 
 import torch
 
+from . import _runtime
+from .dispatch import Backend, Op
 from .injective import InjectiveNormalization, InlineNormalization, injective_forward, inline_forward
+from .validation import NORMS, check_choice
 
-_NORM_ERROR = "norm: expected one of ['injective', 'inline', 'rowsum', 'none'], got {!r}"
+FUSED_NORMS = ("injective", "inline")
 
 
 def normalize_dense(g: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e-6) -> torch.Tensor:
@@ -41,25 +45,16 @@ def normalize_dense(g: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e
         var = h.var(-2, unbiased=False, keepdim=True)
         z = (h - mu) / torch.sqrt(var + eps) + 1.0 / n_keys
     else:
-        raise ValueError(_NORM_ERROR.format(norm))
+        check_choice("norm", norm, NORMS)
     return z @ v
-
-
-_FORCE_REFERENCE = [False]
 
 
 @contextlib.contextmanager
 def reference_normalization():
-    """Within this block ``normalize_nystrom`` runs the plain autograd composite (benchmarks, debugging)."""
-    previous, _FORCE_REFERENCE[0] = _FORCE_REFERENCE[0], True
-    try:
+    """Within this block ``normalize_nystrom`` runs the plain autograd composite (benchmarks, debugging,
+    the MAC counter): ``_runtime.use(normalization="composite")``, thread-local."""
+    with _runtime.use(normalization="composite"):
         yield
-    finally:
-        _FORCE_REFERENCE[0] = previous
-
-
-def _graph_capture() -> bool:
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
 
 
 def normalize_nystrom(
@@ -82,19 +77,29 @@ def normalize_nystrom(
     (N, m) tensor kept for the backward) and returns gradients for C_k and W⁺; the other variants and
     the composite form B.
 
-    "injective" and "inline" use the fused functions of ``ops/injective.py``; their backward is first
-    order only (double backward raises).  Under torch.compile, tracing or ONNX export, and for the
-    other variants, this is ``normalize_nystrom_reference``.
+    Op ``normalization``: "injective" and "inline" use the fused functions of ``ops/injective.py``
+    (backend ``fused``); their backward is first order only (double backward raises).  Under
+    torch.compile, tracing or ONNX export, and for the other variants, this is
+    ``normalize_nystrom_reference`` (backend ``composite``).
     """
-    fused = (
-        norm in ("injective", "inline")
-        and not (_FORCE_REFERENCE[0] or _graph_capture())
-        and 0 not in (c_q.numel(), b.numel(), v.numel())
-    )
-    if w_inv is not None and not (fused and norm == "injective"):
+    check_choice("norm", norm, NORMS)
+    return NORMALIZATION(c_q, b, v, norm, eps, w_inv)
+
+
+def _fused_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None) -> str | None:
+    if norm not in FUSED_NORMS:
+        return f"norm {norm!r} has no fused form (only {list(FUSED_NORMS)})"
+    why = _runtime.capture_reason(modes=False)
+    if why is not None:
+        return f"{why} (the fused functions are eager only)"
+    if 0 in (c_q.numel(), b.numel(), v.numel()):
+        return "empty input"
+    return None
+
+
+def _fused(c_q, b, v, norm, eps, w_inv):
+    if w_inv is not None and norm != "injective":
         b, w_inv = b @ w_inv.transpose(-1, -2), None
-    if not fused:
-        return normalize_nystrom_reference(c_q, b, v, norm, eps)
     factors = (c_q, b, v) if w_inv is None else (c_q, b, v, w_inv)
     batch = torch.broadcast_shapes(*(t.shape[:-2] for t in factors))
     c3, b3, v3, *w3 = (t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:]) for t in factors)
@@ -108,10 +113,17 @@ def normalize_nystrom(
     return out.reshape(*batch, *out.shape[-2:])
 
 
+def _composite(c_q, b, v, norm, eps, w_inv):
+    if w_inv is not None:
+        b = b @ w_inv.transpose(-1, -2)
+    return normalize_nystrom_reference(c_q, b, v, norm, eps)
+
+
 def normalize_nystrom_reference(
     c_q: torch.Tensor, b: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e-6
 ) -> torch.Tensor:
     """Plain autograd composite of ``normalize_nystrom`` (same arguments and shapes; double-differentiable)."""
+    check_choice("norm", norm, NORMS)
     n_keys = b.shape[-2]
     if norm == "none":
         return c_q @ (b.transpose(-1, -2) @ v)
@@ -123,10 +135,14 @@ def normalize_nystrom_reference(
     b_centred = b - b.mean(-2, keepdim=True)
     if norm == "inline":
         return c_q @ (b_centred.transpose(-1, -2) @ v) + v_mean
-    if norm == "injective":
-        c_centred = c_q - c_q.mean(-2, keepdim=True)
-        cov_q = c_centred.transpose(-1, -2) @ c_centred / c_q.shape[-2]
-        var = ((b_centred @ cov_q) * b_centred).sum(-1).clamp_min(0.0)
-        m_mat = (b_centred * torch.rsqrt(var + eps).unsqueeze(-1)).transpose(-1, -2) @ v
-        return c_centred @ m_mat + v_mean
-    raise ValueError(_NORM_ERROR.format(norm))
+    c_centred = c_q - c_q.mean(-2, keepdim=True)  # injective
+    cov_q = c_centred.transpose(-1, -2) @ c_centred / c_q.shape[-2]
+    var = ((b_centred @ cov_q) * b_centred).sum(-1).clamp_min(0.0)
+    m_mat = (b_centred * torch.rsqrt(var + eps).unsqueeze(-1)).transpose(-1, -2) @ v
+    return c_centred @ m_mat + v_mean
+
+
+NORMALIZATION = Op("normalization", [
+    Backend("fused", _fused, _fused_refusal),
+    Backend("composite", _composite),
+], signature="normalize_nystrom(c_q, b, v, norm, eps, w_inv): c_q, b (..., N, m), v (..., N, e)")

@@ -1,19 +1,24 @@
-"""Kernel primitives of DESIGN.md §1: k(x, y) = exp(-||x - y||_1 / lam) (and the Gaussian twin).
+"""Kernel primitives of docs/DESIGN.md §1: k(x, y) = exp(-||x - y||_1 / lam) (and the Gaussian twin).
 
-Public entry points (one dispatcher each):
-- ``laplace_kernel(x, y, lam, kind)``: the (..., N, M) kernel matrix;
-- ``laplace_kernel_matmul(x, y, v, lam, kind)``: k(X, Y) @ V.
-``naive.py`` is the ground truth, ``composite.py`` the torch.cdist composite, ``cpu.py`` the fast CPU
-path and ``triton.py`` the fused Triton kernels; ``backend.py`` chooses among them (``set_backend``,
-``backend``, ``explain_dispatch``).
+Public entry points, one dispatched op each (``ops/dispatch.py``, docs/DESIGN.md §6):
+- ``laplace_kernel(x, y, lam, kind)``: the (..., N, M) kernel matrix (op ``"kernel"``);
+- ``laplace_kernel_matmul(x, y, v, lam, kind)``: k(X, Y) @ V (op ``"kernel_matmul"``).
+Backends, in the order automatic selection tries them: ``triton`` (``triton.py``, fused kernels; chosen
+automatically for CUDA tensors only), ``cpu`` (``cpu.py``, the C loops; chosen automatically only when
+they are built), ``composite`` (``composite.py``, torch.cdist; the reference, always serves) and
+``naive`` (``naive.py``, the broadcasting ground truth; never chosen automatically).
+``backend.py`` keeps the older selection API (``set_backend``, ``backend``, ``explain_dispatch``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .. import _runtime
+from ..dispatch import Backend, Op
 from ..validation import KERNELS, check_choice, check_float_tensor, check_positive
-from .backend import BACKENDS, backend, explain_dispatch, get_backend, select, set_backend
+from . import native
+from .backend import BACKENDS, backend, explain_dispatch, get_backend, set_backend
 from .composite import laplace_kernel_composite, laplace_kernel_matmul_composite, pairwise_distance
 from .cpu import laplace_kernel_cpu, laplace_kernel_matmul_cpu
 from .naive import laplace_kernel_matmul_naive, laplace_kernel_naive, pairwise_l1_naive, pairwise_sq_l2_naive
@@ -21,6 +26,8 @@ from .naive import laplace_kernel_matmul_naive, laplace_kernel_naive, pairwise_l
 __all__ = [
     "laplace_kernel",
     "laplace_kernel_matmul",
+    "KERNEL",
+    "KERNEL_MATMUL",
     "BACKENDS",
     "backend",
     "set_backend",
@@ -37,6 +44,99 @@ __all__ = [
     "pairwise_sq_l2_naive",
 ]
 
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_TRITON_MAX_D = 128
+_TRITON_MAX_E = 256
+
+
+def _tensors(inputs) -> list[torch.Tensor]:
+    return [t for t in inputs if isinstance(t, torch.Tensor)]
+
+
+def _custom_kernel_refusal(tensors: list[torch.Tensor]) -> str | None:
+    """What the cpu and triton backends both need: no ONNX export, one dtype."""
+    if _runtime.onnx_exporting():
+        return "torch.onnx export in progress (custom kernels are not exportable)"
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1:
+        return f"mixed dtypes {sorted(str(d) for d in dtypes)}"
+    return None
+
+
+def _cpu_refusal(*inputs) -> str | None:
+    tensors = _tensors(inputs)
+    why = _custom_kernel_refusal(tensors)
+    if why is not None:
+        return why
+    devices = {t.device.type for t in tensors}
+    if devices != {"cpu"}:
+        return f"tensors on {sorted(devices)}, not cpu"
+    if tensors[0].dtype not in (torch.float32, torch.float64):
+        return f"dtype {tensors[0].dtype} (the CPU path takes float32/float64)"
+    return None
+
+
+def _cpu_auto_refusal(*_inputs) -> str | None:
+    if not native.available():
+        return f"C loops unavailable ({native.load_error()}); its PyTorch fallback is slower than the composite"
+    return None
+
+
+def _triton_refusal(*inputs) -> str | None:
+    tensors = _tensors(inputs)
+    why = _custom_kernel_refusal(tensors)
+    if why is not None:
+        return why
+    devices = {t.device.type for t in tensors}
+    if devices != {"cuda"} and not _runtime.triton_interpreted():
+        return f"tensors on {sorted(devices)}, not cuda (set TRITON_INTERPRET=1 to run Triton on the CPU)"
+    if tensors[0].dtype not in _TRITON_DTYPES:
+        return f"dtype {tensors[0].dtype} (the Triton kernels take float32/float16/bfloat16)"
+    d = tensors[0].shape[-1]
+    if d > _TRITON_MAX_D:
+        return f"feature dim d={d} > {_TRITON_MAX_D} (the (N, M, d) register tile would not fit)"
+    if len(tensors) > 2 and tensors[2].shape[-1] > _TRITON_MAX_E:
+        return f"value dim e={tensors[2].shape[-1]} > {_TRITON_MAX_E}"
+    ok, why = _runtime.triton_available()
+    return None if ok else why
+
+
+def _triton_auto_refusal(*inputs) -> str | None:
+    if _tensors(inputs)[0].device.type != "cuda":
+        return "only chosen automatically for CUDA tensors (the interpreter is for tests)"
+    return None
+
+
+def _naive_auto_refusal(*_inputs) -> str | None:
+    return "the ground truth for tests (it materialises (..., N, M, d))"
+
+
+def _triton_kernel(*inputs):
+    from .triton import laplace_kernel_triton
+
+    return laplace_kernel_triton(*inputs)
+
+
+def _triton_matmul(*inputs):
+    from .triton import laplace_kernel_matmul_triton
+
+    return laplace_kernel_matmul_triton(*inputs)
+
+
+KERNEL = Op("kernel", [
+    Backend("triton", _triton_kernel, _triton_refusal, _triton_auto_refusal),
+    Backend("cpu", laplace_kernel_cpu, _cpu_refusal, _cpu_auto_refusal),
+    Backend("naive", laplace_kernel_naive, auto_refusal=_naive_auto_refusal),
+    Backend("composite", laplace_kernel_composite),
+], log="laplacianformer.ops.kernel", signature="laplace_kernel(x, y, lam, kind): x (..., N, d), y (..., M, d)")
+
+KERNEL_MATMUL = Op("kernel_matmul", [
+    Backend("triton", _triton_matmul, _triton_refusal, _triton_auto_refusal),
+    Backend("cpu", laplace_kernel_matmul_cpu, _cpu_refusal, _cpu_auto_refusal),
+    Backend("naive", laplace_kernel_matmul_naive, auto_refusal=_naive_auto_refusal),
+    Backend("composite", laplace_kernel_matmul_composite),
+], log="laplacianformer.ops.kernel", signature="laplace_kernel_matmul(x, y, v, lam, kind): v (..., M, e)")
+
 
 def _check_xy(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str) -> None:
     check_float_tensor("x", x)
@@ -52,16 +152,7 @@ def _check_xy(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str) -> None:
 def laplace_kernel(x: torch.Tensor, y: torch.Tensor, lam: float = 4.0, kind: str = "laplacian") -> torch.Tensor:
     """Kernel matrix exp(-||x_i - y_j||_1 / lam).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
     _check_xy(x, y, lam, kind)
-    name = select((x, y), kind, "kernel")
-    if name == "cpu":
-        return laplace_kernel_cpu(x, y, lam, kind)
-    if name == "triton":
-        from .triton import laplace_kernel_triton
-
-        return laplace_kernel_triton(x, y, lam, kind)
-    if name == "naive":
-        return laplace_kernel_naive(x, y, lam, kind)
-    return laplace_kernel_composite(x, y, lam, kind)
+    return KERNEL(x, y, lam, kind)
 
 
 def laplace_kernel_matmul(
@@ -72,13 +163,4 @@ def laplace_kernel_matmul(
     check_float_tensor("v", v)
     if v.dim() != y.dim() or v.shape[:-1] != y.shape[:-1]:
         raise ValueError(f"v: expected shape {tuple(y.shape[:-1])} + (e,), got {tuple(v.shape)}")
-    name = select((x, y, v), kind, "matmul")
-    if name == "cpu":
-        return laplace_kernel_matmul_cpu(x, y, v, lam, kind)
-    if name == "triton":
-        from .triton import laplace_kernel_matmul_triton
-
-        return laplace_kernel_matmul_triton(x, y, v, lam, kind)
-    if name == "naive":
-        return laplace_kernel_matmul_naive(x, y, v, lam, kind)
-    return laplace_kernel_matmul_composite(x, y, v, lam, kind)
+    return KERNEL_MATMUL(x, y, v, lam, kind)

@@ -1,4 +1,4 @@
-"""Fast CPU path for the kernel primitives (DESIGN.md §1, §6).
+"""Fast CPU path for the kernel primitives (docs/DESIGN.md §1, §6).
 
     D_nm  = sum_d |x_nd - y_md|  (laplacian)  or  sum_d (x_nd - y_md)^2  (gaussian)
     C_nm  = exp(-D_nm / lam)
@@ -10,7 +10,8 @@ minimal-norm subgradient).  D and the sign reduction run in the C loops of ``nat
 (n, m, d), no (N, M, d) temporary, vectorised and threaded); exp and the products with V use PyTorch.
 Without a C compiler the same formulas run in PyTorch on row chunks small enough to stay in cache.
 The primitives are ``torch.library.custom_op``s (``laplacianformer::laplace_kernel_cpu`` ...) with fake
-implementations and registered autograd, so torch.compile traces them without graph breaks.
+implementations and registered autograd (``_autograd.py``, shared with ``triton.py``), so torch.compile
+traces them without graph breaks.
 ``laplace_kernel_matmul`` works on row chunks and never stores the N×M matrix; its backward recomputes
 each chunk of C.
 """
@@ -21,6 +22,7 @@ import torch
 
 from ..layout import last_dim_contiguous
 from . import native
+from ._autograd import register_kernel_autograd, register_matmul_autograd
 
 _CHUNK_ELEMS = 1 << 16
 _MATMUL_CHUNK_ELEMS = 1 << 22
@@ -35,9 +37,10 @@ def _use_native(x: torch.Tensor) -> bool:
 
 
 def _batch_rows(t: torch.Tensor) -> torch.Tensor:
-    """(..., R, C) -> (B, R, C): the view ``reshape`` gives when it can and its columns are adjacent (the C
-    loops take any batch and row strides, e.g. q = qk[..., :d] of a wider projection), else a contiguous
-    copy. backend.flatten_batch always copies to contiguous (the Triton layout)."""
+    """(..., R, C) -> (B, R, C), copying as little as possible: ``reshape`` (a view when the leading
+    dimensions merge, else a copy), then a contiguous copy only when the last dimension is strided. The C
+    loops take any batch and row strides (e.g. q = qk[..., :d] of a wider projection); the Triton path
+    uses ``layout.flatten_batch`` instead, which always returns a contiguous tensor."""
     return last_dim_contiguous(t.reshape(-1, t.shape[-2], t.shape[-1]))
 
 
@@ -184,32 +187,8 @@ def _(x, y, v, grad, scale, kind):
     return x.new_empty(x.shape), y.new_empty(y.shape), v.new_empty(v.shape)
 
 
-def _kernel_setup(ctx, inputs, output):
-    x, y, scale, kind = inputs
-    ctx.save_for_backward(x, y, output)
-    ctx.scale, ctx.kind = scale, kind
-
-
-def _kernel_backward(ctx, grad):
-    x, y, out = ctx.saved_tensors
-    dx, dy = _kernel_bwd_op(x, y, grad.contiguous(), out, ctx.scale, ctx.kind)
-    return dx, dy, None, None
-
-
-def _matmul_setup(ctx, inputs, output):
-    x, y, v, scale, kind = inputs
-    ctx.save_for_backward(x, y, v)
-    ctx.scale, ctx.kind = scale, kind
-
-
-def _matmul_backward(ctx, grad):
-    x, y, v = ctx.saved_tensors
-    dx, dy, dv = _matmul_bwd_op(x, y, v, grad.contiguous(), ctx.scale, ctx.kind)
-    return dx, dy, dv, None, None
-
-
-_kernel_op.register_autograd(_kernel_backward, setup_context=_kernel_setup)
-_matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+register_kernel_autograd(_kernel_op, _kernel_bwd_op)
+register_matmul_autograd(_matmul_op, _matmul_bwd_op)
 
 
 def laplace_kernel_cpu(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str = "laplacian") -> torch.Tensor:

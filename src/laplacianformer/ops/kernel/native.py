@@ -1,74 +1,19 @@
-"""Loader for the C loops of the CPU path (``csrc/pairwise.c``), built at first use.
-
-``load_library`` / ``_build`` also serve the other C sources (``ops/newton_schulz/native.py``).
-
-The source has no Python or torch headers: ``cc -O3 -march=native -fopenmp`` builds it in a few seconds
-into a per-user cache (``$LAPLACIANFORMER_CACHE`` or ``~/.cache/laplacianformer``), keyed by the source,
-the flags and the CPU's feature flags, and it is loaded with ctypes (the GIL is released during calls).
-Nothing is built at install time. When no C compiler works, ``load()`` returns None with the reason in
-``load_error()`` and the CPU path falls back to chunked PyTorch.
+"""The C loops of the CPU path (``csrc/pairwise.c``, docs/DESIGN.md §1, §6), built at first use by
+``ops/_clib.py`` (build cache, LAPLACIANFORMER_NO_NATIVE). When no C compiler works, ``load()`` returns
+None with the reason in ``load_error()`` and the CPU path falls back to chunked PyTorch.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from .._clib import CLibrary, threads_for_work
 from ..layout import last_dim_contiguous
 
 _SRC = Path(__file__).with_name("csrc") / "pairwise.c"
-_FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c99"]
-_error: list[str] = []
-
-
-def _cpu_signature() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("LAPLACIANFORMER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "laplacianformer")
-    return Path(root)
-
-
-def _build(cc: str, src: Path | None = None) -> Path:
-    """The shared library of the C source ``src`` (``pairwise.c`` by default), built into the cache unless
-    it is there already (named after the source's stem and a hash of the source, flags and CPU)."""
-    src = _SRC if src is None else src
-    key = hashlib.sha256(
-        src.read_bytes() + " ".join([cc, *_FLAGS]).encode() + _cpu_signature().encode()
-    ).hexdigest()[:16]
-    target = _cache_dir() / f"{src.stem}-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        # An absolute path: the sources include themselves through __FILE__ (once per scalar type).
-        path = str(src.resolve())
-        proc = subprocess.run([cc, *_FLAGS, "-o", tmp, path], capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
 
 
 def _signatures(lib: ctypes.CDLL) -> None:
@@ -82,51 +27,31 @@ def _signatures(lib: ctypes.CDLL) -> None:
         grad.restype = i32
 
 
-def load_library(src: Path, signatures, errors: list[str]) -> ctypes.CDLL | None:
-    """Builds (see ``_build``) and loads the C source ``src``, sets its ctypes signatures with
-    ``signatures(lib)``; None with the reason appended to ``errors`` when disabled
-    (LAPLACIANFORMER_NO_NATIVE=1), without a C compiler, or when building or loading fails."""
-    if os.environ.get("LAPLACIANFORMER_NO_NATIVE", "0") not in ("", "0"):
-        errors.append("disabled by LAPLACIANFORMER_NO_NATIVE")
-        return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        errors.append("no C compiler (cc/gcc) on PATH")
-        return None
-    try:
-        lib = ctypes.CDLL(str(_build(cc, src)))
-        signatures(lib)
-    except Exception as exc:
-        errors.append(f"{type(exc).__name__}: {exc}")
-        return None
-    return lib
+LIBRARY = CLibrary(_SRC, _signatures)
 
 
-@functools.lru_cache(maxsize=1)
 def load() -> ctypes.CDLL | None:
     """The compiled library, or None (see ``load_error()``). Set LAPLACIANFORMER_NO_NATIVE=1 to disable."""
-    return load_library(_SRC, _signatures, _error)
+    return LIBRARY.load()
+
+
+@torch.compiler.assume_constant_result
+def available() -> bool:
+    """``load() is not None``; a constant to torch.compile (which cannot trace the build)."""
+    return load() is not None
 
 
 def load_error() -> str:
     """Why ``load()`` returned None ('' when it did not)."""
-    return _error[-1] if _error else ""
+    return LIBRARY.error()
 
 
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 _CHUNKS = 64
 
 
-_SERIAL_WORK = 1 << 18
-
-
 def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
-
-
-def _threads(work: int) -> int:
-    """One thread for small problems (an OpenMP fork costs more than it saves), else torch's count."""
-    return 1 if work < _SERIAL_WORK else torch.get_num_threads()
 
 
 def _check(status: int) -> None:
@@ -158,7 +83,7 @@ def pairwise_distance_native(
         out = torch.empty(b, n, m, dtype=x.dtype)
     _check(getattr(lib, f"lf_dist_{_SUFFIX[x.dtype]}")(
         _ptr(x), x.stride(0), x.stride(1), _ptr(y), y.stride(0), y.stride(1), _ptr(out),
-        b, n, m, d, scale, int(l1), _threads(b * n * m * d),
+        b, n, m, d, scale, int(l1), threads_for_work(b * n * m * d),
     ))
     return out
 
@@ -190,6 +115,6 @@ def pairwise_distance_grad_native(
     _check(getattr(lib, f"lf_grad_{_SUFFIX[x.dtype]}")(
         _ptr(x), x.stride(0), x.stride(1), _ptr(y), y.stride(0), y.stride(1), _ptr(g),
         None if c is None else _ptr(c), _ptr(dx), dx.stride(0), dx.stride(1), _ptr(dy),
-        b, n, m, d, chunks, rows, scale, int(l1), _threads(b * n * m * d),
+        b, n, m, d, chunks, rows, scale, int(l1), threads_for_work(b * n * m * d),
     ))
     return dx, dy

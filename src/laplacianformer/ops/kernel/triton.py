@@ -1,4 +1,4 @@
-"""Fused Triton kernels for the kernel primitives (DESIGN.md §1, §6); formulas in ``cpu.py``.
+"""Fused Triton kernels for the kernel primitives (docs/DESIGN.md §1, §6); formulas in ``cpu.py``.
 
 - ``laplace_kernel_fwd_kernel``: C = exp(scale · D) tile by tile (scale = -1/lam), D the L1 or squared
   L2 distance, fused in one pass (no raw-distance round trip).
@@ -11,7 +11,7 @@
 Inputs float32/float16/bfloat16, accumulation in float32, outputs in the input dtype. Products with V
 run as float32 ``tl.dot`` (IEEE for float32 inputs, TF32 on GPU for half inputs). The host functions
 are registered with ``torch.library.triton_op`` (``laplacianformer::...``) so torch.compile traces them,
-with autograd through ``register_autograd``.
+with autograd through ``_autograd.py`` (the glue shared with ``cpu.py``). Dispatch: ``kernel/__init__.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from .backend import flatten_batch
+from ..layout import flatten_batch
+from ._autograd import register_kernel_autograd, register_matmul_autograd
 
 _SPLITS = 16
 
@@ -90,7 +91,7 @@ def laplace_matmul_fwd_kernel(
 @triton.jit
 def _grad_tile(G, C, V, rn, rm, re, b, N, M, E, x, y, scale, go,
                L1: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr):
-    """dL/dD on one (BLOCK_N, BLOCK_M) tile, and the recomputed C (or the given C) and V tile."""
+    """dL/dD on one (BLOCK_N, BLOCK_M) tile, and the recomputed (HAS_V) or loaded C tile."""
     mask = (rn[:, None] < N) & (rm[None, :] < M)
     if HAS_V:
         c = tl.exp(_distance_tile(x, y, L1) * scale)
@@ -105,8 +106,7 @@ def _grad_tile(G, C, V, rn, rm, re, b, N, M, E, x, y, scale, go,
         offs = b * N * M + rn[:, None] * M + rm[None, :]
         c = tl.load(C + offs, mask=mask, other=0.0).to(tl.float32)
         g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-        v = c
-    return g * c * scale, c, v
+    return g * c * scale, c
 
 
 @triton.jit
@@ -130,7 +130,7 @@ def laplace_dx_kernel(
         rm = m0 + tl.arange(0, BLOCK_M)
         y = tl.load(Y + b * M * D + rm[:, None] * D + rd[None, :], mask=(rm[:, None] < M) & (rd[None, :] < D),
                     other=0.0).to(tl.float32)
-        gp, c, v = _grad_tile(G, C, V, rn, rm, re, b, N, M, E, x, y, scale, go, L1, HAS_V, IEEE)
+        gp, _ = _grad_tile(G, C, V, rn, rm, re, b, N, M, E, x, y, scale, go, L1, HAS_V, IEEE)
         dx += _sign_weighted(x, y, gp, L1, 1)
     tl.store(DX + b * N * D + rn[:, None] * D + rd[None, :], dx.to(DX.dtype.element_ty), mask=xmask)
 
@@ -159,7 +159,7 @@ def laplace_dy_kernel(
         if HAS_V:
             go = tl.load(GO + b * N * E + rn[:, None] * E + re[None, :], mask=(rn[:, None] < N) & (re[None, :] < E),
                          other=0.0).to(tl.float32)
-        gp, c, v = _grad_tile(G, C, V, rn, rm, re, b, N, M, E, x, y, scale, go, L1, HAS_V, IEEE)
+        gp, c = _grad_tile(G, C, V, rn, rm, re, b, N, M, E, x, y, scale, go, L1, HAS_V, IEEE)
         dy -= _sign_weighted(x, y, gp, L1, 0)
         if HAS_V:
             if IEEE:
@@ -259,32 +259,8 @@ def laplace_matmul_bwd(
     return _backward(x, y, None, None, v, grad.contiguous(), scale, l1)
 
 
-def _kernel_setup(ctx, inputs, output):
-    x, y, scale, l1 = inputs
-    ctx.save_for_backward(x, y, output)
-    ctx.scale, ctx.l1 = scale, l1
-
-
-def _kernel_backward(ctx, grad):
-    x, y, out = ctx.saved_tensors
-    dx, dy = laplace_kernel_bwd(x, y, grad, out, ctx.scale, ctx.l1)
-    return dx, dy, None, None
-
-
-def _matmul_setup(ctx, inputs, output):
-    x, y, v, scale, l1 = inputs
-    ctx.save_for_backward(x, y, v)
-    ctx.scale, ctx.l1 = scale, l1
-
-
-def _matmul_backward(ctx, grad):
-    x, y, v = ctx.saved_tensors
-    dx, dy, dv = laplace_matmul_bwd(x, y, v, grad, ctx.scale, ctx.l1)
-    return dx, dy, dv, None, None
-
-
-laplace_kernel_fwd.register_autograd(_kernel_backward, setup_context=_kernel_setup)
-laplace_matmul_fwd.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+register_kernel_autograd(laplace_kernel_fwd, laplace_kernel_bwd)
+register_matmul_autograd(laplace_matmul_fwd, laplace_matmul_bwd)
 
 
 def laplace_kernel_triton(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str = "laplacian") -> torch.Tensor:

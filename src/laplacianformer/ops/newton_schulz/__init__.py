@@ -1,55 +1,158 @@
-"""Regularised inverse W⁺ ≈ (W + eps·I)^{-1} of the landmark kernel matrix (DESIGN.md §3).
+"""Regularised inverse W⁺ ≈ (W + eps·I)^{-1} of the landmark kernel matrix (docs/DESIGN.md §3).
 
 ``newton_schulz_pinv`` is the paper's solver. Its default backward is implicit: for V = P^{-1},
 dL/dW = -V^T (dL/dV) V^T, evaluated at the returned V and never differentiated through the iterations
 (the authors' and SOFT's choice). When the iteration has not converged this differs from the gradient
-of the truncated iteration; ``backward="unrolled"`` gives that one instead.
+of the truncated iteration; ``backward="unrolled"`` gives that one instead (always the torch loop).
 ``solver="cg"`` (ablation) and ``solver="exact"`` (tests; torch.linalg.solve) share the implicit backward.
-On CUDA, with m <= 128 and no ``tol``, the iteration and the implicit backward run in the batched Triton
-kernels of ``triton.py`` (selection "auto" or "triton" of ``laplacianformer.ops.kernel.backend``).
-On the CPU, float32/float64 iterations without autograd run as one call of the C loop of ``native.py``
-(selection "auto" or "cpu"; see ``naive.newton_schulz_iterate``); the implicit backward stays in torch.
+
+Two dispatched ops (``ops/dispatch.py``, docs/DESIGN.md §6), backends in the order automatic selection
+tries them:
+- ``newton_schulz`` (``newton_schulz_iterate(p, iters, tol, symmetric)``): ``triton`` (``triton.py``,
+  chosen automatically for CUDA tensors; m <= 128, no ``tol``; no keep-best safeguard), ``cpu`` (the C
+  loop of ``native.py``: symmetric float32/float64 CPU tensors needing no gradient, outside graph capture
+  and dispatch modes), ``torch`` (``naive.newton_schulz_iterate_reference``, the reference).
+- ``newton_schulz_grad`` (the implicit backward, ``implicit_grad(v, grad_v)``): ``triton``, ``torch``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .. import _runtime
+from ..dispatch import Backend, Op
 from ..validation import SOLVERS, check_choice, check_float_tensor, check_positive, check_positive_int
+from . import native
 from .cg import conjugate_gradient_inverse
-from .naive import initial_guess, newton_schulz_iterate, newton_schulz_pinv_unrolled, pinv_residual, regularise
+from .naive import (
+    CHECK_EVERY,
+    initial_guess,
+    newton_schulz_iterate_reference,
+    newton_schulz_pinv_unrolled,
+    pinv_residual,
+    regularise,
+)
 
 __all__ = [
     "newton_schulz_pinv",
     "regularised_inverse",
+    "newton_schulz_iterate",
+    "implicit_grad",
     "pinv_residual",
     "conjugate_gradient_inverse",
     "newton_schulz_pinv_unrolled",
     "initial_guess",
     "regularise",
+    "NEWTON_SCHULZ",
+    "NEWTON_SCHULZ_GRAD",
 ]
 
+TRITON_MAX_M = 128
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_NATIVE_DTYPES = (torch.float32, torch.float64)
 
-def _use_triton(p: torch.Tensor, tol: float | None = None) -> bool:
-    from ..kernel.backend import _onnx_exporting, get_backend, triton_available
 
-    return (
-        p.is_cuda
-        and tol is None
-        and p.shape[-1] <= 128
-        and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
-        and get_backend() in ("auto", "triton")
-        and triton_available()[0]
-        and not _onnx_exporting()
-    )
+def _triton_refusal(p: torch.Tensor, *_rest) -> str | None:
+    """What both Triton kernels need (p: the solve's P or the backward's V, (..., m, m))."""
+    if _runtime.onnx_exporting():
+        return "torch.onnx export in progress (custom kernels are not exportable)"
+    if p.device.type != "cuda" and not _runtime.triton_interpreted():
+        return f"tensor on {p.device.type}, not cuda (set TRITON_INTERPRET=1 to run Triton on the CPU)"
+    if p.dtype not in _TRITON_DTYPES:
+        return f"dtype {p.dtype} (the Triton kernels take float32/float16/bfloat16)"
+    if p.shape[-1] > TRITON_MAX_M:
+        return f"m={p.shape[-1]} > {TRITON_MAX_M} (one matrix per program must fit in registers)"
+    ok, why = _runtime.triton_available()
+    return None if ok else why
+
+
+def _triton_solve_refusal(p: torch.Tensor, iters: int = 20, tol: float | None = None, symmetric: bool = True):
+    if tol is not None:
+        return "tol given (the Triton kernel runs a fixed number of steps, no residual checks)"
+    if not symmetric:
+        return "symmetric=False (the Triton kernel starts from alpha·P, the symmetric guess)"
+    return _triton_refusal(p)
+
+
+def _triton_auto_refusal(p: torch.Tensor, *_rest) -> str | None:
+    if p.device.type != "cuda":
+        return "only chosen automatically for CUDA tensors (the interpreter is for tests)"
+    return None
+
+
+def _cpu_refusal(p: torch.Tensor, iters: int = 20, tol: float | None = None, symmetric: bool = True):
+    why = _runtime.capture_reason(modes=True)  # first: under torch.compile dynamo folds it
+    if why is not None:
+        return why
+    if not symmetric:
+        return "symmetric=False (the C loop assumes symmetric P)"
+    if type(p) is not torch.Tensor:
+        return f"a tensor subclass ({type(p).__name__}); the torch loop runs on it"
+    if not p.is_cpu:
+        return f"tensor on {p.device.type}, not cpu"
+    if p.dtype not in _NATIVE_DTYPES:
+        return f"dtype {p.dtype} (the C loop takes float32/float64)"
+    if p.layout is not torch.strided:
+        return f"layout {p.layout}, not strided"
+    if p.numel() == 0:
+        return "empty input"
+    if p.requires_grad and torch.is_grad_enabled():
+        return "p requires grad (the C loop is not differentiable; backward='unrolled' or autograd through it)"
+    if not native.available():
+        return f"C loop unavailable ({native.load_error()})"
+    return None
+
+
+def _solve_triton(p, iters, tol=None, symmetric=True):
+    from .triton import newton_schulz_iterate_triton
+
+    return newton_schulz_iterate_triton(p, iters)
+
+
+def _solve_cpu(p, iters, tol=None, symmetric=True):
+    return native.newton_schulz_native(p, iters, tol, CHECK_EVERY)
+
+
+def _grad_triton(v, grad_v):
+    from .triton import implicit_grad_triton
+
+    return implicit_grad_triton(v, grad_v)
+
+
+def _grad_torch(v, grad_v):
+    vt = v.transpose(-1, -2)
+    return -(vt @ grad_v @ vt)
+
+
+NEWTON_SCHULZ = Op("newton_schulz", [
+    Backend("triton", _solve_triton, _triton_solve_refusal, _triton_auto_refusal),
+    Backend("cpu", _solve_cpu, _cpu_refusal),
+    Backend("torch", newton_schulz_iterate_reference),
+], signature="newton_schulz_iterate(p, iters, tol, symmetric): p (..., m, m)")
+
+NEWTON_SCHULZ_GRAD = Op("newton_schulz_grad", [
+    Backend("triton", _grad_triton, _triton_refusal, _triton_auto_refusal),
+    Backend("torch", _grad_torch),
+], signature="implicit_grad(v, grad_v): v, grad_v (..., m, m)")
+
+
+def newton_schulz_iterate(
+    p: torch.Tensor, iters: int, tol: float | None = None, symmetric: bool = True
+) -> torch.Tensor:
+    """V ≈ P^{-1} by ``iters`` steps of V <- 2V - V (P V).  p: (..., m, m) -> (..., m, m).
+
+    The op ``newton_schulz``: ``naive.newton_schulz_iterate_reference`` (its docstring has the check
+    schedule and the keep-best rule), or the same iteration as one C call or one Triton launch."""
+    return NEWTON_SCHULZ(p, iters, tol, symmetric)
+
+
+def implicit_grad(v: torch.Tensor, grad_v: torch.Tensor) -> torch.Tensor:
+    """dL/dW = -Vᵀ (dL/dV) Vᵀ, the implicit backward (op ``newton_schulz_grad``).  v, grad_v: (..., m, m)."""
+    return NEWTON_SCHULZ_GRAD(v, grad_v)
 
 
 def _solve(p: torch.Tensor, solver: str, iters: int, tol: float | None) -> torch.Tensor:
     if solver == "newton_schulz":
-        if _use_triton(p, tol):
-            from .triton import newton_schulz_iterate_triton
-
-            return newton_schulz_iterate_triton(p, iters)
         return newton_schulz_iterate(p, iters, tol)
     if solver == "cg":
         return conjugate_gradient_inverse(p, iters, tol)
@@ -58,7 +161,7 @@ def _solve(p: torch.Tensor, solver: str, iters: int, tol: float | None) -> torch
 
 
 class _ImplicitInverse(torch.autograd.Function):
-    """V = solve(W + eps·I) forward; dL/dW = -V^T G V^T backward (DESIGN.md §3)."""
+    """V = solve(W + eps·I) forward; dL/dW = -V^T G V^T backward (docs/DESIGN.md §3)."""
 
     @staticmethod
     def forward(ctx, w, eps, solver, iters, tol):
@@ -69,12 +172,7 @@ class _ImplicitInverse(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_v):
         (v,) = ctx.saved_tensors
-        if _use_triton(v):
-            from .triton import implicit_grad_triton
-
-            return implicit_grad_triton(v, grad_v), None, None, None, None
-        vt = v.transpose(-1, -2)
-        return -(vt @ grad_v @ vt), None, None, None, None
+        return implicit_grad(v, grad_v), None, None, None, None
 
 
 def regularised_inverse(
@@ -118,7 +216,7 @@ def newton_schulz_pinv(
     backward: str = "implicit",
     return_residual: bool = False,
 ):
-    """Newton–Schulz pseudo-inverse of W + eps·I (DESIGN.md §3).
+    """Newton–Schulz pseudo-inverse of W + eps·I (docs/DESIGN.md §3).
 
     w: (..., m, m) symmetric landmark kernel matrices.  Returns V (..., m, m), and with
     ``return_residual=True`` also ||I - P V||_F (...,) for diagnostics.

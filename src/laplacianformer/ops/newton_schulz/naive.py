@@ -1,13 +1,11 @@
-"""Newton–Schulz pseudo-inverse, plain PyTorch (DESIGN.md §3).
+"""Newton–Schulz pseudo-inverse, plain PyTorch: the reference of the solver (docs/DESIGN.md §3).
 
 P = W + eps·I, V0 = alpha·P with alpha = 1.8 / (max_i sum_j |P_ij|)^2 computed per matrix, then
 V <- 2V - V P V.  For symmetric P, sigma_max(P) <= max row sum, so alpha < 2 / sigma_max^2 and the
 iteration converges; for a non-symmetric P we start from alpha·P^T with alpha = 1.8 / (||P||_1 ||P||_inf).
 
-``newton_schulz_iterate`` runs the C loop of ``native.py`` (one call per solve) for symmetric float32/float64
-CPU tensors that need no gradient, outside graph capture (torch.compile, tracing, ONNX export) and
-dispatch modes (e.g. FlopCounterMode), on kernel backend "auto" or "cpu"; otherwise, or without a C
-compiler, the torch loop ``newton_schulz_iterate_reference`` (the reference, differentiable).
+``newton_schulz_iterate_reference`` is the torch loop (differentiable), the reference backend "torch" of
+the dispatched ``newton_schulz_iterate`` in ``__init__.py``.
 """
 
 from __future__ import annotations
@@ -42,44 +40,7 @@ def pinv_residual(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 CHECK_EVERY = 5
-"""Steps between residual checks in ``newton_schulz_iterate`` (each check costs a few small ops)."""
-
-
-_NATIVE_DTYPES = (torch.float32, torch.float64)
-
-
-def _use_native(p: torch.Tensor, symmetric: bool) -> bool:
-    """Whether ``newton_schulz_iterate`` runs the C loop (see the module docstring)."""
-    from ..normalization import _graph_capture
-
-    # first (it asks is_compiling first): dynamo folds it and traces none of the checks below
-    if _graph_capture():
-        return False
-    if not (symmetric and type(p) is torch.Tensor and p.is_cpu and p.dtype in _NATIVE_DTYPES):
-        return False  # subclasses (FakeTensor, functorch wrappers, Parameter): the torch loop
-    if p.layout is not torch.strided or p.numel() == 0 or (p.requires_grad and torch.is_grad_enabled()):
-        return False
-    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
-        return False  # a mode (FlopCounterMode, FakeTensorMode, ...) must see the ops
-    from ..kernel.backend import get_backend
-    from . import native
-
-    return get_backend() in ("auto", "cpu") and native.load() is not None
-
-
-def newton_schulz_iterate(
-    p: torch.Tensor, iters: int, tol: float | None = None, symmetric: bool = True
-) -> torch.Tensor:
-    """V ≈ P^{-1} by `iters` steps of V <- 2V - V (P V).  p: (..., m, m) -> (..., m, m).
-
-    ``newton_schulz_iterate_reference`` (its docstring has the check schedule and the keep-best rule),
-    run as one C call where it can (see the module docstring), else in torch.
-    """
-    if _use_native(p, symmetric):
-        from .native import newton_schulz_native
-
-        return newton_schulz_native(p, iters, tol, CHECK_EVERY)
-    return newton_schulz_iterate_reference(p, iters, tol, symmetric)
+"""Steps between residual checks of the torch loop and the C loop (each check costs a few small ops)."""
 
 
 def newton_schulz_iterate_reference(

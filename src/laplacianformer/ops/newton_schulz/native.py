@@ -1,24 +1,21 @@
-"""Loader and wrapper for the C Newton–Schulz loop of the CPU path (``csrc/newton_schulz.c``).
-
-Built at first use and cached like the kernel's C loops (``ops/kernel/native.py``, whose build helper
-this reuses); ctypes releases the GIL during a call. ``newton_schulz_native`` is one C call per solve,
-float32/float64 CPU tensors, symmetric P; it gives ``naive.newton_schulz_iterate_reference``'s result to
-float rounding (same alpha, check schedule, keep-best rule and tol stop). When no C compiler works,
-``load()`` returns None with the reason in ``load_error()`` and the torch loop runs instead.
+"""The C Newton–Schulz loop of the CPU path (``csrc/newton_schulz.c``, docs/DESIGN.md §3, §6), built at
+first use by ``ops/_clib.py`` like the kernel's C loops; ctypes releases the GIL during a call.
+``newton_schulz_native`` is one C call per solve, float32/float64 CPU tensors, symmetric P; it gives
+``naive.newton_schulz_iterate_reference``'s result to float rounding (same alpha, check schedule,
+keep-best rule and tol stop). When no C compiler works, ``load()`` returns None with the reason in
+``load_error()`` and the torch loop runs instead.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 from pathlib import Path
 
 import torch
 
-from ..kernel.native import _threads, load_library
+from .._clib import CLibrary, threads_for_work
 
 _SRC = Path(__file__).with_name("csrc") / "newton_schulz.c"
-_error: list[str] = []
 
 
 def _signatures(lib: ctypes.CDLL) -> None:
@@ -29,21 +26,29 @@ def _signatures(lib: ctypes.CDLL) -> None:
         fn.restype = i32
 
 
-@functools.lru_cache(maxsize=1)
+LIBRARY = CLibrary(_SRC, _signatures)
+
+
 def load() -> ctypes.CDLL | None:
     """The compiled library, or None (see ``load_error()``). Set LAPLACIANFORMER_NO_NATIVE=1 to disable."""
-    return load_library(_SRC, _signatures, _error)
+    return LIBRARY.load()
+
+
+@torch.compiler.assume_constant_result
+def available() -> bool:
+    """``load() is not None``; a constant to torch.compile (which cannot trace the build)."""
+    return load() is not None
 
 
 def load_error() -> str:
     """Why ``load()`` returned None ('' when it did not)."""
-    return _error[-1] if _error else ""
+    return LIBRARY.error()
 
 
 def threads_for(g: int, m: int, iters: int) -> int:
-    """OpenMP threads for a solve: ``_threads`` of the multiply-adds (2 m³ per step and matrix), at most
-    one per matrix."""
-    return max(1, min(g, _threads(2 * g * max(1, iters) * m**3)))
+    """OpenMP threads for a solve: ``threads_for_work`` of the multiply-adds (2 m³ per step and matrix), at
+    most one per matrix."""
+    return max(1, min(g, threads_for_work(2 * g * max(1, iters) * m**3)))
 
 
 def newton_schulz_native(

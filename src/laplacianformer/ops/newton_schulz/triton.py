@@ -1,10 +1,16 @@
-"""Batched Newton–Schulz Triton kernels (DESIGN.md §3), one program per (batch, head) matrix, m <= 128.
+"""Batched Newton–Schulz Triton kernels (docs/DESIGN.md §3, §6), one program per (batch, head) matrix, m <= 128.
 
 - ``newton_schulz_fwd_kernel``: P = W + eps·I (done by the caller), alpha = 1.8 / (max_i sum_j |P_ij|)^2
   per matrix, V0 = alpha·P, then ``iters`` steps of V <- 2V - V (P V), all in registers with float32
   accumulation; the matrix is zero-padded to a power of two >= 16 (the padding stays zero).
 - ``implicit_grad_kernel``: dL/dW = -Vᵀ G Vᵀ, the implicit backward of ``_ImplicitInverse``.
-Inputs float32/float16/bfloat16; results in the input dtype. Reference: ``naive.newton_schulz_iterate``.
+Inputs float32/float16/bfloat16; results in the input dtype.
+
+Unlike the reference ``naive.newton_schulz_iterate_reference`` (and the C loop), this kernel measures no
+residual: it has neither the ``tol`` stop nor the keep-best safeguard, and returns the last iterate. Where
+the reference's residual keeps falling at every check (well-conditioned P, or eps > 0 as in the default
+attention) that is the reference's result to rounding; where rounding takes over (e.g. float32,
+cond(P) > 1e7, eps = 0) the reference keeps an earlier iterate and this kernel may return a diverged one.
 """
 
 from __future__ import annotations
@@ -78,7 +84,8 @@ def implicit_grad(v: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
 
 
 def newton_schulz_iterate_triton(p: torch.Tensor, iters: int) -> torch.Tensor:
-    """Same result as ``naive.newton_schulz_iterate(p, iters)`` (symmetric P).  p: (..., m, m)."""
+    """``iters`` Newton–Schulz steps, last iterate (no keep-best safeguard, see the module docstring).
+    p: (..., m, m) symmetric -> (..., m, m)."""
     m = p.shape[-1]
     return newton_schulz_fwd(p.reshape(-1, m, m).contiguous(), int(iters)).reshape(p.shape)
 

@@ -1,0 +1,115 @@
+"""Build-at-first-use loader of the plain C sources of the CPU paths (docs/DESIGN.md §6).
+
+``CLibrary(src, signatures)`` serves ``ops/kernel/csrc/pairwise.c`` and
+``ops/newton_schulz/csrc/newton_schulz.c``. The sources have no Python or torch headers:
+``cc -O3 -march=native -fopenmp`` builds one in a few seconds into a per-user cache
+(``$LAPLACIANFORMER_CACHE`` or ``~/.cache/laplacianformer``), keyed by the source, the flags and the CPU's
+feature flags, and it is loaded with ctypes (the GIL is released during calls). Nothing is built at
+install time. When disabled (LAPLACIANFORMER_NO_NATIVE=1) or when no C compiler works, ``load()``
+returns None with the reason in ``error()`` and the callers run their PyTorch code instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c99"]
+SERIAL_WORK = 1 << 18
+"""Below this many multiply-adds a C call runs on one thread (an OpenMP fork costs more than it saves)."""
+
+
+def threads_for_work(work: int) -> int:
+    """One thread for small problems, else torch's thread count."""
+    return 1 if work < SERIAL_WORK else torch.get_num_threads()
+
+
+def _cpu_signature() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("LAPLACIANFORMER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "laplacianformer")
+    return Path(root)
+
+
+def build(cc: str, src: Path) -> Path:
+    """The shared library of the C source ``src``, built into the cache unless it is there already (named
+    after the source's stem and a hash of the source, flags and CPU)."""
+    key = hashlib.sha256(
+        src.read_bytes() + " ".join([cc, *FLAGS]).encode() + _cpu_signature().encode()
+    ).hexdigest()[:16]
+    target = _cache_dir() / f"{src.stem}-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        # An absolute path: the sources include themselves through __FILE__ (once per scalar type).
+        path = str(src.resolve())
+        proc = subprocess.run([cc, *FLAGS, "-o", tmp, path], capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+class CLibrary:
+    """The C source ``src`` built and loaded once, with its ctypes signatures set by ``signatures(lib)``."""
+
+    def __init__(self, src: Path, signatures: Callable[[ctypes.CDLL], None]):
+        self.src = src
+        self.signatures = signatures
+        self._lib: ctypes.CDLL | None = None
+        self._error = ""
+        self._tried = False
+        self._lock = threading.Lock()
+
+    def load(self) -> ctypes.CDLL | None:
+        """The compiled library, or None (see ``error()``); the first call builds it."""
+        if not self._tried:
+            with self._lock:
+                if not self._tried:
+                    self._lib = self._load()
+                    self._tried = True
+        return self._lib
+
+    def error(self) -> str:
+        """Why ``load()`` returned None ('' when it did not)."""
+        return self._error
+
+    def _load(self) -> ctypes.CDLL | None:
+        if os.environ.get("LAPLACIANFORMER_NO_NATIVE", "0") not in ("", "0"):
+            self._error = "disabled by LAPLACIANFORMER_NO_NATIVE"
+            return None
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            self._error = "no C compiler (cc/gcc) on PATH"
+            return None
+        try:
+            lib = ctypes.CDLL(str(build(cc, self.src)))
+            self.signatures(lib)
+        except Exception as exc:
+            self._error = f"{type(exc).__name__}: {exc}"
+            return None
+        return lib
