@@ -1,11 +1,10 @@
 """nn.Modules, one per attention mechanism, and the token-grid convolution helpers."""
 
 from .grid_conv import conv2d_channels_last, conv_tokens, grid_to_tokens, tokens_to_grid
-from .laplacian_attention import LaplacianAttention, effective_landmarks
+from .laplacian_attention import LaplacianAttention
 
 __all__ = [
     "LaplacianAttention",
-    "effective_landmarks",
     "conv2d_channels_last",
     "conv_tokens",
     "grid_to_tokens",
