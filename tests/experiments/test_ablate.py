@@ -33,7 +33,7 @@ def test_qk_scale_resolves_powers_of_head_dim():
 
 def test_every_variant_is_a_valid_attention_config():
     from laplacianformer import LaplacianAttention
-    from laplacianformer.models.laplacianformer import ATTENTIONS, LAPLACIAN_ATTN_KWARGS
+    from laplacianformer.layers.token_mixer import ATTENTIONS, LAPLACIAN_ATTN_KWARGS
 
     for a in ABLATIONS.values():
         for v in a.variants:

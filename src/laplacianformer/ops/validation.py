@@ -95,7 +95,7 @@ def check_hw(hw, n: int) -> tuple[int, int] | None:
 
 
 def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int, *, clamp: bool = False):
-    """The landmark layout to use: None (exact kernel), an int m (1-D) or a grid (lh, lw) (2-D) (DESIGN.md §2).
+    """The landmark layout to use: None (exact kernel), an int m (1-D) or a grid (lh, lw) (2-D) (docs/DESIGN.md §2).
 
     landmarks: None, an int, or a (rows, cols) grid; hw: the (h, w) token grid or None (1-D, n tokens).
     One rule for the operator and the modules: with a 2-D grid an int m must be a perfect square and means
