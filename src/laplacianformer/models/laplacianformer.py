@@ -156,6 +156,12 @@ def _take_indices(num: int, indices) -> tuple[list[int], int]:
     return take, max(take)
 
 
+def _check_global_pool(global_pool: str) -> str:
+    if global_pool not in ("avg", ""):
+        raise ValueError(f"global_pool: expected 'avg' or '', got {global_pool!r}")
+    return global_pool
+
+
 def _per_stage(name: str, value, n: int) -> tuple:
     if isinstance(value, (int, float)):
         return (value,) * n
@@ -210,8 +216,7 @@ class LaplacianFormer(nn.Module):
     ) -> None:
         super().__init__()
         mixer = get_token_mixer(attn, attn_kwargs)
-        if global_pool not in ("avg", ""):
-            raise ValueError(f"global_pool: expected 'avg' or '', got {global_pool!r}")
+        _check_global_pool(global_pool)
         if stem_stride not in (1, 2, 4):
             raise ValueError(f"stem_stride: expected 1, 2 or 4, got {stem_stride!r}")
         if in_chans < 1 or num_classes < 0:
@@ -302,9 +307,7 @@ class LaplacianFormer(nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """New head with ``num_classes`` outputs (0: identity); ``global_pool`` "avg" or "" (4-D maps)."""
         if global_pool is not None:
-            if global_pool not in ("avg", ""):
-                raise ValueError(f"global_pool: expected 'avg' or '', got {global_pool!r}")
-            self.global_pool = global_pool
+            self.global_pool = _check_global_pool(global_pool)
         self.num_classes = num_classes
         self.config.update(num_classes=num_classes, global_pool=self.global_pool)
         ref = next(self.parameters())
