@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="Fashion-MNIST: micro model with laplacian/gaussian/softmax attention")
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    p.add_argument("--attns", default="laplacian,gaussian,softmax", help="comma-separated attention variants")
+    p.add_argument("--attns", default=",".join(specs["--attn"]["choices"]), help="comma-separated attention variants")
     _add_flags(p, specs, None, "--train-subset", "--test-subset", "--epochs", "--img-size", "--batch-size",
                "--time-budget", "--threads", time_budget=dict(help="seconds per variant (safety stop)"),
                threads=dict(help="threads per training run (default 1)"))

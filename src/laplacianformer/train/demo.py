@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..layers.token_mixer import ATTENTIONS
 from .plots import plot_curves
 
 DEFAULTS = dict(train_subset=8000, test_subset=2000, epochs=3, img_size=32, batch_size=64, lr=1.5e-3, threads=1)
@@ -51,7 +52,7 @@ def markdown_table(rows: list[dict]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def run_demo(out="runs/demo", attns=("laplacian", "gaussian", "softmax"), data="fashion-mnist", quick=False,
+def run_demo(out="runs/demo", attns=ATTENTIONS, data="fashion-mnist", quick=False,
              progress=True, **overrides) -> list[dict]:
     """Trains and evaluates each variant; returns the table rows (also written to ``out``)."""
     budget = dict(QUICK if quick else DEFAULTS)
