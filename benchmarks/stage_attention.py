@@ -32,14 +32,13 @@ from benchmarks.common import (  # noqa: E402
     add_timing_options, markdown_table, report_header, results_stem, start_timing_run, synchronize, write_json,
 )
 from benchmarks.model_throughput import time_interleaved  # noqa: E402
-from laplacianformer.layers.laplacian_attention import effective_landmarks  # noqa: E402
+from laplacianformer.layers.token_mixer import ATTENTIONS  # noqa: E402
+from laplacianformer.ops.validation import resolve_landmarks  # noqa: E402
 from laplacianformer.models import count_macs, create_model  # noqa: E402
 from laplacianformer.ops.attention import pool_landmarks  # noqa: E402
 from laplacianformer.ops.kernel import laplace_kernel  # noqa: E402
 from laplacianformer.ops.newton_schulz import regularised_inverse  # noqa: E402
 from laplacianformer.ops.normalization import normalize_nystrom  # noqa: E402
-
-ATTENTIONS = ("laplacian", "gaussian", "softmax")
 
 
 class LayerOnGrid(torch.nn.Module):
@@ -144,7 +143,7 @@ def laplacian_pieces(model: str, stage: int, shape: dict, batch: int, device: st
     hw = shape["hw"]
     x = torch.randn(batch, shape["tokens"], shape["channels"], device=device)
     lam = opts["lam"] / (opts["qk_scale"] or layer.head_dim ** -0.5)
-    grid = effective_landmarks(layer.landmarks, hw, shape["tokens"])
+    grid = resolve_landmarks(layer.landmarks, hw, shape["tokens"], clamp=True)
     if grid is None:
         return None
     times: dict[str, list[float]] = {}

@@ -1,9 +1,13 @@
 """LaplacianFormer: linear-cost Laplacian-kernel Nyström attention for vision (arXiv 2604.20368).
 
     from laplacianformer import laplacian_attention, LaplacianAttention
+    model = laplacianformer.create_model("laplacianformer_tiny", num_classes=10)
+    laplacianformer.save_pretrained(model, "out/tiny")
+    model = laplacianformer.from_pretrained("out/tiny")        # or a training run directory
 """
 
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint, save_weights
+from .hub import from_pretrained, save_pretrained
 from .layers import LaplacianAttention
 from .models import create_model, format_model_info, list_models, model_info  # registers timm models when timm is installed
 from .ops import laplace_kernel, laplace_kernel_matmul, laplacian_attention, newton_schulz_pinv, regularised_inverse
@@ -12,6 +16,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "create_model",
+    "from_pretrained",
+    "save_pretrained",
     "list_models",
     "model_info",
     "format_model_info",

@@ -28,17 +28,17 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(message)
 
 
-def _json_dict(flag: str):
-    def parse(text: str) -> dict:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"lam\": 2.0}}' ({e.msg})")
-        if not isinstance(value, dict):
-            raise argparse.ArgumentTypeError("expected a JSON object such as '{\"lam\": 2.0}'")
-        return value
-    parse.__name__ = "JSON object"
-    return parse
+def _json_dict(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"lam\": 2.0}}' ({e.msg})")
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object such as '{\"lam\": 2.0}'")
+    return value
+
+
+_json_dict.__name__ = "JSON object"
 
 
 def _positive_int(text: str) -> int:
@@ -68,72 +68,89 @@ def _positive_float(text: str) -> float:
     return v
 
 
-def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    """Training flags; every default is None so only flags given on the command line override a config."""
-    S = argparse.SUPPRESS
-    p.add_argument("--model", default=S, help="registered model name (default laplacianformer_micro)")
-    p.add_argument("--attn", choices=("laplacian", "gaussian", "softmax"), default=S, help="token mixer")
-    p.add_argument("--attn-kwargs", type=_json_dict("--attn-kwargs"), default=S,
-                   help='JSON object passed to every attention layer, e.g. \'{"lam": 2.0, "iters": 10}\'')
-    p.add_argument("--model-kwargs", type=_json_dict("--model-kwargs"), default=S,
-                   help='JSON object of model overrides, e.g. \'{"stem_stride": 4}\'')
-    p.add_argument("--data", default=S, help="fashion-mnist (default), digits, or an ImageFolder directory")
-    p.add_argument("--img-size", type=_positive_int, default=S, help="square input size in pixels (default 32)")
-    p.add_argument("--in-chans", type=int, default=S, help="1 or 3 (default: from the data)")
-    p.add_argument("--train-subset", type=_positive_int, default=S, help="use a seeded subset of N training images")
-    p.add_argument("--test-subset", type=_positive_int, default=S, help="use a seeded subset of N test images")
-    p.add_argument("--epochs", type=_positive_int, default=S)
-    p.add_argument("--batch-size", type=_positive_int, default=S)
-    p.add_argument("--eval-batch-size", type=_positive_int, default=S)
-    p.add_argument("--lr", type=_positive_float, default=S, help="peak AdamW learning rate (default 1e-3)")
-    p.add_argument("--min-lr", type=_nonneg_float, default=S)
-    p.add_argument("--weight-decay", type=_nonneg_float, default=S)
-    p.add_argument("--warmup-epochs", type=_nonneg_float, default=S)
-    p.add_argument("--label-smoothing", type=_nonneg_float, default=S)
-    p.add_argument("--mixup", type=_nonneg_float, default=S, help="mixup alpha (0: off)")
-    p.add_argument("--cutmix", type=_nonneg_float, default=S, help="CutMix alpha (0: off)")
-    p.add_argument("--randaugment", action=argparse.BooleanOptionalAction, default=S)
-    p.add_argument("--random-crop", action=argparse.BooleanOptionalAction, default=S)
-    p.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=S)
-    p.add_argument("--drop-path", type=_nonneg_float, default=S)
-    p.add_argument("--clip-grad", type=_positive_float, default=S)
-    p.add_argument("--ema", action=argparse.BooleanOptionalAction, default=S)
-    p.add_argument("--ema-decay", type=_nonneg_float, default=S)
-    p.add_argument("--amp", choices=("bf16", "fp16", "off"), default=S)
-    p.add_argument("--seed", type=int, default=S)
-    p.add_argument("--num-workers", type=int, default=S)
-    p.add_argument("--max-steps", type=_positive_int, default=S, help="stop after N optimiser steps in total")
-    p.add_argument("--time-budget", type=_positive_float, default=S, help="stop after this many seconds")
-    p.add_argument("--save-every-steps", type=_positive_int, default=S, help="also checkpoint every N steps")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=S, help="tqdm bars (default on)")
-    p.add_argument("--verify-images", action=argparse.BooleanOptionalAction, default=S,
-                   help="decode every image of a folder before training (default on)")
-    p.add_argument("--device", default=S, help="auto (default), cpu, cuda, cuda:N")
-    p.add_argument("--threads", type=_positive_int, default=S, help="torch.set_num_threads")
+_BOOL = argparse.BooleanOptionalAction
+
+
+def _flag_specs() -> dict[str, dict]:
+    """Every flag shared by the sub-commands, written once: its type/choices/action and help."""
+    from .layers.token_mixer import ATTENTIONS
+    from .train.config import AMP_MODES
+
+    return {
+        "--model": dict(help="registered model name (default laplacianformer_micro)"),
+        "--attn": dict(choices=ATTENTIONS, help="token mixer"),
+        "--attn-kwargs": dict(type=_json_dict,
+                              help='JSON object passed to every attention layer, e.g. \'{"lam": 2.0, "iters": 10}\''),
+        "--model-kwargs": dict(type=_json_dict, help='JSON object of model overrides, e.g. \'{"stem_stride": 4}\''),
+        "--data": dict(help="fashion-mnist (default), digits, or an ImageFolder directory"),
+        "--img-size": dict(type=_positive_int, help="square input size in pixels (default 32)"),
+        "--in-chans": dict(type=int, help="1 or 3 (default: from the data)"),
+        "--train-subset": dict(type=_positive_int, help="use a seeded subset of N training images"),
+        "--test-subset": dict(type=_positive_int, help="use a seeded subset of N test images"),
+        "--epochs": dict(type=_positive_int),
+        "--batch-size": dict(type=_positive_int),
+        "--eval-batch-size": dict(type=_positive_int),
+        "--lr": dict(type=_positive_float, help="peak AdamW learning rate (default 1e-3)"),
+        "--min-lr": dict(type=_nonneg_float),
+        "--weight-decay": dict(type=_nonneg_float),
+        "--warmup-epochs": dict(type=_nonneg_float),
+        "--label-smoothing": dict(type=_nonneg_float),
+        "--mixup": dict(type=_nonneg_float, help="mixup alpha (0: off)"),
+        "--cutmix": dict(type=_nonneg_float, help="CutMix alpha (0: off)"),
+        "--randaugment": dict(action=_BOOL),
+        "--random-crop": dict(action=_BOOL),
+        "--hflip": dict(action=_BOOL),
+        "--drop-path": dict(type=_nonneg_float),
+        "--clip-grad": dict(type=_positive_float),
+        "--ema": dict(action=_BOOL),
+        "--ema-decay": dict(type=_nonneg_float),
+        "--amp": dict(choices=AMP_MODES),
+        "--seed": dict(type=int),
+        "--num-workers": dict(type=int),
+        "--max-steps": dict(type=_positive_int, help="stop after N optimiser steps in total"),
+        "--time-budget": dict(type=_positive_float, help="stop after this many seconds"),
+        "--save-every-steps": dict(type=_positive_int, help="also checkpoint every N steps"),
+        "--progress": dict(action=_BOOL, help="tqdm bars (default on)"),
+        "--verify-images": dict(action=_BOOL, help="decode every image of a folder before training (default on)"),
+        "--device": dict(help="auto (default), cpu, cuda, cuda:N"),
+        "--threads": dict(type=_positive_int, help="torch.set_num_threads"),
+    }
+
+
+def _add_flags(p: argparse.ArgumentParser, specs: dict, default, *names: str, **changes) -> None:
+    """Add the shared flags ``names`` with ``default``; ``changes`` maps a flag's dest to spec updates."""
+    for name in names:
+        p.add_argument(name, default=default, **{**specs[name], **changes.get(name[2:].replace("-", "_"), {})})
+
+
+# the sub-commands handled by an experiments module's own parser (arguments forwarded as they are)
+FORWARDED = ("ablate", "analyze")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    specs = _flag_specs()
     parser = _Parser(prog=PROG, description="LaplacianFormer: train, evaluate, inspect and benchmark.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors (accepted anywhere)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("train", help="train a model (DDP under torchrun)")
-    p.add_argument("--config", help="a config.json to start from (flags override it)")
+    p.add_argument("--config", help="a train_config.json to start from (flags override it)")
     p.add_argument("--out", default=argparse.SUPPRESS, help="run directory (default runs/<model>-<attn>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint (flags override its config)")
-    _add_run_flags(p)
+    # suppressed defaults: only flags given on the command line override the base config
+    _add_flags(p, specs, argparse.SUPPRESS, *specs)
 
     p = sub.add_parser("eval", help="evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion PNG")
     p.add_argument("--checkpoint", required=True, help="a run directory, checkpoint.pt or model.safetensors")
-    p.add_argument("--data", help="data set (default: the one it was trained on)")
-    p.add_argument("--model", help="override the model name stored with the checkpoint")
-    p.add_argument("--test-subset", type=_positive_int)
-    p.add_argument("--batch-size", type=_positive_int, default=256)
-    p.add_argument("--amp", choices=("bf16", "fp16", "off"), default="off")
+    _add_flags(p, specs, None, "--data", "--model", "--test-subset",
+               data=dict(help="data set (default: the one it was trained on)"),
+               model=dict(help="override the model name stored with the checkpoint"))
+    _add_flags(p, specs, 256, "--batch-size")
+    _add_flags(p, specs, "off", "--amp")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     p.add_argument("--out", help="where to write eval.json and confusion.png (default: the run directory)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    _add_flags(p, specs, "auto", "--device")
+    _add_flags(p, specs, True, "--progress")
 
     p = sub.add_parser("info", help="parameters, FLOPs and per-stage shapes of a model; --dispatch: backends")
     p.add_argument("model", nargs="?", help="e.g. laplacianformer_tiny")
@@ -155,20 +172,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="Fashion-MNIST: micro model with laplacian/gaussian/softmax attention")
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    p.add_argument("--attns", default="laplacian,gaussian,softmax", help="comma-separated attention variants")
-    p.add_argument("--train-subset", type=_positive_int, default=None)
-    p.add_argument("--test-subset", type=_positive_int, default=None)
-    p.add_argument("--epochs", type=_positive_int, default=None)
-    p.add_argument("--img-size", type=_positive_int, default=None)
-    p.add_argument("--batch-size", type=_positive_int, default=None)
-    p.add_argument("--time-budget", type=_positive_float, default=None, help="seconds per variant (safety stop)")
-    p.add_argument("--threads", type=_positive_int, default=None, help="threads per training run (default 1)")
-    p.add_argument("--data", default="fashion-mnist")
+    p.add_argument("--attns", default=",".join(specs["--attn"]["choices"]), help="comma-separated attention variants")
+    _add_flags(p, specs, None, "--train-subset", "--test-subset", "--epochs", "--img-size", "--batch-size",
+               "--time-budget", "--threads", time_budget=dict(help="seconds per variant (safety stop)"),
+               threads=dict(help="threads per training run (default 1)"))
+    _add_flags(p, specs, "fashion-mnist", "--data")
     p.add_argument("--quick", action="store_true", help="a much smaller budget (about a minute) for a smoke test")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    _add_flags(p, specs, True, "--progress")
 
-    for name, module in (("ablate", "ablate"), ("analyze", "analyze")):
-        p = sub.add_parser(name, help=f"forwarded to laplacianformer.experiments.{module} (see its --help)",
+    for name in FORWARDED:
+        p = sub.add_parser(name, help=f"forwarded to laplacianformer.experiments.{name} (see its --help)",
                            add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
@@ -187,16 +200,14 @@ def _flag_error(e: Exception) -> str:
 
 def cmd_train(args) -> int:
     from .train import TrainConfig, Trainer
-    from .train.engine import resolve_checkpoint
-    from .checkpoint import load_checkpoint
+    from .train.engine import read_resume
 
     fields = set(TrainConfig.__dataclass_fields__)
     given = {k: v for k, v in vars(args).items() if k in fields}
+    resume = None
     if args.resume:
-        saved = load_checkpoint(resolve_checkpoint(args.resume))
-        if "config" not in saved:
-            raise UserError(f"--resume: {args.resume}: not a training checkpoint")
-        base = saved["config"]
+        resume = read_resume(args.resume)  # read once; the Trainer restores from it
+        base = resume.state["config"]
     elif args.config:
         path = Path(args.config)
         if not path.is_file():
@@ -205,6 +216,8 @@ def cmd_train(args) -> int:
             base = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise UserError(f"--config: {path}: not valid JSON ({e.msg})") from None
+        if not isinstance(base, dict) or "format" in base:
+            raise UserError(f"--config: {path}: not a training configuration (a run's train_config.json)")
     else:
         base = TrainConfig().to_dict()
     config = TrainConfig.from_dict({**base, **given})
@@ -212,7 +225,8 @@ def cmd_train(args) -> int:
         config.validate()
     except (ValueError, TypeError) as e:
         raise UserError(_flag_error(e)) from None
-    trainer = Trainer(config, resume=args.resume)
+    trainer = Trainer(config, resume=resume)
+    del resume  # the Trainer has restored its state
     try:
         result = trainer.fit()
     finally:
@@ -388,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         rest = argv[1:] if argv[:1] == ["--debug"] else argv
-        if rest and rest[0] in ("ablate", "analyze"):
+        if rest and rest[0] in FORWARDED:
             return cmd_forward(rest[0], rest[1:])
         parser = build_parser()
         args = parser.parse_args([a for a in argv if a != "--debug"])

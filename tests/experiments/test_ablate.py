@@ -68,7 +68,7 @@ def test_resolved_values_depend_on_head_dim_and_timing():
 
 def test_every_variant_is_a_valid_attention_config():
     from laplacianformer import LaplacianAttention
-    from laplacianformer.models.laplacianformer import ATTENTIONS, LAPLACIAN_ATTN_KWARGS
+    from laplacianformer.layers.token_mixer import ATTENTIONS, LAPLACIAN_ATTN_KWARGS
 
     for a in ABLATIONS.values():
         for v in a.variants:

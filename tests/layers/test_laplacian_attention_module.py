@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from laplacianformer import LaplacianAttention, laplacian_attention
-from laplacianformer.layers import effective_landmarks
+from laplacianformer.ops.validation import resolve_landmarks
 
 
 @pytest.mark.parametrize("hw", [(14, 14), (3, 5), (1, 1), (8, 20)])
@@ -25,13 +25,30 @@ def test_one_dimensional_tokens():
     assert attn(x).shape == x.shape
 
 
-def test_effective_landmarks_clamps_and_falls_back_to_exact():
-    assert effective_landmarks((7, 7), (14, 14), 196) == (7, 7)
-    assert effective_landmarks((7, 7), (4, 12), 48) == (4, 7)
-    assert effective_landmarks((7, 7), (7, 7), 49) is None
-    assert effective_landmarks((7, 7), (2, 2), 4) is None
-    assert effective_landmarks(49, (14, 14), 196) == (7, 7)
-    assert effective_landmarks(8, None, 6) is None
+def test_module_landmark_rule_clamps_and_falls_back_to_exact():
+    """The modules use ``resolve_landmarks(..., clamp=True)`` (DESIGN.md §2)."""
+    assert resolve_landmarks((7, 7), (14, 14), 196, clamp=True) == (7, 7)
+    assert resolve_landmarks((7, 7), (4, 12), 48, clamp=True) == (4, 7)
+    assert resolve_landmarks((7, 7), (7, 7), 49, clamp=True) is None
+    assert resolve_landmarks((7, 7), (2, 2), 4, clamp=True) is None
+    assert resolve_landmarks(49, (14, 14), 196, clamp=True) == (7, 7)
+    assert resolve_landmarks(8, None, 6, clamp=True) is None
+    assert resolve_landmarks((7, 7), None, 100, clamp=True) == 49
+    # without clamp (the operator) the same sizes that fit give the same layout
+    assert resolve_landmarks((7, 7), (14, 14), 196) == (7, 7) and resolve_landmarks(49, (14, 14), 196) == (7, 7)
+
+
+def test_non_square_int_on_a_grid_is_an_error_in_operator_and_module():
+    """landmarks=50 on a 14x14 grid: one rule for ``laplacian_attention`` and ``LaplacianAttention``."""
+    q = torch.randn(1, 2, 196, 8)
+    with pytest.raises(ValueError, match="^landmarks: with a 2-D grid an int must be a perfect square"):
+        laplacian_attention(q, q, q, hw=(14, 14), landmarks=50)
+    attn = LaplacianAttention(16, 2, landmarks=50)
+    with pytest.raises(ValueError, match="^landmarks: with a 2-D grid an int must be a perfect square"):
+        attn(torch.randn(1, 196, 16), (14, 14))
+    assert attn(torch.randn(1, 100, 16)).shape == (1, 100, 16)  # 1-D: 50 landmarks are fine
+    sq = LaplacianAttention(16, 2, landmarks=49)
+    assert sq(torch.randn(1, 196, 16), (14, 14)).shape == (1, 196, 16)
 
 
 def test_module_equals_functional_composition():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from laplacianformer.models import checkpoint_filter_fn, create_model
+from laplacianformer.models import MODEL_CONFIGS, checkpoint_filter_fn, create_model
 
 timm = pytest.importorskip("timm")
 
@@ -129,3 +129,28 @@ def test_checkpoint_filter_fn_tied_keys_and_shape_errors():
     bigger = create_model("laplacianformer_tiny")
     with pytest.raises(ValueError, match="^state_dict: "):
         checkpoint_filter_fn(bigger.state_dict(), create_model(NAME))
+
+
+@pytest.mark.parametrize("name", list(MODEL_CONFIGS))
+def test_every_table_entry_is_registered_with_a_consistent_cfg(name):
+    """One ``MODEL_CONFIGS`` entry is a timm model whose pretrained cfg fits the model it builds."""
+    from laplacianformer.models.laplacianformer import default_cfgs
+
+    assert name in timm.list_models("laplacianformer_*")
+    cfg = timm.models.get_pretrained_cfg(name).to_dict()
+    for key in ("num_classes", "input_size", "pool_size", "first_conv", "classifier", "mean", "std",
+                "interpolation", "crop_pct"):
+        assert cfg[key] == default_cfgs[name][key], key
+    with torch.device("meta"):  # the architecture without allocating the large sizes
+        model = timm.create_model(name)
+        plain = create_model(name)
+    for m in (model, plain):
+        assert m.pretrained_cfg["architecture"] == name
+        assert {k: m.pretrained_cfg[k] for k in ("num_classes", "input_size", "mean", "std")} == {
+            k: cfg[k] for k in ("num_classes", "input_size", "mean", "std")}
+        modules = dict(m.named_modules())
+        assert modules[cfg["first_conv"]].in_channels == cfg["input_size"][0] == m.in_chans
+        assert modules[cfg["classifier"]].out_features == cfg["num_classes"] == m.num_classes
+        assert tuple(cfg["pool_size"]) == tuple(s // m.stride for s in cfg["input_size"][1:])
+        assert len(cfg["mean"]) == len(cfg["std"]) == cfg["input_size"][0]
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in plain.parameters())

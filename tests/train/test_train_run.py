@@ -20,14 +20,53 @@ def test_short_run_learns_far_above_chance_and_writes_its_run_dir(tmp_path):
     assert r["top5"] >= r["top1"] and r["eval_n"] == 300 and r["steps"] == 40
     assert r["history"][-1]["train_loss"] < r["history"][0]["train_loss"]
     assert r["images_per_s"] > 0 and r["peak_memory_mb"] > 0 and r["params"] > 0
-    for name in ("config.json", "log.jsonl", "epochs.csv", "epochs.json", "curves.png", "checkpoint.pt",
-                 "model.safetensors", "summary.json"):
+    for name in ("train_config.json", "config.json", "log.jsonl", "epochs.csv", "epochs.json", "curves.png",
+                 "checkpoint.pt", "model.safetensors", "model_best.safetensors", "summary.json"):
         assert (out / name).stat().st_size > 0, name
     assert len((out / "log.jsonl").read_text().splitlines()) == 40
     rows = list(csv.DictReader(open(out / "epochs.csv")))
     assert [int(x["epoch"]) for x in rows] == [1, 2]
-    assert json.loads((out / "config.json").read_text())["attn"] == "laplacian"
+    assert json.loads((out / "train_config.json").read_text())["attn"] == "laplacian"
+    assert json.loads((out / "config.json").read_text())["config"]["attn"] == "laplacian"  # the saved model
     assert sum(map(sum, r["confusion"])) == 300
+
+
+def test_a_run_directory_loads_with_from_pretrained(tmp_path):
+    """``laplacianformer.from_pretrained(run_dir)``: the best weights, the run's preprocessing and classes."""
+    import pytest
+    import torch
+
+    import laplacianformer
+    from laplacianformer.checkpoint import load_checkpoint
+    from laplacianformer.data import build_datasets
+    from laplacianformer.train import upgrade_run
+
+    timm = pytest.importorskip("timm")
+    out = tmp_path / "run"
+    r = train(tiny_config(out, train_subset=96, test_subset=64, epochs=2, max_steps=4))
+    model = laplacianformer.from_pretrained(out).eval()
+    best = load_checkpoint(out / "model_best.safetensors")
+    assert all(torch.equal(v, best[k]) for k, v in model.state_dict().items())
+    data = timm.data.resolve_data_config({}, model=model)
+    assert data["input_size"] == (1, 16, 16) and data["mean"] == (0.3,) and data["std"] == (0.4,)
+    assert model.pretrained_cfg["label_names"] == tuple(r["classes"]) and model.num_classes == 10
+    test = build_datasets("digits", 16, test_subset=64, train_subset=1).test
+    x = (test.images[:8].float() / 255 - 0.3) / 0.4
+    with torch.no_grad():
+        logits = model(x)
+    assert logits.shape == (8, 10) and torch.isfinite(logits).all()
+    # the best-rule falls back to the last weights; a saved model loads the same way
+    (out / "model_best.safetensors").unlink()
+    last = laplacianformer.from_pretrained(out).eval()
+    assert all(torch.equal(v, load_checkpoint(out / "model.safetensors")[k]) for k, v in last.state_dict().items())
+    # a run written before train_config.json (config.json held the training settings) is upgraded in place
+    (out / "config.json").write_text((out / "train_config.json").read_text())
+    (out / "train_config.json").unlink()
+    with pytest.raises(ValueError, match="^path: .*training settings"):
+        laplacianformer.from_pretrained(out)
+    upgrade_run(out)
+    with torch.no_grad():
+        assert torch.equal(laplacianformer.from_pretrained(out).eval()(x), last(x))
 
 
 def test_image_folder_bf16_randaugment_and_resume_with_more_epochs(tmp_path):

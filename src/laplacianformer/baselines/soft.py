@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from ..layers.laplacian_attention import effective_landmarks
 from ..ops.attention import laplacian_attention
-from ..ops.validation import check_qkv
+from ..ops.validation import check_qkv, resolve_landmarks
 from ..layers.token_attention import TokenAttention
 
 __all__ = ["soft_bandwidth", "soft_attention", "soft_attention_dense", "SoftAttention"]
@@ -91,5 +90,5 @@ class SoftAttention(TokenAttention):
         return f"dim={self.dim}, heads={self.num_heads}, landmarks={self.landmarks}, {self.solver_kwargs}"
 
     def attend(self, q, k, v, hw):
-        grid = effective_landmarks(self.landmarks, hw, q.shape[2])
+        grid = resolve_landmarks(self.landmarks, hw, q.shape[2], clamp=True)
         return soft_attention(q, v, hw=hw, landmarks=grid, **self.solver_kwargs)

@@ -85,7 +85,7 @@ def canonical_attention(attn: str, attn_kwargs: dict, head_dim: int | None) -> d
     import inspect
 
     from ..layers import LaplacianAttention
-    from ..models.laplacianformer import LAPLACIAN_ATTN_KWARGS
+    from ..layers.token_mixer import LAPLACIAN_ATTN_KWARGS
 
     if attn == "softmax":
         return {"attn": attn, **attn_kwargs}

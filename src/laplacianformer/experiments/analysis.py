@@ -18,12 +18,12 @@ from __future__ import annotations
 import torch
 
 from ..layers import LaplacianAttention
-from ..layers.laplacian_attention import effective_landmarks
 from ..ops.attention import pool_landmarks
 from ..ops.kernel import laplace_kernel
 from ..ops.kernel.composite import pairwise_distance
 from ..ops.newton_schulz import regularise, regularised_inverse
 from ..ops.normalization import normalize_dense, normalize_nystrom
+from ..ops.validation import resolve_landmarks
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
@@ -49,7 +49,7 @@ def capture_qk(model: torch.nn.Module, images: torch.Tensor) -> list[dict]:
         scale = module.head_dim**-0.5 if kw["qk_scale"] is None else kw["qk_scale"]
         records.append({
             "name": names[module], "hw": tuple(int(s) for s in hw), "q": _upcast(q) * scale, "k": _upcast(k) * scale,
-            "v": _upcast(v), "landmarks": effective_landmarks(module.landmarks, tuple(hw), n), "settings": dict(kw),
+            "v": _upcast(v), "landmarks": resolve_landmarks(module.landmarks, tuple(hw), n, clamp=True), "settings": dict(kw),
         })
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in model.modules() if isinstance(m, LaplacianAttention)]

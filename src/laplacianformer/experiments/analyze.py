@@ -32,15 +32,12 @@ def load_trained(checkpoint: str, images: int):
     """(model in eval mode, normalised test images (images, C, S, S), description) from a training run."""
     from ..checkpoint import load_checkpoint
     from ..data import build_datasets
-    from ..train import TrainConfig, build_model
+    from ..train import build_model, read_train_config
     from ..train.augment import normalize
     from ..train.engine import load_model_state, resolve_checkpoint
 
     ckpt = resolve_checkpoint(checkpoint)
-    cfg_path = ckpt.parent / "config.json"
-    if not cfg_path.is_file():
-        raise ValueError(f"checkpoint: {ckpt}: no config.json next to it (expected a training run directory)")
-    cfg = TrainConfig.load(cfg_path)
+    cfg = read_train_config(ckpt.parent)
     splits = build_datasets(cfg.data, cfg.img_size, in_chans=cfg.in_chans, test_subset=max(images, 16), seed=0)
     model = build_model(cfg, len(splits.classes), splits.in_chans)
     load_model_state(model, load_checkpoint(ckpt)["model"], str(ckpt))

@@ -3,8 +3,9 @@
 Input (B, N, C) tokens and the grid size (height, width); output (B, N, C):
     q, k, v = projections of x (k = q when ``tie_qk``, the SOFT variant)
     out = proj( laplacian_attention(q, k, v) + DWConv3x3(V) )
-The landmark grid is clamped to the token grid, and when it covers every token (m >= N) the exact
-kernel is used (DESIGN.md §2), so the module works at any input resolution.
+The landmarks follow ``resolve_landmarks(..., clamp=True)``: the grid is clamped to the token grid, and
+when it covers every token (m >= N) the exact kernel is used (DESIGN.md §2), so the module works at any
+input resolution; an int on a 2-D grid must be a perfect square (ValueError naming ``landmarks``).
 """
 
 from __future__ import annotations
@@ -12,22 +13,8 @@ from __future__ import annotations
 import torch
 
 from ..ops.attention import laplacian_attention
-from ..ops.validation import KERNELS, NORMS, SOLVERS, check_choice, check_positive
+from ..ops.validation import KERNELS, NORMS, SOLVERS, check_choice, check_positive, resolve_landmarks
 from .token_attention import TokenAttention
-
-
-def effective_landmarks(landmarks, hw: tuple[int, int] | None, n: int):
-    """The landmark layout actually used for an (h, w) grid or an n-token sequence; None means exact."""
-    if landmarks is None:
-        return None
-    if hw is None:
-        m = landmarks if isinstance(landmarks, int) else int(torch.tensor(landmarks).prod())
-        return None if m >= n else m
-    if isinstance(landmarks, int):
-        side = round(landmarks**0.5)
-        landmarks = (side, side)
-    lh, lw = min(landmarks[0], hw[0]), min(landmarks[1], hw[1])
-    return None if lh * lw >= n else (lh, lw)
 
 
 class LaplacianAttention(TokenAttention):
@@ -88,5 +75,5 @@ class LaplacianAttention(TokenAttention):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw) -> torch.Tensor:
         """q, k, v: (B, H, N, d) -> laplacian_attention(q, k, v), (B, H, N, d)."""
-        grid = effective_landmarks(self.landmarks, hw, q.shape[2])
+        grid = resolve_landmarks(self.landmarks, hw, q.shape[2], clamp=True)
         return laplacian_attention(q, k, v, hw=hw, landmarks=grid, **self.attn_kwargs)

@@ -1,19 +1,21 @@
-"""LaplacianFormer model zoo (DESIGN.md §5): the backbone family, named sizes, MAC counting, timm entry points.
+"""LaplacianFormer model zoo (docs/DESIGN.md §5): the backbone family, named sizes, MAC counting, timm entry points.
 
     from laplacianformer.models import create_model, model_info
     model = create_model("laplacianformer_tiny", num_classes=10, attn="laplacian")
 
 When timm is installed, importing this package also registers every name with timm
 (``timm.create_model("laplacianformer_tiny")``); without timm nothing of timm is imported.
+Saving and loading (``save_pretrained``/``from_pretrained``) are in ``laplacianformer.hub``, above this package.
 """
 
 from __future__ import annotations
 
 import importlib.util
 
+from ..layers.token_mixer import ATTENTIONS
 from .info import count_macs, format_model_info, model_info
-from .laplacianformer import ATTENTIONS, LaplacianFormer, checkpoint_filter_fn
-from .registry import MODEL_CONFIGS, PAPER, create_model, list_models, model_config
+from .laplacianformer import LaplacianFormer, checkpoint_filter_fn, create_model
+from .registry import MODEL_CONFIGS, PAPER, list_models, model_config
 
 __all__ = [
     "ATTENTIONS",

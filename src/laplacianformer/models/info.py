@@ -21,8 +21,8 @@ from ..ops.kernel.backend import backend as kernel_backend
 from ..ops.attention import reference_pooling
 from ..ops.normalization import reference_normalization
 
-from .laplacianformer import LaplacianFormer
-from .registry import PAPER, create_model
+from .laplacianformer import LaplacianFormer, create_model
+from .registry import PAPER
 
 __all__ = ["count_macs", "model_info", "format_model_info"]
 

@@ -1,75 +1,50 @@
-"""LaplacianFormer: a PVTv2-style hierarchical vision backbone with Laplacian–Nyström attention (DESIGN.md §5).
+"""LaplacianFormer: a PVTv2-style hierarchical vision backbone with Laplacian–Nyström attention (docs/DESIGN.md §5).
 
 Paper: "LaplacianFormer: Rethinking Linear Attention with Laplacian Kernel" (arXiv 2604.20368). The paper
 names a PVT backbone with self-attention replaced but gives no depths or widths; the macro design here is
-ours (DESIGN.md §5): overlapping conv patch embedding (7×7 stride 4, then 3×3 stride 2 per stage), four
+ours (docs/DESIGN.md §5): overlapping conv patch embedding (7×7 stride 4, then 3×3 stride 2 per stage), four
 stages of pre-norm blocks
 
     x = x + DropPath(Attention(LayerNorm(x)))
     x = x + DropPath(MLP(LayerNorm(x)))          MLP = fc -> 3×3 depthwise conv -> GELU -> fc
 
-a LayerNorm per stage and a global-average-pool linear head. The attention is ``LaplacianAttention``
-(``attn="laplacian"``), the same module with the Gaussian kernel (``attn="gaussian"``), or PVTv2's
-spatial-reduction softmax attention (``attn="softmax"``, the quadratic baseline). No position embedding:
-position information comes from the depthwise convolutions, so any input size works.
+a LayerNorm per stage and a global-average-pool linear head. The attention (token mixer) comes from
+``layers.get_token_mixer``: ``LaplacianAttention`` (``attn="laplacian"``), the same module with the
+Gaussian kernel (``attn="gaussian"``), or PVTv2's spatial-reduction softmax attention (``attn="softmax"``,
+the quadratic baseline). No position embedding: position information comes from the depthwise
+convolutions, so any input size works.
 
-This module does not import timm; ``models/_timm.py`` registers the family with timm when timm exists.
+Layout (as timm's family files): blocks -> stages -> model -> ``checkpoint_filter_fn`` -> pretrained cfgs
+-> entry points (``create_model`` and one function per ``registry.MODEL_CONFIGS`` name). timm is imported
+only inside ``_create_laplacianformer``, which runs when timm calls an entry point (``models/_timm.py``
+registers them when timm is installed). Saving and loading live above this package, in ``laplacianformer.hub``.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import LaplacianAttention, conv2d_channels_last, conv_tokens, grid_to_tokens, tokens_to_grid
-from ..ops.validation import check_head_split
+from ..layers import DropPath, conv2d_channels_last, conv_tokens, get_token_mixer
+from .registry import MODEL_CONFIGS, PAPER, model_config
 
 __all__ = [
     "LaplacianFormer",
     "Mlp",
-    "SpatialReductionAttention",
     "Block",
     "OverlapPatchEmbed",
     "Stage",
     "checkpoint_filter_fn",
-    "ATTENTIONS",
-    "LAPLACIAN_ATTN_KWARGS",
+    "create_model",
+    "default_cfgs",
+    "entry_points",
+    *MODEL_CONFIGS,
 ]
-
-ATTENTIONS = ("laplacian", "gaussian", "softmax")
-LAPLACIAN_ATTN_KWARGS = (
-    "lam", "qk_scale", "norm", "solver", "iters", "ns_eps", "tie_qk", "landmarks", "dwconv", "recompute"
-)
-SOFTMAX_ATTN_KWARGS = ("sr_ratio",)
-
-
-def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Stochastic depth: zero whole samples of a residual branch with probability p, rescale the rest."""
-    if p == 0.0 or not training:
-        return x
-    keep = 1.0 - p
-    mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
-    return x * mask / keep
-
-
-class DropPath(nn.Module):
-    """Module form of ``drop_path`` (per-sample stochastic depth)."""
-
-    def __init__(self, p: float = 0.0) -> None:
-        super().__init__()
-        self.p = p
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return drop_path(x, self.p, self.training)
 
 
 class Mlp(nn.Module):
@@ -89,79 +64,11 @@ class Mlp(nn.Module):
         return self.drop(self.fc2(x))
 
 
-class SpatialReductionAttention(nn.Module):
-    """PVTv2 softmax attention: keys/values from a stride-``sr_ratio`` conv of the token map (the baseline).
-
-    x: (B, N, C), hw = (h, w) -> (B, N, C). Cost O(N · N / sr²). Grids smaller than ``sr_ratio`` are
-    zero-padded up to one reduction cell so every input size works.
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        *,
-        sr_ratio: int = 1,
-        qkv_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-    ) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = check_head_split(dim, num_heads)
-        self.sr_ratio = sr_ratio
-        self.q = nn.Linear(dim, dim, bias=qkv_bias)
-        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
-        if sr_ratio > 1:
-            self.sr = nn.Conv2d(dim, dim, sr_ratio, stride=sr_ratio)
-            self.norm = nn.LayerNorm(dim)
-        else:
-            self.sr = None
-            self.norm = None
-        self.attn_drop = attn_drop
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-
-    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        b, n, c = x.shape
-        q = self.q(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        if self.sr is not None:
-            grid = tokens_to_grid(x, hw)
-            pad_h, pad_w = max(0, self.sr_ratio - hw[0]), max(0, self.sr_ratio - hw[1])
-            if pad_h or pad_w:
-                grid = F.pad(grid, (0, pad_w, 0, pad_h))
-            x = self.norm(grid_to_tokens(conv2d_channels_last(self.sr, grid)))
-        kv = self.kv(x).reshape(b, -1, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        k, v = kv.unbind(0)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
-
-
-def make_attention(
-    attn: str, dim: int, num_heads: int, *, sr_ratio: int, landmarks, qkv_bias: bool,
-    attn_drop: float, proj_drop: float, attn_kwargs: Mapping | None,
-) -> nn.Module:
-    """The token mixer of one block: Laplacian/Gaussian Nyström attention or PVTv2 softmax attention."""
-    kwargs = dict(attn_kwargs or {})
-    if attn == "softmax":
-        unknown = sorted(set(kwargs) - set(SOFTMAX_ATTN_KWARGS))
-        if unknown:
-            raise ValueError(f"attn_kwargs: keys {unknown} do not apply to attn='softmax' (allowed: {list(SOFTMAX_ATTN_KWARGS)})")
-        return SpatialReductionAttention(
-            dim, num_heads, sr_ratio=kwargs.get("sr_ratio", sr_ratio), qkv_bias=qkv_bias,
-            attn_drop=attn_drop, proj_drop=proj_drop,
-        )
-    unknown = sorted(set(kwargs) - set(LAPLACIAN_ATTN_KWARGS))
-    if unknown:
-        raise ValueError(f"attn_kwargs: unknown keys {unknown} for attn={attn!r} (allowed: {list(LAPLACIAN_ATTN_KWARGS)})")
-    kwargs.setdefault("landmarks", landmarks)
-    return LaplacianAttention(
-        dim, num_heads, kernel=attn, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop, **kwargs
-    )
-
-
 class Block(nn.Module):
-    """Pre-norm transformer block on a token grid.  x: (B, N, C), hw = (h, w) -> (B, N, C)."""
+    """Pre-norm transformer block on a token grid.  x: (B, N, C), hw = (h, w) -> (B, N, C).
+
+    ``mixer`` builds the token mixer (``layers.get_token_mixer``; default: Laplacian attention).
+    """
 
     def __init__(
         self,
@@ -169,8 +76,7 @@ class Block(nn.Module):
         num_heads: int,
         mlp_ratio: float,
         *,
-        attn: str = "laplacian",
-        attn_kwargs: Mapping | None = None,
+        mixer: Callable[..., nn.Module] | None = None,
         sr_ratio: int = 1,
         landmarks=(7, 7),
         qkv_bias: bool = True,
@@ -180,9 +86,10 @@ class Block(nn.Module):
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = make_attention(
-            attn, dim, num_heads, sr_ratio=sr_ratio, landmarks=landmarks, qkv_bias=qkv_bias,
-            attn_drop=attn_drop, proj_drop=proj_drop, attn_kwargs=attn_kwargs,
+        mixer = mixer or get_token_mixer("laplacian")
+        self.attn = mixer(
+            dim, num_heads, sr_ratio=sr_ratio, landmarks=landmarks, qkv_bias=qkv_bias, attn_drop=attn_drop,
+            proj_drop=proj_drop,
         )
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim)
@@ -249,6 +156,12 @@ def _take_indices(num: int, indices) -> tuple[list[int], int]:
     return take, max(take)
 
 
+def _check_global_pool(global_pool: str) -> str:
+    if global_pool not in ("avg", ""):
+        raise ValueError(f"global_pool: expected 'avg' or '', got {global_pool!r}")
+    return global_pool
+
+
 def _per_stage(name: str, value, n: int) -> tuple:
     if isinstance(value, (int, float)):
         return (value,) * n
@@ -265,10 +178,12 @@ class LaplacianFormer(nn.Module):
         in_chans: input channels. num_classes: classes of the linear head (0: no head).
         global_pool: "avg" (pool in ``forward_head``) or "" (keep 4-D maps).
         depths, embed_dims, num_heads, mlp_ratios: per stage (4 stages).
-        attn: "laplacian" | "gaussian" | "softmax" token mixer in every block.
-        attn_kwargs: forwarded to the attention. laplacian/gaussian: lam, qk_scale, norm, solver, iters,
-            ns_eps, tie_qk, landmarks, dwconv (see ``LaplacianAttention``); softmax: sr_ratio.
-        landmarks: landmark grid of the Nyström attention in every stage (clamped to the token grid).
+        attn: token mixer of every block, one of ``layers.ATTENTIONS``: "laplacian" | "gaussian" | "softmax".
+        attn_kwargs: forwarded to the attention (keys: ``layers.token_mixer``). laplacian/gaussian: lam,
+            qk_scale, norm, solver, iters, ns_eps, tie_qk, landmarks, dwconv, recompute (see
+            ``LaplacianAttention``); softmax: sr_ratio. Name and keys are checked once here.
+        landmarks: landmark grid of the Nyström attention in every stage (clamped to the token grid, exact
+            kernel when it covers every token: ``resolve_landmarks(..., clamp=True)``, DESIGN.md §2).
         sr_ratios: spatial reduction of the softmax baseline per stage (PVTv2: 8, 4, 2, 1).
         stem_stride: stride of the 7×7 stem conv (4 as in PVTv2; 2 or 1 keep token grids useful for
             28–64 px images). Total stride = stem_stride · 8.
@@ -300,10 +215,8 @@ class LaplacianFormer(nn.Module):
         drop_path_rate: float = 0.0,
     ) -> None:
         super().__init__()
-        if attn not in ATTENTIONS:
-            raise ValueError(f"attn: expected one of {list(ATTENTIONS)}, got {attn!r}")
-        if global_pool not in ("avg", ""):
-            raise ValueError(f"global_pool: expected 'avg' or '', got {global_pool!r}")
+        mixer = get_token_mixer(attn, attn_kwargs)
+        _check_global_pool(global_pool)
         if stem_stride not in (1, 2, 4):
             raise ValueError(f"stem_stride: expected 1, 2 or 4, got {stem_stride!r}")
         if in_chans < 1 or num_classes < 0:
@@ -315,9 +228,7 @@ class LaplacianFormer(nn.Module):
         sr_ratios = _per_stage("sr_ratios", sr_ratios, n)
         if isinstance(landmarks, list):
             landmarks = tuple(landmarks)
-        attn_kwargs = dict(attn_kwargs or {})
-        if isinstance(attn_kwargs.get("landmarks"), list):
-            attn_kwargs["landmarks"] = tuple(attn_kwargs["landmarks"])
+        attn_kwargs = dict(mixer.attn_kwargs)
         self.config = dict(
             in_chans=in_chans, num_classes=num_classes, global_pool=global_pool, depths=list(depths),
             embed_dims=list(embed_dims), num_heads=list(num_heads), mlp_ratios=list(mlp_ratios), attn=attn,
@@ -337,7 +248,7 @@ class LaplacianFormer(nn.Module):
         for i in range(n):
             stages.append(Stage(
                 prev, embed_dims[i], depths[i], downsample=i > 0, drop_path=rates[start:start + depths[i]],
-                num_heads=num_heads[i], mlp_ratio=mlp_ratios[i], attn=attn, attn_kwargs=attn_kwargs,
+                num_heads=num_heads[i], mlp_ratio=mlp_ratios[i], mixer=mixer,
                 sr_ratio=sr_ratios[i], landmarks=landmarks, qkv_bias=qkv_bias, proj_drop=proj_drop_rate,
                 attn_drop=attn_drop_rate,
             ))
@@ -396,9 +307,7 @@ class LaplacianFormer(nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """New head with ``num_classes`` outputs (0: identity); ``global_pool`` "avg" or "" (4-D maps)."""
         if global_pool is not None:
-            if global_pool not in ("avg", ""):
-                raise ValueError(f"global_pool: expected 'avg' or '', got {global_pool!r}")
-            self.global_pool = global_pool
+            self.global_pool = _check_global_pool(global_pool)
         self.num_classes = num_classes
         self.config.update(num_classes=num_classes, global_pool=self.global_pool)
         ref = next(self.parameters())
@@ -459,19 +368,6 @@ class LaplacianFormer(nn.Module):
         """x: (B, in_chans, H, W) -> (B, num_classes) logits."""
         return self.forward_head(self.forward_features(x))
 
-    def save_pretrained(self, path) -> None:
-        """Write ``model.safetensors`` and ``config.json`` to the directory ``path`` (see ``laplacianformer.hub``)."""
-        from ..hub import save_pretrained
-
-        save_pretrained(self, path)
-
-    @classmethod
-    def from_pretrained(cls, path, **overrides) -> "LaplacianFormer":
-        """Rebuild a model saved by ``save_pretrained`` (safetensors + JSON; nothing is unpickled)."""
-        from ..hub import from_pretrained
-
-        return from_pretrained(path, **overrides)
-
 
 def _split_rows(t: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
     return list(torch.split(t, list(sizes), dim=0))
@@ -528,3 +424,95 @@ def _convert_attn_proj(src: Mapping, prefix: str, name: str, kind: str, rows: in
         if rows == 2 * dim:
             return torch.cat([q, pv], 0)
     return None
+
+
+# --- pretrained cfgs (plain dicts; timm reads ``default_cfgs`` of this module when registering) -----------
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _cfg(**kwargs) -> dict:
+    """Preprocessing and module names of a model (timm's pretrained cfg). No weights exist (url "")."""
+    return {
+        "url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": (7, 7),
+        "crop_pct": 0.9, "interpolation": "bicubic", "mean": IMAGENET_MEAN, "std": IMAGENET_STD,
+        "first_conv": "patch_embed.proj", "classifier": "head", "fixed_input_size": False, "license": "mit",
+        "paper_ids": "arXiv:2604.20368", "paper_name": "LaplacianFormer: Rethinking Linear Attention with Laplacian Kernel",
+        **kwargs,
+    }
+
+
+default_cfgs: dict[str, dict] = {name: _cfg() for name in MODEL_CONFIGS}
+
+
+# --- entry points ----------------------------------------------------------------------------------------
+
+def _create_laplacianformer(variant: str, pretrained: bool = False, **kwargs) -> LaplacianFormer:
+    """timm's builder (pretrained cfg, ``features_only``/``out_indices``, ``checkpoint_filter_fn``)."""
+    from timm.models import build_model_with_cfg
+
+    out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
+    return build_model_with_cfg(
+        LaplacianFormer,
+        variant,
+        pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(flatten_sequential=True, out_indices=out_indices),
+        **dict(MODEL_CONFIGS[variant], **kwargs),
+    )
+
+
+def _describe(name: str) -> str:
+    cfg = MODEL_CONFIGS[name]
+    text = f"LaplacianFormer, depths {tuple(cfg['depths'])}, widths {tuple(cfg['embed_dims'])}"
+    if name in PAPER:
+        ref = PAPER[name]
+        text += f"; the paper's {name.rsplit('_', 1)[-1]} ({ref['params_m']}M params, {ref['gmacs']} GMACs at 224²)"
+    return text + "."
+
+
+def _entry_point(name: str) -> Callable[..., LaplacianFormer]:
+    """The timm entry point ``name(pretrained=False, **kwargs)`` of one ``MODEL_CONFIGS`` entry."""
+
+    def entry(pretrained: bool = False, **kwargs) -> LaplacianFormer:
+        return _create_laplacianformer(name, pretrained=pretrained, **kwargs)
+
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = _describe(name)
+    return entry
+
+
+# one function per table entry (laplacianformer_micro, laplacianformer_tiny, ...), registered by models/_timm.py
+entry_points: dict[str, Callable[..., LaplacianFormer]] = {name: _entry_point(name) for name in MODEL_CONFIGS}
+globals().update(entry_points)
+
+
+def create_model(
+    name: str,
+    *,
+    num_classes: int = 1000,
+    in_chans: int = 3,
+    attn: str = "laplacian",
+    attn_kwargs: Mapping | None = None,
+    drop_rate: float = 0.0,
+    drop_path_rate: float = 0.0,
+    **overrides,
+) -> LaplacianFormer:
+    """Build a registered LaplacianFormer without timm; ``model.pretrained_cfg`` is the name's cfg.
+
+    Args:
+        name: one of ``registry.list_models()``.
+        attn: "laplacian" (default) | "gaussian" | "softmax" (PVTv2 spatial-reduction baseline).
+        attn_kwargs: forwarded to every attention layer (laplacian/gaussian: lam, qk_scale, norm,
+            solver, iters, ns_eps, tie_qk, landmarks, dwconv, recompute; softmax: sr_ratio).
+        overrides: any other ``LaplacianFormer`` argument (depths, embed_dims, landmarks, stem_stride, ...).
+    """
+    cfg = model_config(name)
+    cfg.update(overrides)
+    model = LaplacianFormer(
+        num_classes=num_classes, in_chans=in_chans, attn=attn, attn_kwargs=attn_kwargs,
+        drop_rate=drop_rate, drop_path_rate=drop_path_rate, **cfg,
+    )
+    model.pretrained_cfg = dict(default_cfgs[name], architecture=name)
+    return model

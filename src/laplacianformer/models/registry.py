@@ -1,5 +1,7 @@
-"""Named LaplacianFormer configurations and ``create_model`` (DESIGN.md §5); works without timm.
+"""The table of named LaplacianFormer sizes (docs/DESIGN.md §5): plain data, no model code.
 
+Adding a size is one ``MODEL_CONFIGS`` entry: ``models/laplacianformer.py`` derives its pretrained cfg and
+its entry point from the table, ``create_model`` builds it, and timm registers it when installed.
 The five paper sizes (Tiny–Huge) have depths/widths chosen by us so that parameters and MACs at 224²
 land within ±5% of the paper's table (``PAPER`` below; checked by tests/models). ``laplacianformer_micro``
 is not a paper size: a small configuration for CPU demos, tests and ablations.
@@ -7,11 +9,7 @@ is not a paper size: a small configuration for CPU demos, tests and ablations.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from .laplacianformer import ATTENTIONS, LaplacianFormer
-
-__all__ = ["MODEL_CONFIGS", "PAPER", "create_model", "list_models", "model_config"]
+__all__ = ["MODEL_CONFIGS", "PAPER", "list_models", "model_config"]
 
 _W4 = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8))
 _W5 = dict(embed_dims=(64, 128, 320, 640), num_heads=(1, 2, 5, 10))
@@ -47,32 +45,3 @@ def model_config(name: str) -> dict:
         raise ValueError(f"name: expected one of {list(MODEL_CONFIGS)}, got {name!r}")
     return dict(MODEL_CONFIGS[name])
 
-
-def create_model(
-    name: str,
-    *,
-    num_classes: int = 1000,
-    in_chans: int = 3,
-    attn: str = "laplacian",
-    attn_kwargs: Mapping | None = None,
-    drop_rate: float = 0.0,
-    drop_path_rate: float = 0.0,
-    **overrides,
-) -> LaplacianFormer:
-    """Build a registered LaplacianFormer (no timm needed).
-
-    Args:
-        name: one of ``list_models()``.
-        attn: "laplacian" (default) | "gaussian" | "softmax" (PVTv2 spatial-reduction baseline).
-        attn_kwargs: forwarded to every attention layer (laplacian/gaussian: lam, qk_scale, norm,
-            solver, iters, ns_eps, tie_qk, landmarks, dwconv; softmax: sr_ratio).
-        overrides: any other ``LaplacianFormer`` argument (depths, embed_dims, landmarks, stem_stride, ...).
-    """
-    if attn not in ATTENTIONS:
-        raise ValueError(f"attn: expected one of {list(ATTENTIONS)}, got {attn!r}")
-    cfg = model_config(name)
-    cfg.update(overrides)
-    return LaplacianFormer(
-        num_classes=num_classes, in_chans=in_chans, attn=attn, attn_kwargs=attn_kwargs,
-        drop_rate=drop_rate, drop_path_rate=drop_path_rate, **cfg,
-    )

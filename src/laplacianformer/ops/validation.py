@@ -94,23 +94,35 @@ def check_hw(hw, n: int) -> tuple[int, int] | None:
     return h, w
 
 
-def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int):
-    """Landmark layout: None (exact kernel), an int m (1-D) or a grid (lh, lw) (2-D).
+def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int, *, clamp: bool = False):
+    """The landmark layout to use: None (exact kernel), an int m (1-D) or a grid (lh, lw) (2-D) (docs/DESIGN.md §2).
 
-    With a 2-D token grid an int m must be a perfect square and means a sqrt(m) x sqrt(m) grid.
-    A landmark grid may not exceed the token grid (``landmarks > N`` is an error here; the module
-    layer clamps it to the grid and falls back to the exact kernel, DESIGN.md §2).
+    landmarks: None, an int, or a (rows, cols) grid; hw: the (h, w) token grid or None (1-D, n tokens).
+    One rule for the operator and the modules: with a 2-D grid an int m must be a perfect square and means
+    a sqrt(m) x sqrt(m) grid (ValueError naming ``landmarks`` otherwise). What happens to landmarks beyond
+    the tokens is selected by ``clamp``:
+
+    - ``clamp=False`` (``laplacian_attention``): landmarks exceeding the tokens (a grid larger than the
+      token grid, m > N) are a ValueError; a 1-D sequence takes a count (an int).
+    - ``clamp=True`` (modules, so a model works at any resolution): a grid is cut to the token grid per
+      axis, a 1-D count to N, a (lh, lw) grid on a 1-D sequence counts lh·lw landmarks, and when the
+      landmarks then cover every token (m >= N) the exact kernel is used: None is returned.
     """
     if landmarks is None:
         return None
     if hw is None:
         if isinstance(landmarks, Sequence):
-            if len(landmarks) != 1:
+            if clamp and len(landmarks) == 2:
+                landmarks = math.prod(check_positive_int("landmarks", s) for s in landmarks)
+            elif len(landmarks) != 1:
                 raise ValueError(
                     f"landmarks: a 1-D sequence (hw=None) takes an int landmark count, got {landmarks!r}"
                 )
-            landmarks = landmarks[0]
+            else:
+                landmarks = landmarks[0]
         m = check_positive_int("landmarks", landmarks)
+        if clamp:
+            return None if m >= n else m
         if m > n:
             raise ValueError(f"landmarks: expected at most N = {n} landmarks, got {m}")
         return m
@@ -124,6 +136,9 @@ def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int):
     if not isinstance(landmarks, Sequence) or len(landmarks) != 2:
         raise ValueError(f"landmarks: expected an int, a (rows, cols) grid or None, got {landmarks!r}")
     lh, lw = (check_positive_int("landmarks", s) for s in landmarks)
+    if clamp:
+        lh, lw = min(lh, hw[0]), min(lw, hw[1])
+        return None if lh * lw >= n else (lh, lw)
     if lh > hw[0] or lw > hw[1]:
         raise ValueError(
             f"landmarks: grid {lh}x{lw} exceeds the token grid {hw[0]}x{hw[1]} (landmarks > N)"

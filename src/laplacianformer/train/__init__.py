@@ -3,10 +3,12 @@
     from laplacianformer.train import TrainConfig, train
     result = train(TrainConfig(model="laplacianformer_micro", data="fashion-mnist", epochs=2, out="runs/x"))
     result["top1"], result["history"], result["images_per_s"]
+    model = laplacianformer.from_pretrained("runs/x")     # the run's best weights (see docs/TRAINING.md)
 """
 
-from .config import TrainConfig
+from .config import TrainConfig, read_train_config
 from .engine import Trainer, build_model, train
 from .evaluate import evaluate
+from .evaluate_run import upgrade_run
 
-__all__ = ["TrainConfig", "Trainer", "build_model", "evaluate", "train"]
+__all__ = ["TrainConfig", "Trainer", "build_model", "evaluate", "read_train_config", "train", "upgrade_run"]

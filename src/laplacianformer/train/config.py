@@ -1,4 +1,7 @@
-"""``TrainConfig``: every setting of a training run, saved as ``config.json`` in the run directory.
+"""``TrainConfig``: every setting of a training run, saved as ``train_config.json`` in the run directory.
+
+``read_train_config(run_dir)`` also reads runs written before that name, whose ``config.json`` held it
+(recognised by its content, ``hub.is_train_config``); ``config.json`` now means the saved model.
 
 Defaults are a small-data version of the DeiT/SOFT recipe (DESIGN.md §5, training recipe): AdamW with
 weight decay 0.05, linear warm-up then cosine decay per step, label smoothing 0.1, gradient clipping,
@@ -15,8 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint import CheckpointError
+from ..hub import CONFIG_NAME, TRAIN_CONFIG_NAME, is_train_config
+from ..layers.token_mixer import check_token_mixer
+
 AMP_MODES = ("off", "bf16", "fp16")
-ATTENTIONS = ("laplacian", "gaussian", "softmax")
 
 
 @dataclass
@@ -101,8 +107,6 @@ class TrainConfig:
         real("time_budget", 0, lo_open=True, allow_none=True)
         if self.amp not in AMP_MODES:
             raise ValueError(f"amp: expected one of {list(AMP_MODES)}, got {self.amp!r}")
-        if self.attn not in ATTENTIONS:
-            raise ValueError(f"attn: expected one of {list(ATTENTIONS)}, got {self.attn!r}")
         if self.in_chans is not None and self.in_chans not in (1, 3):
             raise ValueError(f"in_chans: expected 1 or 3, got {self.in_chans!r}")
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 0:
@@ -112,6 +116,7 @@ class TrainConfig:
         for name in ("attn_kwargs", "model_kwargs"):
             if not isinstance(getattr(self, name), dict):
                 raise TypeError(f"{name}: expected a dict, got {type(getattr(self, name)).__name__}")
+        check_token_mixer(self.attn, self.attn_kwargs)  # the models' own check of attn and its keys
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -129,3 +134,16 @@ class TrainConfig:
     @classmethod
     def load(cls, path: str | Path) -> "TrainConfig":
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def read_train_config(run_dir: str | Path) -> TrainConfig:
+    """The ``TrainConfig`` of a run directory: ``train_config.json``, or in runs written before it, a
+    ``config.json`` holding a training configuration. CheckpointError naming the directory otherwise."""
+    d = Path(run_dir)
+    if (d / TRAIN_CONFIG_NAME).is_file():
+        return TrainConfig.load(d / TRAIN_CONFIG_NAME)
+    if (d / CONFIG_NAME).is_file():
+        data = json.loads((d / CONFIG_NAME).read_text())
+        if is_train_config(data):
+            return TrainConfig.from_dict(data)
+    raise CheckpointError(f"checkpoint: {d}: no {TRAIN_CONFIG_NAME} (expected a training run directory)")

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..layers.token_mixer import ATTENTIONS
 from .plots import plot_curves
 
 DEFAULTS = dict(train_subset=8000, test_subset=2000, epochs=3, img_size=32, batch_size=64, lr=1.5e-3, threads=1)
@@ -51,7 +52,7 @@ def markdown_table(rows: list[dict]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def run_demo(out="runs/demo", attns=("laplacian", "gaussian", "softmax"), data="fashion-mnist", quick=False,
+def run_demo(out="runs/demo", attns=ATTENTIONS, data="fashion-mnist", quick=False,
              progress=True, **overrides) -> list[dict]:
     """Trains and evaluates each variant; returns the table rows (also written to ``out``)."""
     budget = dict(QUICK if quick else DEFAULTS)
@@ -76,11 +77,12 @@ def run_demo(out="runs/demo", attns=("laplacian", "gaussian", "softmax"), data="
         if proc.returncode != 0:
             raise RuntimeError(f"demo: training the {attn} variant failed with exit status {proc.returncode}")
         summary = json.loads((run_dir / "summary.json").read_text())
-        cfg = json.loads((run_dir / "config.json").read_text())
+        from .config import read_train_config
         from .engine import model_kwargs_for
-        from .config import TrainConfig
 
-        kw = model_kwargs_for(TrainConfig.from_dict(cfg))
+        train_cfg = read_train_config(run_dir)
+        cfg = train_cfg.to_dict()
+        kw = model_kwargs_for(train_cfg)
         row = {k: summary[k] for k in ("attn", "top1", "top5", "loss", "params", "images_per_s", "peak_memory_mb",
                                        "peak_memory_kind", "train_time_s", "wall_time_s", "steps", "run_dir")}
         row["macs"] = _macs(cfg["model"], attn, cfg["img_size"], 1, kw)

@@ -3,14 +3,16 @@
 One step: batch (seeded order, see ``batches``) -> seeded augmentation -> autocast forward -> soft-target
 cross-entropy -> backward (GradScaler for fp16) -> gradient clipping -> AdamW step at the scheduled rate
 -> EMA update -> one JSON line in ``log.jsonl``. After each epoch: evaluation on the test split, a row in
-``epochs.csv``/``epochs.json``, the curves PNG and an atomic checkpoint (model, optimiser, schedule step,
-scaler, EMA, RNG states, data position). SIGINT/SIGTERM set a flag; the loop checkpoints at the next step
-boundary and returns with ``interrupted`` set. Resuming restores all of it, so a killed-and-resumed run
+``epochs.csv``/``epochs.json``, the curves PNG, ``model_best.safetensors`` when the test top-1 is the best
+so far, and an atomic checkpoint (model, optimiser, schedule step, scaler, EMA, RNG states, data
+position). SIGINT/SIGTERM set a flag; the loop checkpoints at the next step boundary and returns with
+``interrupted`` set. Resuming restores all of it, so a killed-and-resumed run
 ends with the same weights as an uninterrupted one (same machine, thread count and world size).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -19,6 +21,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +29,11 @@ from torch import nn
 
 from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint, save_weights
 from ..data import DataSplits, build_datasets
-from . import augment
+from ..hub import (
+    BEST_WEIGHTS_NAME, CHECKPOINT_NAME, EMA_WEIGHTS_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME, write_config,
+)
+from ..models import create_model
+from .augment import mix_batch, normalize, rand_augment, random_crop_flip
 from .batches import epoch_indices, iterate, steps_per_epoch
 from .config import TrainConfig
 from .distributed import DistInfo, barrier, broadcast_object, cleanup, init_distributed
@@ -37,9 +44,6 @@ from .runlog import StepLog, write_epochs
 from .schedule import lr_at
 from .state import FORMAT, capture_rng, restore_rng, seed_everything, step_seed
 
-CHECKPOINT = "checkpoint.pt"
-WEIGHTS = "model.safetensors"
-EMA_WEIGHTS = "model_ema.safetensors"
 SUMMARY = "summary.json"
 CURVES = "curves.png"
 
@@ -66,11 +70,22 @@ def model_kwargs_for(config: TrainConfig) -> dict:
 
 def build_model(config: TrainConfig, num_classes: int, in_chans: int) -> nn.Module:
     """``laplacianformer.models.create_model`` with the run's attention, drop path and overrides."""
-    from ..models import create_model
-
     return create_model(
         config.model, num_classes=num_classes, in_chans=in_chans, attn=config.attn,
         attn_kwargs=dict(config.attn_kwargs) or None, drop_path_rate=config.drop_path, **model_kwargs_for(config),
+    )
+
+
+def run_pretrained_cfg(model: nn.Module, config: TrainConfig, splits: DataSplits) -> dict:
+    """The model's timm pretrained cfg for this run's data: input size (channels, img_size), mean/std,
+    bilinear resize of the whole image (crop_pct 1), class names (``label_names``)."""
+    size = config.img_size
+    pool = -(-size // model.stride)
+    return dict(
+        getattr(model, "pretrained_cfg", None) or {}, num_classes=len(splits.classes),
+        input_size=(splits.in_chans, size, size), pool_size=(pool, pool), mean=tuple(splits.train.mean),
+        std=tuple(splits.train.std), interpolation="bilinear", crop_pct=1.0,
+        label_names=tuple(str(c) for c in splits.classes),
     )
 
 
@@ -104,10 +119,27 @@ def resolve_checkpoint(path: str | Path) -> Path:
     """A run directory (its checkpoint.pt) or a checkpoint file; CheckpointError naming the path otherwise."""
     p = Path(path)
     if p.is_dir():
-        p = p / CHECKPOINT
+        p = p / CHECKPOINT_NAME
     if not p.exists():
         raise CheckpointError(f"checkpoint: {p}: no such file (expected a run directory or a checkpoint file)")
     return p
+
+
+class ResumePoint(NamedTuple):
+    """A training checkpoint read once: the file and its content."""
+
+    path: Path
+    state: dict
+
+
+def read_resume(path: str | Path) -> ResumePoint:
+    """Read the training checkpoint of a run directory or checkpoint file; CheckpointError unless it is one."""
+    ckpt_path = resolve_checkpoint(path)
+    state = load_checkpoint(ckpt_path)
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint: {ckpt_path}: not a training checkpoint (format "
+                              f"{state.get('format')!r}, expected {FORMAT!r})")
+    return ResumePoint(ckpt_path, state)
 
 
 def load_model_state(model: nn.Module, state: dict, where: str) -> None:
@@ -153,19 +185,16 @@ class _StopFlag:
 class Trainer:
     """Holds the model, optimiser, data and run directory of one training run.
 
-    ``resume``: a run directory or checkpoint file to continue from (its saved config is used unless a
-    ``config`` is given; the model fields must match). ``splits``: prebuilt data (skips ``build_datasets``).
+    ``resume``: a run directory or checkpoint file to continue from, or a ``ResumePoint`` already read
+    (its saved config is used unless a ``config`` is given; the model fields must match).
+    ``splits``: prebuilt data (skips ``build_datasets``).
     """
 
-    def __init__(self, config: TrainConfig | None = None, *, resume: str | Path | None = None,
+    def __init__(self, config: TrainConfig | None = None, *, resume: str | Path | ResumePoint | None = None,
                  splits: DataSplits | None = None) -> None:
         self.resume_state = None
         if resume is not None:
-            ckpt_path = resolve_checkpoint(resume)
-            self.resume_state = load_checkpoint(ckpt_path)
-            if self.resume_state.get("format") != FORMAT:
-                raise CheckpointError(f"checkpoint: {ckpt_path}: not a training checkpoint (format "
-                                      f"{self.resume_state.get('format')!r}, expected {FORMAT!r})")
+            ckpt_path, self.resume_state = resume if isinstance(resume, ResumePoint) else read_resume(resume)
             if config is None:
                 config = TrainConfig.from_dict(self.resume_state["config"])
             if config.out is None:
@@ -192,6 +221,9 @@ class Trainer:
         self.classes = self.splits.classes
         self.num_classes = len(self.classes)
         self.model = build_model(cfg, self.num_classes, self.splits.in_chans).to(self.device)
+        self.model.pretrained_cfg = run_pretrained_cfg(self.model, cfg, self.splits)
+        # the model the EMA weights are evaluated in: built once (a copy, no RNG drawn), refilled per evaluation
+        self.ema_model = copy.deepcopy(self.model) if cfg.ema else None
         self.net = self.model
         if self.dist.enabled:
             self.net = nn.parallel.DistributedDataParallel(
@@ -206,6 +238,7 @@ class Trainer:
         self.warmup_steps = min(int(round(cfg.warmup_epochs * self.steps_per_epoch)), max(self.total_steps - 1, 0))
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.history: list[dict] = []
+        self.best: dict | None = None  # {"top1", "epoch", "steps"} of model_best.safetensors
         self.epoch_stats = {"loss_sum": 0.0, "correct": 0, "seen": 0, "train_time": 0.0}
         self.train_time = 0.0
         self.images_seen = 0
@@ -217,7 +250,8 @@ class Trainer:
             self._restore(self.resume_state)
             self.resume_state = None
         if self.dist.is_main:
-            cfg.save(self.run_dir / "config.json")
+            cfg.save(self.run_dir / TRAIN_CONFIG_NAME)
+            write_config(self.model, self.run_dir)
         barrier(self.dist)
 
     def state_dict(self) -> dict:
@@ -237,6 +271,7 @@ class Trainer:
             "epoch_stats": dict(self.epoch_stats),
             "history": self.history,
             "counters": {"train_time": self.train_time, "images_seen": self.images_seen},
+            "best": self.best,
         }
 
     def _restore(self, st: dict) -> None:
@@ -255,25 +290,26 @@ class Trainer:
         self.history = list(st["history"])
         self.train_time = st["counters"]["train_time"]
         self.images_seen = st["counters"]["images_seen"]
+        self.best = st.get("best")
         restore_rng(st["rng"])
 
     def save(self) -> None:
         if self.dist.is_main:
-            save_checkpoint(self.state_dict(), self.run_dir / CHECKPOINT)
+            save_checkpoint(self.state_dict(), self.run_dir / CHECKPOINT_NAME)
         barrier(self.dist)
 
-    def _train_step(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[float, int, int]:
+    def _train_step(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[float, int, float]:
+        """One optimiser step; returns (loss, correct predictions in the batch, learning rate)."""
         cfg = self.config
         g = torch.Generator().manual_seed(step_seed(cfg.seed, self.epoch, self.step_in_epoch))
         if cfg.randaugment:
-            images = augment.rand_augment(images, int(torch.randint(0, 2**31 - 1, (), generator=g)))
+            images = rand_augment(images, int(torch.randint(0, 2**31 - 1, (), generator=g)))
         images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
-        images = augment.random_crop_flip(images, g, pad=max(1, cfg.img_size // 8), crop=cfg.random_crop,
-                                          flip=cfg.hflip)
-        x = augment.normalize(images, self.splits.train.mean, self.splits.train.std)
-        x, target = augment.mix_batch(x, labels, g, num_classes=self.num_classes, mixup=cfg.mixup,
-                                      cutmix=cfg.cutmix, prob=cfg.mix_prob, smoothing=cfg.label_smoothing)
+        images = random_crop_flip(images, g, pad=max(1, cfg.img_size // 8), crop=cfg.random_crop, flip=cfg.hflip)
+        x = normalize(images, self.splits.train.mean, self.splits.train.std)
+        x, target = mix_batch(x, labels, g, num_classes=self.num_classes, mixup=cfg.mixup, cutmix=cfg.cutmix,
+                              prob=cfg.mix_prob, smoothing=cfg.label_smoothing)
         lr = lr_at(self.global_step, total_steps=self.total_steps, warmup_steps=self.warmup_steps,
                    base_lr=cfg.lr, min_lr=cfg.min_lr)
         for group in self.optimizer.param_groups:
@@ -298,11 +334,11 @@ class Trainer:
         return float(loss.detach()), correct, lr
 
     def _eval_model(self) -> nn.Module:
+        """The weights evaluated: the model, or with EMA the EMA weights copied into ``ema_model``."""
         if self.ema is None:
             return self.model
-        shadow = build_model(self.config, self.num_classes, self.splits.in_chans).to(self.device)
-        self.ema.copy_to(shadow)
-        return shadow
+        self.ema.copy_to(self.ema_model)
+        return self.ema_model
 
     def _evaluate(self, desc: str) -> dict:
         cfg = self.config
@@ -329,6 +365,13 @@ class Trainer:
         else:
             self.history.append(row)
         self.last_eval = ev
+        if self.best is None or ev["top1"] > self.best["top1"]:
+            self.best = {"top1": ev["top1"], "epoch": row["epoch"], "steps": self.global_step}
+            if self.dist.is_main:
+                meta = {"model": self.config.model, "attn": self.config.attn,
+                        **{k: str(v) for k, v in self.best.items()}}
+                evaluated = self.model if self.ema_model is None else self.ema_model  # filled by _evaluate
+                save_weights(evaluated.state_dict(), self.run_dir / BEST_WEIGHTS_NAME, meta)
         if self.dist.is_main:
             write_epochs(self.run_dir, self.history)
             plot_curves({self.config.attn: self.history}, self.run_dir / CURVES,
@@ -436,11 +479,11 @@ class Trainer:
             result.update(top1=ev["top1"], top5=ev["top5"], loss=ev["loss"], per_class=ev["per_class"],
                           confusion=ev["confusion"], eval_n=ev["n"])
         if self.dist.is_main and interrupted is None:
-            meta = {"model": cfg.model, "attn": cfg.attn, "config": json.dumps(cfg.to_dict()),
+            meta = {"model": cfg.model, "attn": cfg.attn, "train_config": json.dumps(cfg.to_dict()),
                     "classes": json.dumps(result["classes"])}
-            save_weights(self.model.state_dict(), self.run_dir / WEIGHTS, meta)
+            save_weights(self.model.state_dict(), self.run_dir / WEIGHTS_NAME, meta)
             if self.ema is not None:
-                save_weights(self.ema.shadow, self.run_dir / EMA_WEIGHTS, meta)
+                save_weights(self.ema.shadow, self.run_dir / EMA_WEIGHTS_NAME, meta)
         if self.dist.is_main:
             (self.run_dir / SUMMARY).write_text(json.dumps(result, indent=1) + "\n")
         barrier(self.dist)
@@ -452,7 +495,7 @@ class Trainer:
         torch.set_num_threads(self._prev_threads)
 
 
-def train(config: TrainConfig | None = None, *, resume: str | Path | None = None, **overrides) -> dict:
+def train(config: TrainConfig | None = None, *, resume: str | Path | ResumePoint | None = None, **overrides) -> dict:
     """Trains one model and returns its final metrics.
 
     Args:
@@ -463,11 +506,13 @@ def train(config: TrainConfig | None = None, *, resume: str | Path | None = None
     row per epoch), ``images_per_s``, ``peak_memory_mb`` (+ ``peak_memory_kind``), ``params``,
     ``train_time_s``, ``wall_time_s``, ``run_dir``, ``interrupted`` (signal name or None) and more.
     """
+    if resume is not None and not isinstance(resume, ResumePoint):
+        resume = read_resume(resume)
     if overrides:
         if config is not None:
             base = config.to_dict()
         elif resume is not None:
-            base = load_checkpoint(resolve_checkpoint(resume))["config"]
+            base = resume.state["config"]
         else:
             base = TrainConfig().to_dict()
         unknown = set(overrides) - set(base)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from ..checkpoint import CheckpointError, load_checkpoint, read_metadata
 from ..data import build_datasets
-from .config import TrainConfig
-from .engine import CHECKPOINT, EMA_WEIGHTS, WEIGHTS, build_model, load_model_state, resolve_device
+from ..hub import CHECKPOINT_NAME, EMA_WEIGHTS_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME, is_train_config, write_config
+from .config import TrainConfig, read_train_config
+from .engine import build_model, load_model_state, resolve_device, run_pretrained_cfg
 from .evaluate import evaluate
 from .plots import plot_confusion
 from .state import FORMAT
@@ -19,9 +20,9 @@ def load_for_eval(path: str | Path, *, ema: bool = False) -> tuple[TrainConfig, 
     p = Path(path)
     if p.is_dir():
         if ema:
-            candidates = [p / EMA_WEIGHTS]
+            candidates = [p / EMA_WEIGHTS_NAME]
         else:
-            candidates = [p / WEIGHTS, p / CHECKPOINT]
+            candidates = [p / WEIGHTS_NAME, p / CHECKPOINT_NAME]
         found = next((c for c in candidates if c.exists()), None)
         if found is None:
             raise CheckpointError(f"checkpoint: {p}: no {' or '.join(c.name for c in candidates)} in this directory")
@@ -31,12 +32,15 @@ def load_for_eval(path: str | Path, *, ema: bool = False) -> tuple[TrainConfig, 
     obj = load_checkpoint(p)
     if p.suffix == ".safetensors":
         meta = read_metadata(p)
-        if "config" in meta:
-            config = TrainConfig.from_dict(json.loads(meta["config"]))
-        elif (p.parent / "config.json").exists():
-            config = TrainConfig.load(p.parent / "config.json")
+        # "train_config"; runs written before it used "config" (recognised by content)
+        saved = json.loads(meta.get("train_config") or meta.get("config") or "null")
+        if is_train_config(saved):
+            config = TrainConfig.from_dict(saved)
         else:
-            raise CheckpointError(f"checkpoint: {p}: no training config in its metadata or next to it")
+            try:
+                config = read_train_config(p.parent)
+            except CheckpointError:
+                raise CheckpointError(f"checkpoint: {p}: no training config in its metadata or next to it") from None
         return config, obj, p
     if obj.get("format") != FORMAT or "model" not in obj:
         raise CheckpointError(f"checkpoint: {p}: not a laplacianformer training checkpoint")
@@ -79,3 +83,18 @@ def evaluate_checkpoint(path, *, data: str | None = None, model: str | None = No
                    title=f"{config.model} ({config.attn}) on {config.data}: top-1 {100 * res['top1']:.1f}%")
     Path(res["json"]).write_text(json.dumps(res, indent=1) + "\n")
     return res
+
+
+def upgrade_run(run_dir: str | Path) -> Path:
+    """Give a run directory written before ``train_config.json`` the current layout: its ``config.json``
+    (the training settings) becomes ``train_config.json``, and ``config.json`` is written as the saved
+    model's config (architecture and preprocessing), so ``laplacianformer.from_pretrained(run_dir)``
+    loads it. Reads the data set for the class names and mean/std. Returns the directory."""
+    d = Path(run_dir)
+    config = read_train_config(d)
+    splits = build_datasets(config.data, config.img_size, in_chans=config.in_chans, train_subset=1, test_subset=1,
+                            seed=config.seed, check_images=False)
+    model = build_model(config, len(splits.classes), splits.in_chans)
+    config.save(d / TRAIN_CONFIG_NAME)
+    write_config(model, d, run_pretrained_cfg(model, config, splits))
+    return d

@@ -1,0 +1,74 @@
+"""The token mixers of the models by name: the one list of attention kinds and their arguments (docs/DESIGN.md §5).
+
+    ATTENTIONS = ("laplacian", "gaussian", "softmax")
+    make = get_token_mixer("laplacian", {"lam": 2.0})     # validates the name and the keys once
+    attn = make(64, 2, sr_ratio=8, landmarks=(7, 7))      # an nn.Module: forward(x (B, N, C), hw) -> (B, N, C)
+
+"laplacian" and "gaussian" are ``LaplacianAttention`` with that kernel (docs/DESIGN.md §1, §2);
+"softmax" is PVTv2's ``SpatialReductionAttention`` (the quadratic baseline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from torch import nn
+
+from .laplacian_attention import LaplacianAttention
+from .spatial_reduction_attention import SpatialReductionAttention
+
+__all__ = ["ATTENTIONS", "LAPLACIAN_ATTN_KWARGS", "SOFTMAX_ATTN_KWARGS", "check_token_mixer", "get_token_mixer"]
+
+ATTENTIONS = ("laplacian", "gaussian", "softmax")
+# ``attn_kwargs`` keys each kind accepts (forwarded to the module's constructor, which checks the values)
+LAPLACIAN_ATTN_KWARGS = (
+    "lam", "qk_scale", "norm", "solver", "iters", "ns_eps", "tie_qk", "landmarks", "dwconv", "recompute"
+)
+SOFTMAX_ATTN_KWARGS = ("sr_ratio",)
+
+
+def check_token_mixer(attn: str, attn_kwargs: Mapping | None = None) -> dict:
+    """Validate an attention name and the keys of its ``attn_kwargs``; returns the kwargs as a new dict.
+
+    ValueError naming ``attn`` or ``attn_kwargs`` otherwise. A list ``landmarks`` becomes a tuple (JSON
+    configs store tuples as lists). The values are checked by the module that receives them.
+    """
+    if attn not in ATTENTIONS:
+        raise ValueError(f"attn: expected one of {list(ATTENTIONS)}, got {attn!r}")
+    if attn_kwargs is not None and not isinstance(attn_kwargs, Mapping):
+        raise TypeError(f"attn_kwargs: expected a dict, got {type(attn_kwargs).__name__}")
+    kwargs = dict(attn_kwargs or {})
+    if attn == "softmax":
+        unknown = sorted(set(kwargs) - set(SOFTMAX_ATTN_KWARGS))
+        if unknown:
+            raise ValueError(f"attn_kwargs: keys {unknown} do not apply to attn='softmax' (allowed: {list(SOFTMAX_ATTN_KWARGS)})")
+    else:
+        unknown = sorted(set(kwargs) - set(LAPLACIAN_ATTN_KWARGS))
+        if unknown:
+            raise ValueError(f"attn_kwargs: unknown keys {unknown} for attn={attn!r} (allowed: {list(LAPLACIAN_ATTN_KWARGS)})")
+    if isinstance(kwargs.get("landmarks"), list):
+        kwargs["landmarks"] = tuple(kwargs["landmarks"])
+    return kwargs
+
+
+def get_token_mixer(attn: str = "laplacian", attn_kwargs: Mapping | None = None) -> Callable[..., nn.Module]:
+    """A builder of the ``attn`` token mixer, validated once (``check_token_mixer``).
+
+    The builder ``make(dim, num_heads, *, sr_ratio=1, landmarks=(7, 7), qkv_bias=True, attn_drop=0.0,
+    proj_drop=0.0)`` returns the module for one block; ``attn_kwargs`` entries take precedence over
+    ``sr_ratio`` (softmax) and ``landmarks`` (laplacian/gaussian). ``make.attn`` and ``make.attn_kwargs``
+    hold the validated name and kwargs.
+    """
+    kwargs = check_token_mixer(attn, attn_kwargs)
+
+    def make(
+        dim: int, num_heads: int, *, sr_ratio: int = 1, landmarks=(7, 7), qkv_bias: bool = True,
+        attn_drop: float = 0.0, proj_drop: float = 0.0,
+    ) -> nn.Module:
+        common = dict(qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
+        if attn == "softmax":
+            return SpatialReductionAttention(dim, num_heads, **{"sr_ratio": sr_ratio, **kwargs}, **common)
+        return LaplacianAttention(dim, num_heads, kernel=attn, **{"landmarks": landmarks, **kwargs}, **common)
+
+    make.attn, make.attn_kwargs = attn, kwargs
+    return make
