@@ -20,9 +20,9 @@ def model_landmark_matrices(rec: dict, *, batch: int | None = None, seed: int = 
     import torch
 
     from ..layers import LaplacianAttention
-    from ..layers.laplacian_attention import effective_landmarks
     from ..ops.attention import pool_landmarks
     from ..ops.kernel import laplace_kernel
+    from ..ops.validation import resolve_landmarks
     from ..models import create_model
     from .protocol import _in_chans
 
@@ -33,7 +33,7 @@ def model_landmark_matrices(rec: dict, *, batch: int | None = None, seed: int = 
 
     def grab(mod, args):
         x, hw = args[0], args[1] if len(args) > 1 else None
-        grid = effective_landmarks(mod.landmarks, hw, x.shape[1])
+        grid = resolve_landmarks(mod.landmarks, hw, x.shape[1], clamp=True)
         if grid is None:
             return
         q, _ = mod._project_qk(x)
