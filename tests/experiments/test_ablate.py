@@ -366,3 +366,15 @@ def test_quick_smoke_run_trains_for_real(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "SMOKE TEST" in out and "| tied |" in out and "[tie_qk " in out
     assert (tmp_path / "tie_qk.png").exists() and "SMOKE TEST" in (tmp_path / "tie_qk.md").read_text()
+
+
+def test_same_protocol_ignores_new_default_flags_and_display_fields_but_not_results():
+    from laplacianformer.experiments.protocol import PROTOCOL, recipe, same_protocol
+
+    base = {"name": "p", "img_size": 28, "recipe": recipe(PROTOCOL)}
+    older = {**base, "recipe": {k: v for k, v in base["recipe"].items() if k != "ema"}}  # written before "ema" existed
+    assert same_protocol(base, older)
+    assert same_protocol(base, {**base, "recipe": {**base["recipe"], "verify_images": not base["recipe"]["verify_images"]}})
+    assert not same_protocol(base, {**base, "recipe": {**base["recipe"], "lr": 1.0}})
+    assert not same_protocol({**base, "recipe": {**base["recipe"], "ema": True}}, older)  # new flag, not at its default
+    assert not same_protocol(base, {**base, "img_size": 32})
