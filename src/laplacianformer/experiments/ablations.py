@@ -141,7 +141,7 @@ ABLATIONS: dict[str, Ablation] = {
                    ((_r(*LAMBDA_LABELS, ablation="lambda"), _r(*GAUSSIAN_LABELS)),))),
         ),
         Ablation(
-            "norm", "norm", "Injective normalisation and its variants (docs/DESIGN.md pipeline, normalisation)",
+            "norm", "norm", "Injective normalisation and its variants (docs/DESIGN.md §4)",
             (*(Variant(n, attn_kwargs={"norm": n}) for n in ("injective", "inline", "rowsum", "none")),
              Variant("injective-nomean", attn_kwargs={"norm": "injective_nomean"})),
             "injective", ("injective", "inline"),
@@ -159,7 +159,7 @@ ABLATIONS: dict[str, Ablation] = {
             "iters=20", ("iters=10", "iters=20"),
         ),
         Ablation(
-            "qk_scale", "qk_scale", "Scale of q and k before the distance: 1, d^-1/4, d^-1/2 (docs/DESIGN.md decision 1)",
+            "qk_scale", "qk_scale", "Scale of q and k before the distance: 1, d^-1/4, d^-1/2 (docs/DESIGN.md §1.1)",
             (Variant("1", qk_scale_power=0.0), Variant("d^-0.25", qk_scale_power=-0.25), Variant("d^-0.5", qk_scale_power=-0.5)),
             "d^-0.5", ("1", "d^-0.5"),
         ),
