@@ -36,3 +36,20 @@ def test_soft_validation(randn):
         soft_attention(q, randn(1, 2, 8, 4), hw=(3, 3), landmarks=(2, 2))
     with pytest.raises(ValueError, match="^landmarks:"):
         soft_attention(q, q, hw=(3, 3), landmarks=(4, 4))
+
+
+def test_soft_value_conv_is_one_3x3_filter_per_head_without_bias():
+    """SOFT's DWConv(V): each head's filter acts on all d channels of that head (DESIGN.md §1.4)."""
+    import torch.nn.functional as F
+
+    from laplacianformer.baselines import SoftAttention
+
+    torch.manual_seed(7)
+    print("seed 7")
+    m = SoftAttention(12, num_heads=3).double()
+    assert m.dwconv.weight.shape == (3, 1, 3, 3) and m.dwconv.bias is None
+    v_tok = torch.randn(2, 20, 12, dtype=torch.float64)
+    got = m._value_conv(v_tok, (4, 5))
+    grid = v_tok.view(2, 4, 5, 3, 4).permute(0, 4, 3, 1, 2).reshape(8, 3, 4, 5)  # (B·d, H, h, w): SOFT's layout
+    ref = F.conv2d(grid, m.dwconv.weight, padding=1, groups=3).reshape(2, 4, 3, 4, 5).permute(0, 3, 4, 2, 1)
+    torch.testing.assert_close(got, ref.reshape(2, 20, 12))

@@ -32,7 +32,7 @@ def materialised_nystrom(q, k, hw, grid, lam, kernel, ns_eps):
 def test_linear_cost_normalisation_equals_materialised_formula(norm, kernel):
     q, k, v = qkv(n=35, d=6, dv=5)
     hw, grid = (5, 7), (3, 4)
-    out = laplacian_attention(q, k, v, hw=hw, landmarks=grid, qk_scale=1.0, norm=norm, solver="exact", kernel=kernel)
+    out = laplacian_attention(q, k, v, hw=hw, landmarks=grid, lam=4.0, qk_scale=1.0, norm=norm, solver="exact", kernel=kernel)
     g = materialised_nystrom(q, k, hw, grid, 4.0, kernel, 0.01)
     ref = normalize_dense(g, v, norm)
     torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-10)
@@ -164,12 +164,13 @@ def test_tied_keys_reuse_query_kernel():
 def test_qk_scale_equals_scaling_the_inputs(kernel, qk_scale):
     """The operator folds qk_scale into lam (k(s·q, s·k; lam) = k(q, k; lam / s^p)): same as scaling q, k."""
     q, k, v = qkv(n=35, d=6, dv=5)
-    s = 6**-0.5 if qk_scale is None else qk_scale
+    default_scale = 6**-0.5 if kernel == "laplacian" else 1.0  # the kernel's default (DESIGN.md §1.1, §1.4)
+    s = default_scale if qk_scale is None else qk_scale
     hw, grid = (5, 7), (3, 4)
-    out = laplacian_attention(q, k, v, hw=hw, landmarks=grid, qk_scale=qk_scale, solver="exact", kernel=kernel)
-    ref = laplacian_attention(q * s, k * s, v, hw=hw, landmarks=grid, qk_scale=1.0, solver="exact", kernel=kernel)
+    out = laplacian_attention(q, k, v, hw=hw, landmarks=grid, lam=4.0, qk_scale=qk_scale, solver="exact", kernel=kernel)
+    ref = laplacian_attention(q * s, k * s, v, hw=hw, landmarks=grid, lam=4.0, qk_scale=1.0, solver="exact", kernel=kernel)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
-    dense = laplacian_attention(q, k, v, hw=hw, landmarks=None, qk_scale=qk_scale, kernel=kernel)
+    dense = laplacian_attention(q, k, v, hw=hw, landmarks=None, lam=4.0, qk_scale=qk_scale, kernel=kernel)
     torch.testing.assert_close(dense, normalize_dense(laplace_kernel_naive(q * s, k * s, 4.0, kernel), v, "injective"))
 
 
@@ -186,3 +187,30 @@ def test_pool_landmarks_equals_adaptive_avg_pool(grid_hw, marks):
     seq = torch.randn(2, 3, 50, 4, dtype=torch.float64)
     ref1 = F.adaptive_avg_pool1d(seq.reshape(6, 50, 4).transpose(1, 2), 7).transpose(1, 2).reshape(2, 3, 7, 4)
     torch.testing.assert_close(pool_landmarks(seq, None, 7), ref1, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("d", [8, 32])
+def test_gaussian_default_is_softs_bandwidth_on_raw_qk(d):
+    """kernel="gaussian" with default lam/qk_scale is exp(-||q - k||² / (2·sqrt(d))) on the raw q, k (DESIGN.md §1.4)."""
+    g = torch.Generator().manual_seed(1234)
+    print("seed 1234")
+    q, k, v = (torch.randn(1, 2, 12, d, generator=g, dtype=torch.float64) for _ in range(3))
+    out = laplacian_attention(q, k, v, landmarks=None, kernel="gaussian", norm="none")
+    sq = (q.unsqueeze(-2) - k.unsqueeze(-3)).pow(2).sum(-1)
+    torch.testing.assert_close(out, torch.exp(-sq / (2.0 * d**0.5)) @ v, rtol=1e-12, atol=1e-12)
+    # the Laplacian default is unchanged: exp(-||q - k||_1 / 4) on q, k scaled by d**-0.5
+    out = laplacian_attention(q, k, v, landmarks=None, norm="none")
+    l1 = (q.unsqueeze(-2) - k.unsqueeze(-3)).abs().sum(-1) * d**-0.5
+    torch.testing.assert_close(out, torch.exp(-l1 / 4.0) @ v, rtol=1e-12, atol=1e-12)
+
+
+def test_default_bandwidth_resolves_each_none_and_validates():
+    from laplacianformer.ops import default_bandwidth
+
+    assert default_bandwidth("laplacian", 64) == (4.0, 0.125)
+    assert default_bandwidth("gaussian", 16) == (8.0, 1.0)
+    assert default_bandwidth("gaussian", 16, lam=2.0, qk_scale=0.5) == (2.0, 0.5)
+    with pytest.raises(ValueError, match="^lam"):
+        default_bandwidth("gaussian", 16, lam=-1.0)
+    with pytest.raises(ValueError, match="^kernel"):
+        default_bandwidth("cauchy", 16)

@@ -51,7 +51,8 @@ def pooled_landmarks(x: torch.Tensor, hw, landmarks) -> torch.Tensor:
 
 def materialised_reference(q, k, v, *, hw, landmarks, lam, qk_scale, norm, kernel, ns_eps=0.01):
     """Z(ĝ) V with ĝ the dense N×N (Nyström or exact) similarity, from DESIGN.md §1–§4 directly."""
-    scale = q.shape[-1] ** -0.5 if qk_scale is None else qk_scale
+    default_scale = q.shape[-1] ** -0.5 if kernel == "laplacian" else 1.0  # DESIGN.md §1.1, §1.4
+    scale = default_scale if qk_scale is None else qk_scale
     qs, ks = q * scale, k * scale
     if landmarks is None:
         g = laplace_kernel_naive(qs, ks, lam, kernel)

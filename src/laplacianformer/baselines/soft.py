@@ -6,14 +6,20 @@ A Gaussian kernel with keys tied to queries, no row normalisation, Nyström-appr
 This is ``laplacian_attention(q, q, v, kernel="gaussian", norm="none", qk_scale=1, lam=2·sqrt(d))``: the
 same landmark pooling (adaptive average to a fixed grid, DESIGN.md §2) and Newton–Schulz solver (DESIGN.md §3)
 as ours, so the only differences from LaplacianFormer are the kernel and the normalisation. SOFT's own
-landmarks are learned by a strided conv + norm; ours are pooled to a fixed m at any resolution (DESIGN.md §2).
+landmarks are learned (a strided conv of stride sqrt(N/m), then LayerNorm and GELU), so their count is
+fixed by the training resolution; ours are pooled to a fixed m at any resolution (DESIGN.md §2).
+The module's value path is SOFT's: a 3×3 convolution of V with one filter per head, shared by the head's
+d channels, without bias (1-D sequences: its middle row, kernel 3 along the sequence).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..ops.attention import laplacian_attention
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops.attention import default_bandwidth, laplacian_attention
 from ..ops.validation import check_qkv, resolve_landmarks
 from ..layers.token_attention import TokenAttention
 
@@ -21,8 +27,8 @@ __all__ = ["soft_bandwidth", "soft_attention", "soft_attention_dense", "SoftAtte
 
 
 def soft_bandwidth(head_dim: int) -> float:
-    """SOFT's lambda for exp(-||x - y||² / lambda): 2·sqrt(d)."""
-    return 2.0 * head_dim**0.5
+    """SOFT's lambda for exp(-||x - y||² / lambda): 2·sqrt(d), the operator's Gaussian default (DESIGN.md §1.4)."""
+    return default_bandwidth("gaussian", head_dim)[0]
 
 
 def soft_attention(
@@ -82,12 +88,26 @@ class SoftAttention(TokenAttention):
         ns_eps: float = 0.01,
         **kwargs,
     ) -> None:
-        super().__init__(dim, num_heads, tie_qk=True, **kwargs)
+        dwconv = kwargs.pop("dwconv", True)
+        super().__init__(dim, num_heads, tie_qk=True, dwconv=False, **kwargs)
+        # SOFT's value path: one 3×3 filter per head, shared by the head's channels, no bias
+        self.dwconv = nn.Conv2d(num_heads, num_heads, 3, padding=1, groups=num_heads, bias=False) if dwconv else None
         self.landmarks = landmarks
         self.solver_kwargs = dict(solver=solver, iters=iters, ns_eps=ns_eps)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.num_heads}, landmarks={self.landmarks}, {self.solver_kwargs}"
+
+    def _value_conv(self, v_tok: torch.Tensor, hw) -> torch.Tensor:
+        """SOFT's DWConv(V): v_tok (B, N, C) -> (B, N, C), head h's filter on each of its d channels."""
+        b, n, c = v_tok.shape
+        weight = self.dwconv.weight.repeat_interleave(self.head_dim, dim=0)  # (C, 1, 3, 3), channel = h·d + i
+        if hw is None:
+            y = F.conv2d(v_tok.transpose(1, 2).unsqueeze(2), weight[:, :, 1:2, :], padding=(0, 1), groups=c)
+            return y.squeeze(2).transpose(1, 2)
+        grid = v_tok.transpose(1, 2).reshape(b, c, hw[0], hw[1])  # channels-last view of the tokens
+        y = F.conv2d(grid, weight.to(memory_format=torch.channels_last), padding=1, groups=c)
+        return y.flatten(2).transpose(1, 2)
 
     def attend(self, q, k, v, hw):
         grid = resolve_landmarks(self.landmarks, hw, q.shape[2], clamp=True)

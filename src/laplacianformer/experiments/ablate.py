@@ -80,8 +80,8 @@ def cell_key(label: str, seed: int) -> str:
 
 
 def canonical_attention(attn: str, attn_kwargs: dict, head_dim: int | None) -> dict:
-    """The attention settings with every default filled in (qk_scale None -> d**-0.5 when d is known),
-    so that two variants that build the same model compare equal."""
+    """The attention settings with every default filled in (lam and qk_scale None -> the kernel's defaults,
+    ``ops.default_bandwidth``, when d is known), so that two variants that build the same model compare equal."""
     import inspect
 
     from ..layers import LaplacianAttention
@@ -92,8 +92,10 @@ def canonical_attention(attn: str, attn_kwargs: dict, head_dim: int | None) -> d
     params = inspect.signature(LaplacianAttention.__init__).parameters
     full = {k: params[k].default for k in LAPLACIAN_ATTN_KWARGS if k in params}
     full.update(attn_kwargs)
-    if full.get("qk_scale") is None and head_dim is not None:
-        full["qk_scale"] = float(head_dim) ** -0.5
+    if head_dim is not None:
+        from ..ops import default_bandwidth
+
+        full["lam"], full["qk_scale"] = default_bandwidth(attn, head_dim, full.get("lam"), full.get("qk_scale"))
     full = {k: list(v) if isinstance(v, tuple) else v for k, v in full.items()}
     return {"attn": attn, **_jsonable(full)}
 

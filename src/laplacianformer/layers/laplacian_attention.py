@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..ops.attention import laplacian_attention
-from ..ops.validation import KERNELS, NORMS, SOLVERS, check_choice, check_positive, resolve_landmarks
+from ..ops.attention import default_bandwidth, laplacian_attention
+from ..ops.validation import NORMS, SOLVERS, check_choice, resolve_landmarks
 from .token_attention import TokenAttention
 
 
@@ -24,7 +24,9 @@ class LaplacianAttention(TokenAttention):
         dim: channels C (divisible by num_heads).
         num_heads: heads H; head dim d = C / H.
         landmarks: landmark grid per head (default 7×7, m = 49), an int for 1-D sequences, or None (exact).
-        lam, qk_scale, norm, solver, iters, ns_eps, kernel: passed to ``laplacian_attention``.
+        lam, qk_scale, norm, solver, iters, ns_eps, kernel: passed to ``laplacian_attention``; lam and
+            qk_scale None are the kernel's defaults (Laplacian: 4 and d**-0.5; Gaussian: SOFT's 2·sqrt(d)
+            on the raw q and k; docs/DESIGN.md §1.4).
         qkv_bias: bias in the q/k/v projection.
         tie_qk: use K = Q (SOFT's symmetric variant); removes the key projection.
         dwconv: add a 3×3 depthwise conv of V on the token grid (1-D: kernel 3) to the output.
@@ -39,7 +41,7 @@ class LaplacianAttention(TokenAttention):
         num_heads: int = 8,
         *,
         landmarks=(7, 7),
-        lam: float = 4.0,
+        lam: float | None = None,
         qkv_bias: bool = True,
         qk_scale: float | None = None,
         tie_qk: bool = False,
@@ -57,10 +59,11 @@ class LaplacianAttention(TokenAttention):
             dim, num_heads, qkv_bias=qkv_bias, tie_qk=tie_qk, dwconv=dwconv, attn_drop=attn_drop,
             proj_drop=proj_drop, recompute=recompute,
         )
-        check_positive("lam", lam)
+        # the kernel's defaults resolved once (and lam, qk_scale, kernel validated): the stored settings are
+        # the function computed, whatever was left to the defaults
+        lam, qk_scale = default_bandwidth(kernel, self.head_dim, lam, qk_scale)
         check_choice("norm", norm, NORMS)
         check_choice("solver", solver, SOLVERS)
-        check_choice("kernel", kernel, KERNELS)
         self.landmarks = landmarks
         self.attn_kwargs = dict(
             lam=lam, qk_scale=qk_scale, norm=norm, solver=solver, iters=iters, ns_eps=ns_eps, kernel=kernel

@@ -7,13 +7,14 @@ every call of the attention operator.
 """
 
 from ._runtime import capturing, configure, use
-from .attention import explain_all, laplacian_attention
+from .attention import default_bandwidth, explain_all, laplacian_attention
 from .dispatch import explain, op_names
 from .kernel import laplace_kernel, laplace_kernel_matmul
 from .newton_schulz import conjugate_gradient_inverse, newton_schulz_pinv, pinv_residual, regularised_inverse
 
 __all__ = [
     "laplacian_attention",
+    "default_bandwidth",
     "laplace_kernel",
     "laplace_kernel_matmul",
     "newton_schulz_pinv",

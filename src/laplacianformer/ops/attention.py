@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +118,21 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+def default_bandwidth(kernel: str, head_dim: int, lam: float | None = None, qk_scale: float | None = None):
+    """(lam, qk_scale) with each None replaced by the kernel's default (docs/DESIGN.md §1.1, §1.4).
+
+    Laplacian exp(-||s·q - s·k||_1 / lam): lam = 4, s = d**-0.5 (ours). Gaussian exp(-||s·q - s·k||² / lam):
+    lam = 2·sqrt(d), s = 1, i.e. SOFT's exp(-||q - k||² / (2·sqrt(d))) on the raw q and k. Given values
+    are checked (finite, > 0) and kept.
+    """
+    check_choice("kernel", kernel, KERNELS)
+    if lam is None:
+        lam = 4.0 if kernel == "laplacian" else 2.0 * math.sqrt(head_dim)
+    if qk_scale is None:
+        qk_scale = head_dim ** -0.5 if kernel == "laplacian" else 1.0
+    return check_positive("lam", lam), check_positive("qk_scale", qk_scale)
+
+
 def laplacian_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -124,7 +140,7 @@ def laplacian_attention(
     *,
     hw: tuple[int, int] | None = None,
     landmarks=(7, 7),
-    lam: float = 4.0,
+    lam: float | None = None,
     qk_scale: float | None = None,
     norm: str = "injective",
     solver: str = "newton_schulz",
@@ -143,8 +159,10 @@ def laplacian_attention(
         hw: (height, width) of a 2-D token grid with height·width = N; None for a 1-D sequence.
         landmarks: grid (lh, lw) or a perfect-square int (2-D), an int (1-D), or None for the exact
             O(N²) kernel.  Landmarks are the adaptive average pool of the scaled queries.
-        lam: kernel bandwidth lambda > 0 (docs/DESIGN.md §1, default 4).
-        qk_scale: factor applied to q and k before the distance; None means d**-0.5.
+        lam: kernel bandwidth lambda > 0; None is the kernel's default (``default_bandwidth``: 4 for the
+            Laplacian, SOFT's 2·sqrt(d) for the Gaussian; docs/DESIGN.md §1, §1.4).
+        qk_scale: factor applied to q and k before the distance; None is the kernel's default
+            (d**-0.5 for the Laplacian, 1 for the Gaussian, which SOFT applies to the raw q and k).
         norm: "injective" | "inline" | "rowsum" | "none" (docs/DESIGN.md §4).
         solver: "newton_schulz" | "cg" | "exact" for (W + ns_eps·I)^{-1} (docs/DESIGN.md §3).
         iters: solver iterations; ns_eps: diagonal regulariser; norm_eps: whitening epsilon, > 0 for
@@ -161,12 +179,10 @@ def laplacian_attention(
     n = q.shape[2]
     hw = check_hw(hw, n)
     grid = resolve_landmarks(landmarks, hw, n)
-    lam = check_positive("lam", lam)
-    if qk_scale is not None:
-        qk_scale = check_positive("qk_scale", qk_scale)
+    check_choice("kernel", kernel, KERNELS)
+    lam, scale = default_bandwidth(kernel, q.shape[-1], lam, qk_scale)
     check_choice("norm", norm, NORMS)
     check_choice("solver", solver, SOLVERS)
-    check_choice("kernel", kernel, KERNELS)
     check_choice("ns_backward", ns_backward, ("implicit", "unrolled"))
     check_positive_int("iters", iters)
     check_positive("ns_eps", ns_eps, allow_zero=True)
@@ -177,7 +193,6 @@ def laplacian_attention(
 
     out_dtype = v.dtype
     dtype = _compute_dtype(q.dtype)
-    scale = q.shape[-1] ** -0.5 if qk_scale is None else qk_scale
     # k(s·x, s·y; lam) = k(x, y; lam / s^p): the L1 distance is homogeneous of degree p = 1, the squared
     # L2 distance of degree 2, and the pooled landmarks of s·q are s times those of q. So q and k are used
     # unscaled with the bandwidth rescaled: the same function, without two passes over (N, d) tensors.
