@@ -37,6 +37,7 @@ from benchmarks.common import (
 from benchmarks.kernels import interleaved
 from laplacianformer import laplacian_attention
 from laplacianformer.baselines.soft import soft_attention
+from laplacianformer.ops import use
 from laplacianformer.ops.normalization import normalize_nystrom, normalize_nystrom_reference, reference_normalization
 
 M_LANDMARKS, E, HEADS = 49, 32, 2
@@ -45,7 +46,9 @@ OPERATOR_SHAPES = {  # label: (B, H, grid side, d)
     "N=16384 (128²), B1 H2 d32": (1, 2, 128, 32),
     "Tiny stage 1 (56²), B1 H1 d64": (1, 1, 56, 64),
 }
-OPERATOR_VARIANTS = ("injective", "none", "soft")
+OPERATOR_VARIANTS = ("injective", "injective:fused", "none", "soft")
+"""The default operator (its normalisation on the first backend that serves: C on CPU), the same with the
+PyTorch ``fused`` backend forced (the default before the C backend), ``norm="none"``, SOFT."""
 
 
 def _inputs(n: int, dtype=torch.float32, seed: int = 0):
@@ -91,7 +94,7 @@ def make_attention_call(impl: str, norm: str, n: int, with_backward: bool):
 
 
 def make_operator_call(variant: str, shape: tuple[int, int, int, int]):
-    """Forward + backward of the default operator ("injective"), ``norm="none"`` or SOFT on (B, H, side², d)
+    """Forward + backward of one of ``OPERATOR_VARIANTS`` ("norm[:normalization backend]" or "soft") on (B, H, side², d)
     random q, k, v (SOFT ties k to q), 7×7 landmarks, with a fixed random output gradient."""
     b, h, side, d = shape
     gen = torch.Generator().manual_seed(0)
@@ -99,11 +102,14 @@ def make_operator_call(variant: str, shape: tuple[int, int, int, int]):
     probe = torch.randn(b, h, side * side, d, generator=gen)
     leaves = (q, v) if variant == "soft" else (q, k, v)
 
+    norm, _, backend = variant.partition(":")
+
     def call():
         if variant == "soft":
             out = soft_attention(q, v, hw=(side, side))
         else:
-            out = laplacian_attention(q, k, v, hw=(side, side), norm=variant)
+            with use(normalization=backend or "auto"):
+                out = laplacian_attention(q, k, v, hw=(side, side), norm=norm)
         torch.autograd.grad(out, leaves, probe)
         return out
 

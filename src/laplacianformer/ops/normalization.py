@@ -136,8 +136,8 @@ def _triton_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None) -> str | 
     if why is not None:
         return why
     m, e = b.shape[-1], v.shape[-1]
-    if max(m, e) > 128:
-        return f"m={m}, e={e}: the Triton passes take m, e <= 128 (register tiles)"
+    if max(m, e) > 64:
+        return f"m={m}, e={e}: the Triton passes take m, e <= 64 (register tiles and shared memory)"
     ok, why = _runtime.triton_available()
     return None if ok else why
 

@@ -2,8 +2,9 @@
 ``ops/injective.py``, the CPU twin in ``csrc/normalization.c``.
 
 Backend ``triton`` of the op ``normalization``. Per batch·head, c (Nq, m) = C_q, k (Nk, m) = C_k,
-w (m, m) = W⁺ or None (k is B), v (Nk, e); all products run in float32 ``tl.dot`` (IEEE: the variances
-s_j must not lose bits to TF32), inputs may be float32/float16/bfloat16.
+w (m, m) = W⁺ or None (k is B), v (Nk, e); products accumulate in float32 (``tl.dot`` as "tf32x3": the
+variances s_j must not lose the bits plain TF32 would), float64 for float64 inputs; inputs may be
+float32/float64/float16/bfloat16.
 
 - ``tn_kernel``: partial sums over row splits of (x − x̄)ᵀ (y − ȳ) and Σ y (the covariance S of C_q and
   dM = C̃_qᵀ G), into a (G, splits, P, Q) workspace summed in a fixed order (deterministic, no atomics);
@@ -14,7 +15,10 @@ s_j must not lose bits to TF32), inputs may be float32/float16/bfloat16.
   kept; dk may overwrite t), partial sums of k̃ᵀ (ds ⊙ k̃) and Σ ds k̃.
 The m×m and m×e algebra between the passes (S' = Wᵀ S W, M = W M', dS = W dS' Wᵀ, dW) is torch.
 
-m and e up to 128 (``MAX_DIM``). ``aot_specialisations`` lists every launch configuration for
+m and e up to 64 (``MAX_DIM``): compiled for sm_90 (``triton.compile`` with ``GPUTarget("cuda", 90, 32)``)
+these passes use no spill stores with float32/bfloat16 tiles of 64 (products as "tf32x3", split TF32
+with float32 accuracy, on the tensor cores); at 128 they spilled and the key backward asked for more
+shared memory than a block gets. ``aot_specialisations`` lists every launch configuration for
 ``benchmarks/triton_aot.py``.
 """
 
@@ -25,7 +29,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-MAX_DIM = 128
+MAX_DIM = 64
 _SPLITS = 16
 _TL = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
@@ -39,7 +43,7 @@ def _acc(dtype: torch.dtype) -> tuple[torch.dtype, object]:
 def _dot(a, b, ACC: tl.constexpr):
     if ACC == tl.float64:
         return tl.dot(a, b)
-    return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b, input_precision="tf32x3")
 
 
 @triton.jit
@@ -193,9 +197,9 @@ def _config(m: int, e: int) -> tuple[int, int]:
     """(BLOCK_N, num_warps) of the row passes for m, e: fewer rows per block for wide tiles (registers)."""
     width = max(_p2(m), _p2(e))
     if width <= 32:
-        return 64, 4
-    if width <= 64:
         return 32, 4
+    if width <= 64:
+        return 16, 8
     return 16, 8
 
 
@@ -349,11 +353,14 @@ def _signature(kernel, tname: str, workspaces=(), acc: str = "fp32") -> dict:
         name = param.name
         if name == "eps":
             sig[name] = "fp32"
-        elif name.isupper():
-            sig[name] = f"*{acc}" if name in workspaces else f"*{tname}"
-        else:
+        elif name in _SIZES:
             sig[name] = "i32"
+        else:
+            sig[name] = f"*{acc}" if name in workspaces else f"*{tname}"
     return sig
+
+
+_SIZES = {"N", "P", "Q", "M", "E", "NK", "K1", "K2", "SPLITS", "rows_per_split"}
 
 
 _WORKSPACES = {
