@@ -1,5 +1,5 @@
-"""Normalisation benchmark: the fused injective / inline functions (``ops/injective.py``) versus the
-autograd composite ``normalize_nystrom_reference``, forward and forward+backward, interleaved in one
+"""Normalisation benchmark: the fused injective / inline normalisation ("fused": ``normalize_nystrom`` with
+automatic backend selection, i.e. the C backend on CPU; docs/KERNELS.md) versus the autograd composite ``normalize_nystrom_reference``, forward and forward+backward, interleaved in one
 process (DESIGN.md §4).
 
 Inputs per case: C_q and B of shape (1, 2, N, 49) and V of shape (1, 2, N, 32), float32, as in the
