@@ -145,6 +145,9 @@ def test_pooling_backends_always_serve_and_agree():
 # --- automatic selection runs the first backend that serves -------------------------------------------
 
 
+from laplacianformer.ops import normalization_cpu as norm_native  # noqa: E402
+
+
 def _first_serving(op, *inputs):
     return next(b.name for b in op.backends if b.refusal(*inputs) is None and b.auto_refusal(*inputs) is None)
 
@@ -159,7 +162,8 @@ def test_auto_picks_the_first_serving_backend(no_interpreter):
         (NEWTON_SCHULZ, (_spd(2, 6), 20, None, True), "cpu" if ns_native.available() else "torch"),
         (NEWTON_SCHULZ, (_spd(2, 6), 20, None, False), "torch"),
         (NEWTON_SCHULZ_GRAD, (_spd(2, 6), _spd(2, 6)), "torch"),
-        (NORMALIZATION, (x, x, x, "injective", 1e-6, None), "fused"),
+        (NORMALIZATION, (x, x, x, "injective", 1e-6, None), "cpu" if norm_native.available() else "fused"),
+        (NORMALIZATION, (x.half(), x.half(), x.half(), "injective", 1e-6, None), "fused"),
         (NORMALIZATION, (x, x, x, "rowsum", 1e-6, None), "composite"),
         (POOLING, (x, None, 5), "matmul"),
     ]

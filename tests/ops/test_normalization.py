@@ -1,4 +1,5 @@
-"""Fused injective / inline normalisation (ops/injective.py) vs the autograd composite and the
+"""Fused injective / inline normalisation (ops/injective.py, backend ``fused``; the C backend, which "auto"
+runs first on CPU, is switched off here and tested in test_normalization_native.py) vs the autograd composite and the
 materialised formula: values, gradients (gradcheck), block sizes, degenerate keys, dispatch."""
 
 import pytest
@@ -18,6 +19,14 @@ def factors(groups=(2, 3), n_q=11, n_k=11, m=5, e=4, requires_grad=False):
     b = torch.randn(*groups, n_k, m, generator=gen, dtype=torch.float64)
     v = torch.randn(*groups, n_k, e, generator=gen, dtype=torch.float64)
     return [t.requires_grad_(requires_grad) for t in (c, b, v)]
+
+
+@pytest.fixture(autouse=True)
+def fused_backend(monkeypatch):
+    """"auto" passes over the C backend in this file, so the PyTorch ``fused`` backend runs where it serves."""
+    from laplacianformer.ops import normalization_cpu
+
+    monkeypatch.setattr(normalization_cpu, "available", lambda: False)
 
 
 @pytest.fixture(params=list(BLOCKS), ids=list(BLOCKS))

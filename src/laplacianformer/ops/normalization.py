@@ -7,9 +7,11 @@ Two implementations of each variant, which tests hold equal:
   ``normalize_nystrom(c_q, c_k, v, norm, w_inv=W⁺)`` takes C_k and W⁺ (B, H, m, m) instead of B
   (the attention's call: "injective" then never forms B).
   ``normalize_nystrom`` is the dispatched op ``normalization`` (``ops/dispatch.py``, docs/DESIGN.md §6)
-  with two backends: ``fused`` ("injective" and "inline": the functions of ``ops/injective.py``,
-  hand-written backward, few (N, m) temporaries; eager only) and ``composite``
-  (``normalize_nystrom_reference``, the plain autograd composite they are tested against, every norm).
+  with four backends, in the order "auto" tries them: ``triton`` (``normalization_triton.py``, CUDA),
+  ``cpu`` (``normalization_cpu.py``: one C call per forward and per backward), ``fused`` (the PyTorch
+  functions of ``ops/injective.py``), all three "injective" and "inline" only, hand-written first-order
+  backward, eager only; and ``composite`` (``normalize_nystrom_reference``, the plain autograd composite
+  they are tested against, every norm).
 
 Injective variant, per image and head (Eq. 4 and 6 of the paper, with our choices of docs/DESIGN.md §4):
   h_ij = ĝ_ij - mean_j ĝ_ij,  mu_j = mean_i h_ij,  s_j² = var_i h_ij (population variance),
@@ -77,10 +79,10 @@ def normalize_nystrom(
     (N, m) tensor kept for the backward) and returns gradients for C_k and W⁺; the other variants and
     the composite form B.
 
-    Op ``normalization``: "injective" and "inline" use the fused functions of ``ops/injective.py``
-    (backend ``fused``); their backward is first order only (double backward raises).  Under
-    torch.compile, tracing or ONNX export, and for the other variants, this is
-    ``normalize_nystrom_reference`` (backend ``composite``).
+    Op ``normalization``: "injective" and "inline" run a fused backend (``triton`` on CUDA, ``cpu``, the
+    C loops, on float32/float64 CPU tensors, else ``fused``, PyTorch); their backward is first order only
+    (double backward raises).  Under torch.compile, tracing or ONNX export, and for the other variants,
+    this is ``normalize_nystrom_reference`` (backend ``composite``).
     """
     check_choice("norm", norm, NORMS)
     return NORMALIZATION(c_q, b, v, norm, eps, w_inv)
@@ -95,6 +97,79 @@ def _fused_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None) -> str | N
     if 0 in (c_q.numel(), b.numel(), v.numel()):
         return "empty input"
     return None
+
+
+_TRITON_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _native_refusal(c_q, b, v, norm, eps, w_inv, device: str, dtypes) -> str | None:
+    """What the cpu and triton backends share beyond ``_fused_refusal``: one dtype among ``dtypes``, one device."""
+    why = _fused_refusal(c_q, b, v, norm, eps, w_inv)
+    if why is not None:
+        return why
+    tensors = [t for t in (c_q, b, v, w_inv) if t is not None]
+    kinds = {t.dtype for t in tensors}
+    if len(kinds) != 1:
+        return f"mixed dtypes {sorted(str(d) for d in kinds)}"
+    if tensors[0].dtype not in dtypes:
+        return f"dtype {tensors[0].dtype} (takes {', '.join(str(d) for d in dtypes)})"
+    devices = {t.device.type for t in tensors}
+    if devices != {device} and not (device == "cuda" and devices == {"cpu"} and _runtime.triton_interpreted()):
+        return f"tensors on {sorted(devices)}, not {device}" + (
+            " (set TRITON_INTERPRET=1 to run Triton on the CPU)" if device == "cuda" else "")
+    return None
+
+
+def _cpu_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None) -> str | None:
+    why = _native_refusal(c_q, b, v, norm, eps, w_inv, "cpu", (torch.float32, torch.float64))
+    if why is not None:
+        return why
+    from . import normalization_cpu
+
+    if not normalization_cpu.available():
+        return f"C loops unavailable ({normalization_cpu.load_error()})"
+    return None
+
+
+def _triton_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None) -> str | None:
+    why = _native_refusal(c_q, b, v, norm, eps, w_inv, "cuda", _TRITON_DTYPES)
+    if why is not None:
+        return why
+    m, e = b.shape[-1], v.shape[-1]
+    if max(m, e) > 64:
+        return f"m={m}, e={e}: the Triton passes take m, e <= 64 (register tiles and shared memory)"
+    ok, why = _runtime.triton_available()
+    return None if ok else why
+
+
+def _triton_auto_refusal(c_q, *_args) -> str | None:
+    if c_q.device.type != "cuda":
+        return "only chosen automatically for CUDA tensors (the interpreter is for tests)"
+    return None
+
+
+def _flatten(c_q, b, v, w_inv):
+    """The factors broadcast to one batch shape and flattened to (G, ·, ·) (views where strides allow)."""
+    factors = (c_q, b, v) if w_inv is None else (c_q, b, v, w_inv)
+    batch = torch.broadcast_shapes(*(t.shape[:-2] for t in factors))
+    flat = [t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:]) for t in factors]
+    return batch, flat[0], flat[1], flat[2], (flat[3] if w_inv is not None else None)
+
+
+def _cpu(c_q, b, v, norm, eps, w_inv):
+    from .normalization_cpu import normalize_cpu
+
+    batch, c3, k3, v3, w3 = _flatten(c_q, b, v, w_inv)
+    out = normalize_cpu(c3, k3, v3, norm, eps, w3)
+    return out.reshape(*batch, *out.shape[-2:])
+
+
+def _triton(c_q, b, v, norm, eps, w_inv):
+    from .normalization_triton import normalize_triton
+
+    batch, c3, k3, v3, w3 = _flatten(c_q, b, v, w_inv)
+    out = normalize_triton(c3, k3, v3, norm, eps, w3)
+    return out.reshape(*batch, *out.shape[-2:])
 
 
 def _fused(c_q, b, v, norm, eps, w_inv):
@@ -143,6 +218,8 @@ def normalize_nystrom_reference(
 
 
 NORMALIZATION = Op("normalization", [
+    Backend("triton", _triton, _triton_refusal, _triton_auto_refusal),
+    Backend("cpu", _cpu, _cpu_refusal),
     Backend("fused", _fused, _fused_refusal),
     Backend("composite", _composite),
 ], signature="normalize_nystrom(c_q, b, v, norm, eps, w_inv): c_q, b (..., N, m), v (..., N, e)")

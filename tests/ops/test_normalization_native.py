@@ -1,0 +1,250 @@
+"""The C (``ops/normalization_cpu.py``) and Triton (``ops/normalization_triton.py``) backends of the op
+``normalization`` against the plain PyTorch composite ``normalize_nystrom_reference``: values, every
+gradient (C_q, C_k or B, W⁺, V), gradcheck, second backward, thread count, dispatch.
+
+The Triton tests are marked ``triton``: they run for real on CUDA, and on a CPU machine
+``test_triton_suite_under_interpreter`` reruns them under TRITON_INTERPRET=1 in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from laplacianformer.ops import use
+from laplacianformer.ops.normalization import NORMALIZATION, normalize_nystrom, normalize_nystrom_reference
+
+TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+NORMS = ["injective", "inline"]
+# (groups, n_q, n_k, m, e): odd sizes, n past the C sub-block (32 rows) and chunk sizes, m past a vector
+SHAPES = [((2, 3), 11, 13, 5, 4), ((2,), 70, 45, 20, 17), ((1,), 300, 257, 49, 33), ((3,), 9, 9, 1, 1)]
+
+
+def _cpu_available() -> bool:
+    from laplacianformer.ops import normalization_cpu
+
+    return normalization_cpu.available()
+
+
+needs_c = pytest.mark.skipif(not _cpu_available(), reason="no C compiler")
+
+
+def _factors(seeded, groups, n_q, n_k, m, e, with_w, dtype=torch.float64, device="cpu"):
+    _, gen = seeded
+    c = torch.rand(*groups, n_q, m, generator=gen, dtype=torch.float64)
+    k = torch.rand(*groups, n_k, m, generator=gen, dtype=torch.float64)
+    v = torch.randn(*groups, n_k, e, generator=gen, dtype=torch.float64)
+    w = torch.randn(*groups, m, m, generator=gen, dtype=torch.float64) / m**0.5 if with_w else None
+    return [None if t is None else t.to(device, dtype).requires_grad_() for t in (c, k, v, w)]
+
+
+def _compare(backend, seeded, shape, norm, with_w, dtype=torch.float64, device="cpu", rtol=1e-9):
+    c, k, v, w = _factors(seeded, *shape, with_w, dtype, device)
+    with use(normalization=backend):
+        out = normalize_nystrom(c, k, v, norm, w_inv=w)
+    leaves = [t for t in (c, k, v, w) if t is not None]
+    ref_leaves = [t.detach().double().cpu().requires_grad_() for t in leaves]
+    rc, rk, rv, *rw = ref_leaves
+    ref = normalize_nystrom_reference(rc, rk @ rw[0].transpose(-1, -2) if rw else rk, rv, norm)
+    probe = torch.randn(ref.shape, generator=seeded[1], dtype=torch.float64)
+    grads = torch.autograd.grad(out, leaves, probe.to(device, dtype))
+    ref_grads = torch.autograd.grad(ref, ref_leaves, probe)
+    for name, a, r in zip(["out", "dc", "dk", "dv", "dw"], [out, *grads], [ref, *ref_grads]):
+        err = ((a.double().cpu() - r).norm() / r.norm().clamp_min(1e-30)).item()
+        assert err < rtol, f"{backend} {name}: relative error {err:.2e} (seed {seeded[0]})"
+
+
+@needs_c
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("with_w", [True, False], ids=["w_inv", "b"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, (*s[0], *s[1:]))))
+def test_cpu_equals_reference_float64(seeded, shape, norm, with_w):
+    _compare("cpu", seeded, shape, norm, with_w)
+
+
+@needs_c
+@pytest.mark.parametrize("norm", NORMS)
+def test_cpu_float32_and_large_n(seeded, norm):
+    _compare("cpu", seeded, ((2,), 3000, 2100, 49, 32), norm, True, dtype=torch.float32, rtol=2e-5)
+
+
+@needs_c
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("with_w", [True, False], ids=["w_inv", "b"])
+def test_cpu_gradcheck(seeded, norm, with_w):
+    c, k, v, w = _factors(seeded, (2,), 7, 8, 4, 3, with_w)
+    args = [t for t in (c, k, v, w) if t is not None]
+
+    def f(c, k, v, *w):
+        with use(normalization="cpu"):
+            return normalize_nystrom(c, k, v, norm, 1e-3, w_inv=w[0] if w else None)
+
+    assert torch.autograd.gradcheck(f, args)
+
+
+@needs_c
+def test_cpu_second_backward_recomputes_and_threads_do_not_matter(seeded):
+    """t = k̃ S' kept by the forward becomes dC_k in place: a second backward (retain_graph) recomputes it
+    and gives the same gradients; one and two threads give bit-identical results (fixed summation order)."""
+    c, k, v, w = _factors(seeded, (2,), 700, 650, 49, 32, True, dtype=torch.float32)
+    probe = torch.randn(2, 700, 32, generator=seeded[1])
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            with use(normalization="cpu"):
+                out = normalize_nystrom(c, k, v, "injective", w_inv=w)
+            first = torch.autograd.grad(out, (c, k, v, w), probe, retain_graph=True)
+            second = torch.autograd.grad(out, (c, k, v, w), probe)
+            for a, b in zip(first, second):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            results.append([out, *first])
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+@needs_c
+def test_cpu_broadcast_w_and_strided_rows(seeded):
+    """One W⁺ for all heads (stride-0 batch) and V a strided view: no copies needed, same as the reference."""
+    _, gen = seeded
+    c = torch.rand(2, 3, 40, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.rand(2, 3, 40, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(1, 1, 6, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    vv = torch.randn(2, 40, 3, 10, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = vv.transpose(1, 2)[..., :7]
+    with use(normalization="cpu"):
+        out = normalize_nystrom(c, k, v, "injective", w_inv=w)
+    ref = normalize_nystrom_reference(c, k @ w.transpose(-1, -2), v, "injective")
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(out.sum(), (c, k, w, vv)), torch.autograd.grad(ref.sum(), (c, k, w, vv))):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+@needs_c
+def test_cpu_constant_keys_and_nearly_constant_queries():
+    """All keys equal (s_j = 0, r = eps^-1/2) and c = const + 1e-3 noise in float32 (the covariance is
+    shifted, not E[ccᵀ] − c̄c̄ᵀ): as close to the float64 reference as the float32 composite."""
+    gen = torch.Generator().manual_seed(0)
+    c = torch.rand(1, 11, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.rand(1, 1, 5, generator=gen, dtype=torch.float64).expand(1, 11, 5).clone().requires_grad_()
+    v = torch.randn(1, 11, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    with use(normalization="cpu"):
+        out = normalize_nystrom(c, k, v, "injective")
+    ref = normalize_nystrom_reference(c, k, v, "injective")
+    torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-10)
+    for a, b in zip(torch.autograd.grad(out.sum(), (c, k, v)), torch.autograd.grad(ref.sum(), (c, k, v))):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+    c = 0.7 + 1e-3 * torch.rand(2, 3000, 6, generator=gen, dtype=torch.float64)
+    k = torch.rand(2, 3000, 6, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, 3000, 5, generator=gen, dtype=torch.float64)
+    ref = normalize_nystrom_reference(c, k, v, "injective")
+    with use(normalization="cpu"):
+        out = normalize_nystrom(c.float(), k.float(), v.float(), "injective")
+    composite = normalize_nystrom_reference(c.float(), k.float(), v.float(), "injective")
+    rel = lambda x: ((x.double() - ref).norm() / ref.norm()).item()  # noqa: E731
+    assert rel(out) < 1e-3 and rel(out) <= 2 * rel(composite)
+
+
+@needs_c
+def test_cpu_is_chosen_automatically_and_refusals():
+    x = torch.rand(2, 9, 4)
+    assert NORMALIZATION.select(x, x, x, "injective", 1e-6, None).name == "cpu"
+    assert NORMALIZATION.select(x, x, x, "rowsum", 1e-6, None).name == "composite"
+    with use(normalization="cpu"), pytest.raises(ValueError, match="dtype torch.float16"):
+        normalize_nystrom(x.half(), x.half(), x.half(), "injective")
+    with use(normalization="cpu"), pytest.raises(ValueError, match="mixed dtypes"):
+        normalize_nystrom(x, x.double(), x, "injective")
+    if not TRITON_HERE:
+        with use(normalization="triton"), pytest.raises(ValueError, match="not cuda"):
+            normalize_nystrom(x, x, x, "injective")
+
+
+@needs_c
+def test_attention_default_runs_cpu_backend_and_equals_reference():
+    from laplacianformer import laplacian_attention
+    from laplacianformer.ops.normalization import reference_normalization
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 64, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = laplacian_attention(q, k, v, hw=(8, 8), landmarks=(3, 3))
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    with reference_normalization():
+        ref = laplacian_attention(q, k, v, hw=(8, 8), landmarks=(3, 3))
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-11)
+    for a, b in zip(grads, torch.autograd.grad(ref.sum(), (q, k, v))):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+# --- Triton (marked; CUDA or TRITON_INTERPRET=1) ---
+
+needs_triton = pytest.mark.skipif(not TRITON_HERE, reason="needs CUDA or TRITON_INTERPRET=1")
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("with_w", [True, False], ids=["w_inv", "b"])
+@pytest.mark.parametrize("shape", SHAPES[:3], ids=lambda s: "x".join(map(str, (*s[0], *s[1:]))))
+def test_triton_equals_reference(seeded, shape, norm, with_w):
+    _compare("triton", seeded, shape, norm, with_w, torch.float64, DEVICE)
+    _compare("triton", seeded, shape, norm, with_w, torch.float32, DEVICE, rtol=2e-5)
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("norm", NORMS)
+def test_triton_gradcheck_and_second_backward(seeded, norm):
+    c, k, v, w = _factors(seeded, (2,), 7, 8, 4, 3, True, device=DEVICE)
+
+    def f(c, k, v, w):
+        with use(normalization="triton"):
+            return normalize_nystrom(c, k, v, norm, 1e-3, w_inv=w)
+
+    assert torch.autograd.gradcheck(f, (c, k, v, w), fast_mode=True)  # fast: the interpreter is slow
+    out = f(c, k, v, w)
+    probe = torch.randn_like(out)
+    first = torch.autograd.grad(out, (c, k, v, w), probe, retain_graph=True)
+    for a, b in zip(first, torch.autograd.grad(out, (c, k, v, w), probe)):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.triton
+@needs_triton
+def test_triton_half_inputs(seeded):
+    c, k, v, w = _factors(seeded, (2,), 40, 33, 9, 8, True, dtype=torch.float16, device=DEVICE)
+    with use(normalization="triton"):
+        out = normalize_nystrom(c, k, v, "injective", w_inv=w)
+    assert out.dtype == torch.float16
+    ref = normalize_nystrom_reference(*(t.detach().double().cpu() for t in (c, k @ w.transpose(-1, -2), v)), "injective")
+    assert ((out.double().cpu() - ref).norm() / ref.norm()).item() < 5e-3
+
+
+def test_triton_aot_specialisations_cover_the_launchers():
+    triton = pytest.importorskip("triton")  # noqa: F841
+    from laplacianformer.ops import normalization_triton as nt
+
+    specs = list(nt.aot_specialisations(d_max=64, m_max=64))
+    labels = [s[-1] for s in specs]
+    assert len(labels) == len(set(labels))
+    assert any("key_bwd dtype=fp32 m=64 e=32" in x for x in labels)
+    for kernel, sig, constexprs, warps, stages, label in specs:
+        params = [p.name for p in kernel.params]
+        assert set(sig) | set(constexprs) == set(params), label
+        assert warps in (4, 8) and stages == 3
+
+
+def test_triton_suite_under_interpreter(triton_interpreter):
+    if TRITON_HERE:
+        pytest.skip("the Triton tests run in this process")
+    pytest.importorskip("triton")
+    proc = triton_interpreter("tests/ops/test_normalization_native.py", timeout=600.0)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, proc.stdout[-2000:]
