@@ -58,6 +58,7 @@ GATED = {
     f"{PKG}.models._timm": {"timm"},
     f"{PKG}.ops.kernel.triton": {"triton"},
     f"{PKG}.ops.newton_schulz.triton": {"triton"},
+    f"{PKG}.ops.normalization_triton": {"triton"},
 }
 
 
