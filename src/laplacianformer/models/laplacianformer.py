@@ -20,8 +20,8 @@ only inside ``_create_laplacianformer``, which runs when timm calls an entry poi
 registers them when timm is installed). Saving and loading live above this package, in ``laplacianformer.hub``.
 """
 
-from __future__ import annotations
-
+# no ``from __future__ import annotations``: an FX graph copies the root module's forward annotations,
+# and TorchScript must read them as types when it scripts that graph (docs/ARCHITECTURE.md)
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import DropPath, conv2d_channels_last, conv_tokens, get_token_mixer
+from ..layers import DropPath, GridConv2d, get_token_mixer, grid_to_tokens, is_fx_tracing, tokens_to_grid
 from .registry import MODEL_CONFIGS, PAPER, model_config
 
 __all__ = [
@@ -53,13 +53,13 @@ class Mlp(nn.Module):
     def __init__(self, dim: int, hidden: int, drop: float = 0.0) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
-        self.dwconv = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden)
+        self.dwconv = GridConv2d(hidden, hidden, 3, padding=1, groups=hidden)
         self.act = nn.GELU()
         self.drop = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        x = conv_tokens(self.dwconv, self.fc1(x), hw)
+        x = grid_to_tokens(self.dwconv(tokens_to_grid(self.fc1(x), hw)))
         x = self.drop(self.act(x))
         return self.drop(self.fc2(x))
 
@@ -106,11 +106,11 @@ class OverlapPatchEmbed(nn.Module):
 
     def __init__(self, in_chans: int, embed_dim: int, patch_size: int = 7, stride: int = 4) -> None:
         super().__init__()
-        self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=stride, padding=patch_size // 2)
+        self.proj = GridConv2d(in_chans, embed_dim, patch_size, stride=stride, padding=patch_size // 2)
         self.norm = nn.LayerNorm(embed_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = conv2d_channels_last(self.proj, x)
+        x = self.proj(x)
         return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
@@ -133,7 +133,8 @@ class Stage(nn.Module):
         hw = (h, w)
         x = x.flatten(2).transpose(1, 2)
         for blk in self.blocks:
-            if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
+            if self.grad_checkpointing and not torch.jit.is_scripting() and not is_fx_tracing() \
+                    and torch.is_grad_enabled():
                 x = checkpoint(blk, x, hw, use_reentrant=False)
             else:
                 x = blk(x, hw)
@@ -274,7 +275,10 @@ class LaplacianFormer(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def check_input(self, x: torch.Tensor) -> None:
-        """Raise ValueError naming ``x`` unless x is (B, in_chans, H, W) with H, W >= the total stride."""
+        """Raise ValueError naming ``x`` unless x is (B, in_chans, H, W) with H, W >= the total stride.
+
+        Eager mode only: ``forward_features`` and ``forward_intermediates`` skip it while scripted or
+        FX-traced (it branches on the shape; ``layers/tracing.py``)."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x: expected a torch.Tensor of shape (B, {self.in_chans}, H, W), got {type(x).__name__}")
         if x.dim() != 4:
@@ -330,7 +334,8 @@ class LaplacianFormer(nn.Module):
         every stage already ends in its LayerNorm).  Returns (x, [maps]) or [maps] if ``intermediates_only``."""
         if output_fmt != "NCHW":
             raise ValueError(f"output_fmt: expected 'NCHW', got {output_fmt!r}")
-        self.check_input(x)
+        if not torch.jit.is_scripting() and not is_fx_tracing():
+            self.check_input(x)
         take, last = _take_indices(len(self.stages), indices)
         x = self.patch_embed(x)
         stages = self.stages[: last + 1] if stop_early or intermediates_only else self.stages
@@ -354,7 +359,8 @@ class LaplacianFormer(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, in_chans, H, W) -> (B, num_features, ceil(H/stride), ceil(W/stride)), unpooled."""
-        self.check_input(x)
+        if not torch.jit.is_scripting() and not is_fx_tracing():
+            self.check_input(x)
         return self.stages(self.patch_embed(x))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
