@@ -7,8 +7,8 @@ token layout, and the heads are merged by adding them into DWConv(V), without ex
 Subclasses (``LaplacianAttention`` and the baselines) implement ``attend`` on (B, H, N, d) tensors with
 their functional op, so a model or a benchmark can swap any of them for another.
 
-TorchScript and torch.fx (``layers/tracing.py``): the argument checks, ``recompute`` and the in-place head
-merge run in eager mode only; a scripted or traced layer computes the same values out of place.
+TorchScript and torch.fx (``layers/tracing.py``): the argument checks and ``recompute`` run in eager mode
+only; an FX graph merges the heads out of place instead of in place (the same values).
 """
 
 from __future__ import annotations

@@ -35,15 +35,17 @@ def notrace(fn: Callable) -> Callable:
     return fn
 
 
+try:
+    from torch.fx._symbolic_trace import is_fx_symbolic_tracing as _fx_flag
+except ImportError:  # older torch: the flag without the torch.compile distinction
+    from torch.fx._symbolic_trace import _get_is_fx_tracing as _fx_flag
+
+
 @torch.jit.unused
 def is_fx_tracing() -> bool:
     """True while ``torch.fx`` traces symbolically (not under torch.compile/export); never called in
     TorchScript (guard it with ``not torch.jit.is_scripting()``)."""
-    try:
-        from torch.fx._symbolic_trace import is_fx_symbolic_tracing
-    except ImportError:  # older torch: the flag without the compile distinction
-        from torch.fx._symbolic_trace import _get_is_fx_tracing as is_fx_symbolic_tracing
-    return bool(is_fx_symbolic_tracing())
+    return bool(_fx_flag())
 
 
 def fx_tracer_kwargs() -> dict:
