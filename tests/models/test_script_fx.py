@@ -20,7 +20,10 @@ from laplacianformer.models import MODEL_CONFIGS, create_model
 timm = pytest.importorskip("timm")
 feature_extraction = pytest.importorskip("torchvision.models.feature_extraction")
 
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning"),
+    pytest.mark.filterwarnings("ignore:NOTE. The nodes obtained by tracing the model in eval mode:UserWarning"),
+]
 
 SIZE = 64
 DEFAULT = ("laplacianformer_micro", "laplacianformer_tiny")
