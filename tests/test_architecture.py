@@ -55,7 +55,6 @@ OPTIONAL = {"timm", "torchvision", "pycocotools", "onnx", "onnxscript", "onnxrun
             "PIL", "hypothesis"}
 # Modules that exist to hold one extra; they import it at module level and are themselves imported lazily.
 GATED = {
-    f"{PKG}.models._timm": {"timm"},
     f"{PKG}.ops.kernel.triton": {"triton"},
     f"{PKG}.ops.newton_schulz.triton": {"triton"},
     f"{PKG}.ops.normalization_triton": {"triton"},

@@ -110,7 +110,9 @@ def _flag_specs() -> dict[str, dict]:
         "--max-steps": dict(type=_positive_int, help="stop after N optimiser steps in total"),
         "--time-budget": dict(type=_positive_float, help="stop after this many seconds"),
         "--save-every-steps": dict(type=_positive_int, help="also checkpoint every N steps"),
-        "--progress": dict(action=_BOOL, help="tqdm bars (default on)"),
+        "--progress": dict(action=_BOOL, help="tqdm bars on a terminal (default on); without a terminal or with "
+                                                 "--no-progress: one line per epoch on stderr"),
+        "--log-every": dict(type=_positive_int, help="also print a progress line every N optimiser steps"),
         "--verify-images": dict(action=_BOOL, help="decode every image of a folder before training (default on)"),
         "--device": dict(help="auto (default), cpu, cuda, cuda:N"),
         "--threads": dict(type=_positive_int, help="torch.set_num_threads"),
@@ -137,13 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="a train_config.json to start from (flags override it)")
     p.add_argument("--out", default=argparse.SUPPRESS, help="run directory (default runs/<model>-<attn>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its checkpoint (flags override its config)")
+    p.add_argument("--allow-schedule-change", action="store_true",
+                   help="with --resume: accept flags (--epochs, --max-steps, --warmup-epochs, --batch-size) that "
+                        "change the learning-rate schedule; the warm-up/cosine then spans the new length")
     # suppressed defaults: only flags given on the command line override the base config
     _add_flags(p, specs, argparse.SUPPRESS, *specs)
 
     p = sub.add_parser("eval", help="evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion PNG")
     p.add_argument("--checkpoint", required=True, help="a run directory, checkpoint.pt or model.safetensors")
     _add_flags(p, specs, None, "--data", "--model", "--test-subset",
-               data=dict(help="data set (default: the one it was trained on)"),
+               data=dict(help="data to score: an image folder (every image in it; its val/ or test/ split when it "
+                              "has one) or a built-in set (its test split); default: the test split of the run's data"),
                model=dict(help="override the model name stored with the checkpoint"))
     _add_flags(p, specs, 256, "--batch-size")
     _add_flags(p, specs, "off", "--amp")
@@ -225,7 +231,9 @@ def cmd_train(args) -> int:
         config.validate()
     except (ValueError, TypeError) as e:
         raise UserError(_flag_error(e)) from None
-    trainer = Trainer(config, resume=resume)
+    if args.allow_schedule_change and resume is None:
+        raise UserError("--allow-schedule-change: only applies with --resume")
+    trainer = Trainer(config, resume=resume, allow_schedule_change=args.allow_schedule_change)
     del resume  # the Trainer has restored its state
     try:
         result = trainer.fit()

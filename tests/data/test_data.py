@@ -90,3 +90,28 @@ def test_image_folder_layout_and_errors(tmp_path):
     (root / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     with pytest.raises(DataError, match="broken.png"):
         build_datasets(str(root), 16)
+
+
+def test_eval_samples_take_every_image_and_match_classes_by_name(tmp_path):
+    from laplacianformer.data import build_eval_dataset
+    from laplacianformer.data.folder import eval_samples
+
+    root = tmp_path / "imgs"
+    for c, n in (("dog", 2), ("cat", 3)):
+        (root / c).mkdir(parents=True)
+        for i in range(n):
+            _png(root / c / f"{i}.png", 30 * i)
+    samples, classes = eval_samples(root)
+    assert classes == ("cat", "dog") and len(samples) == 5
+    samples, classes = eval_samples(root, classes=("bird", "dog", "cat"))
+    assert classes == ("bird", "dog", "cat") and sorted(label for _, label in samples) == [1, 1, 2, 2, 2]
+    with pytest.raises(DataError, match="class folders \\['cat'\\] are not classes of the model"):
+        eval_samples(root, classes=("dog",))
+    ds = build_eval_dataset(str(root), 16, classes=("cat", "dog"))
+    assert len(ds) == 5 and ds.classes == ("cat", "dog")
+    split = tmp_path / "split"
+    (split / "val").mkdir(parents=True)
+    (root / "cat").rename(split / "val" / "cat")
+    assert len(eval_samples(split)[0]) == 3  # only val/: its images
+    with pytest.raises(DataError, match="has val/ but no train/"):
+        build_datasets(str(split), 16)

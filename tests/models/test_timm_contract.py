@@ -154,3 +154,66 @@ def test_every_table_entry_is_registered_with_a_consistent_cfg(name):
         assert tuple(cfg["pool_size"]) == tuple(s // m.stride for s in cfg["input_size"][1:])
         assert len(cfg["mean"]) == len(cfg["std"]) == cfg["input_size"][0]
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in plain.parameters())
+
+
+def test_registered_from_the_family_module_like_timm_families():
+    """timm records the module of the entry points: ours is models/laplacianformer.py (as pvt_v2 for its
+    family), not a registration shim."""
+    from laplacianformer.models import laplacianformer as family
+
+    assert set(timm.list_models(module="laplacianformer")) == set(MODEL_CONFIGS)
+    assert timm.models.model_entrypoint(NAME) is family.entry_points[NAME]
+    assert family.register_timm() is True  # idempotent: no second registration (timm would warn)
+
+
+def test_pretrained_without_weights_is_a_clear_error_naming_the_model():
+    for make in (lambda: timm.create_model(NAME, pretrained=True), lambda: create_model(NAME, pretrained=True)):
+        with pytest.raises(RuntimeError, match=f"^No pretrained weights exist for {NAME} .*pretrained=False"):
+            make()
+
+
+def _ten_class_model():
+    torch.manual_seed(0)
+    return create_model(NAME, num_classes=10, attn_kwargs=dict(lam=2.0)).eval()
+
+
+def test_pretrained_file_loads_its_head_and_settings(tmp_path):
+    """A save_pretrained file of 10 classes: timm builds a 10-class model with the saved attention settings
+    and loads every weight, the head included; an explicit num_classes still gets a new head."""
+    from laplacianformer import save_pretrained
+
+    src = _ten_class_model()
+    cfg = dict(src.pretrained_cfg, num_classes=10, label_names=tuple("abcdefghij"))
+    file = save_pretrained(src, tmp_path / "saved", pretrained_cfg=cfg) / "model.safetensors"
+    (tmp_path / "saved" / "config.json").unlink()  # the file's own metadata is enough
+    m = timm.create_model(NAME, pretrained=True, pretrained_cfg_overlay=dict(file=str(file))).eval()
+    assert m.num_classes == 10 and m.pretrained_cfg["num_classes"] == 10
+    assert m.pretrained_cfg["label_names"] == tuple("abcdefghij")
+    assert m.stages[0].blocks[0].attn.lam == 2.0
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(m(x), src(x))
+    m5 = timm.create_model(NAME, pretrained=True, num_classes=5, pretrained_cfg_overlay=dict(file=str(file)))
+    assert m5.num_classes == 5
+    torch.testing.assert_close(m5.state_dict()["stages.0.blocks.0.attn.qkv.weight"],
+                               src.state_dict()["stages.0.blocks.0.attn.qkv.weight"])
+    with pytest.raises(ValueError, match="depths=.*create it as 'laplacianformer_micro'"):
+        timm.create_model("laplacianformer_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=str(file)))
+
+
+def test_pretrained_file_of_a_training_run(tmp_path):
+    """A run directory's model.safetensors (training metadata, config.json beside it): the run's class
+    count, input channels and stem stride come from the saved config."""
+    from laplacianformer.checkpoint import save_weights
+    from laplacianformer.hub import write_config
+
+    torch.manual_seed(0)
+    src = create_model(NAME, num_classes=10, in_chans=1, stem_stride=2).eval()
+    cfg = dict(src.pretrained_cfg, input_size=(1, 32, 32), mean=(0.3,), std=(0.4,), num_classes=10)
+    write_config(src, tmp_path, cfg)
+    save_weights(src.state_dict(), tmp_path / "model.safetensors", {"model": NAME, "train_config": "{}"})
+    m = timm.create_model(NAME, pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / "model.safetensors")))
+    assert (m.num_classes, m.in_chans, m.stride) == (10, 1, 16)
+    x = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(m.eval()(x), src(x))

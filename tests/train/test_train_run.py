@@ -87,5 +87,7 @@ def test_image_folder_bf16_randaugment_and_resume_with_more_epochs(tmp_path):
                       randaugment=True, hflip=True)
     r = train(cfg)
     assert r["steps"] == 2 and r["eval_n"] == 3 and len(r["per_class"]) == 3
-    r2 = train(resume=out, epochs=2)
+    with pytest.raises(ValueError, match="^epochs: resuming .* from 2 to 4 steps"):
+        train(resume=out, epochs=2)  # more epochs change the schedule: refused unless allowed
+    r2 = train(resume=out, epochs=2, allow_schedule_change=True)
     assert r2["steps"] == 4 and [h["epoch"] for h in r2["history"]] == [1, 2]

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 from . import digits, fashion_mnist
 from .errors import DataError
 from .fashion_mnist import find_fashion_mnist, load_fashion_mnist
-from .folder import FolderDataset, folder_splits
+from .folder import FolderDataset, eval_samples, folder_splits
 from .idx import read_idx
 
 BUILTIN = ("fashion-mnist", "digits")
@@ -118,7 +118,42 @@ def build_datasets(
     return DataSplits(train, test, classes, chans)
 
 
+def build_eval_dataset(
+    data: str,
+    img_size: int,
+    *,
+    in_chans: int | None = None,
+    classes=None,
+    test_subset: int | None = None,
+    seed: int = 0,
+    check_images: bool = True,
+) -> Dataset:
+    """The data set to score a trained model on: a built-in set's test split, or EVERY image of an image
+    folder (its ``val/``/``test/`` split when it has one, else all ``<class>/`` folders: ``folder.eval_samples``).
+
+    ``classes``: the model's class names; a folder's classes are matched to them by name (the dataset's
+    ``classes`` are then the model's). ``test_subset``: a seeded subset of N images.
+    """
+    if data in BUILTIN:
+        test = build_datasets(data, img_size, in_chans=in_chans, train_subset=1, test_subset=test_subset,
+                              seed=seed, check_images=check_images).test
+        if classes is not None and tuple(str(c) for c in classes) != tuple(str(c) for c in test.classes):
+            raise DataError(f"{data}: its classes {list(test.classes)} are not the model's ({list(classes)})")
+        return test
+    samples, names = eval_samples(Path(data), classes)
+    if test_subset is not None:
+        samples = [samples[i] for i in sorted(np.random.default_rng(seed + 1).permutation(len(samples))[:test_subset])]
+    chans = 3 if in_chans is None else in_chans
+    if chans not in (1, 3):
+        raise DataError(f"in_chans: expected 1 or 3 for an image folder, got {chans}")
+    dataset = FolderDataset(samples, names, img_size, chans)
+    if check_images:
+        dataset.check_readable()
+    return dataset
+
+
 __all__ = [
+    "build_eval_dataset",
     "BUILTIN",
     "DataError",
     "DataSplits",

@@ -2,6 +2,8 @@
 
 Split layout: ``root/train/<class>/...`` and ``root/val/<class>/...`` (or ``test/``); a directory without
 those subfolders is split by a seeded permutation (last ``test_fraction`` of each class to the test split).
+For evaluation alone (``eval_samples``) a folder is scored whole: its ``val/`` (or ``test/``) split when it
+has one, even without ``train/``, else every image of ``root/<class>/``.
 Images are converted to grayscale (1 channel) or RGB (3 channels) and resized to a square ``img_size``.
 """
 
@@ -37,11 +39,18 @@ def scan_folder(root: Path) -> tuple[list[tuple[Path, int]], tuple[str, ...]]:
     return samples, classes
 
 
+def _split_dir(root: Path) -> Path | None:
+    """``root/val`` or ``root/test`` when it exists (the held-out split of a split layout)."""
+    return next((root / n for n in ("val", "test") if (root / n).is_dir()), None)
+
+
 def folder_splits(root: str | Path, test_fraction: float = 0.2, seed: int = 0):
     """Returns (train samples, test samples, classes) for an ImageFolder directory."""
     root = Path(root)
     train_dir = root / "train"
-    test_dir = next((root / n for n in ("val", "test") if (root / n).is_dir()), None)
+    test_dir = _split_dir(root)
+    if test_dir is not None and not train_dir.is_dir():
+        raise DataError(f"{root}: has {test_dir.name}/ but no train/ to train on (expected {root}/train/<class>/<image>)")
     if train_dir.is_dir() and test_dir is not None:
         train, classes = scan_folder(train_dir)
         test, test_classes = scan_folder(test_dir)
@@ -58,6 +67,26 @@ def folder_splits(root: str | Path, test_fraction: float = 0.2, seed: int = 0):
         test += [own[i] for i in order[len(own) - n_test :]]
         train += [own[i] for i in order[: len(own) - n_test]]
     return train, test, classes
+
+
+def eval_samples(root: str | Path, classes=None) -> tuple[list[tuple[Path, int]], tuple[str, ...]]:
+    """Every image of a folder to evaluate on, as (path, label) pairs, and the class names the labels index.
+
+    ``root/val/<class>`` (or ``test/``) when present, with or without ``train/``; else ``root/<class>``.
+    ``classes``: the class names of the model (its label order); the folder's classes are matched to them by
+    name and may be a subset (DataError naming a folder class the model does not have). None: the
+    folder's sorted class names.
+    """
+    root = Path(root)
+    samples, found = scan_folder(_split_dir(root) or root)
+    if classes is None:
+        return samples, found
+    classes = tuple(str(c) for c in classes)
+    unknown = [c for c in found if c not in classes]
+    if unknown:
+        raise DataError(f"{root}: class folders {unknown} are not classes of the model ({list(classes)})")
+    index = [classes.index(c) for c in found]
+    return [(p, index[label]) for p, label in samples], classes
 
 
 def read_image(path: Path, img_size: int, in_chans: int) -> torch.Tensor:

@@ -1,22 +1,27 @@
-"""nn.Modules: one per attention mechanism, the token mixers by name, stochastic depth and the token-grid
-convolution helpers."""
+"""nn.Modules: one per attention mechanism, the token mixers by name, stochastic depth, the token-grid
+convolution helpers and the TorchScript / torch.fx support (``tracing``)."""
 
 from .drop import DropPath, drop_path
-from .grid_conv import conv2d_channels_last, conv_tokens, grid_to_tokens, tokens_to_grid
+from .grid_conv import GridConv2d, conv2d_channels_last, conv_tokens, grid_to_tokens, tokens_to_grid
 from .laplacian_attention import LaplacianAttention
 from .spatial_reduction_attention import SpatialReductionAttention
 from .token_mixer import ATTENTIONS, check_token_mixer, get_token_mixer
+from .tracing import NOTRACE_FUNCTIONS, fx_tracer_kwargs, is_fx_tracing
 
 __all__ = [
     "ATTENTIONS",
     "DropPath",
+    "GridConv2d",
+    "NOTRACE_FUNCTIONS",
     "LaplacianAttention",
     "SpatialReductionAttention",
     "check_token_mixer",
     "conv2d_channels_last",
     "conv_tokens",
     "drop_path",
+    "fx_tracer_kwargs",
     "get_token_mixer",
     "grid_to_tokens",
+    "is_fx_tracing",
     "tokens_to_grid",
 ]

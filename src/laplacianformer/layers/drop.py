@@ -13,7 +13,8 @@ def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if p == 0.0 or not training:
         return x
     keep = 1.0 - p
-    mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+    shape = [x.shape[0]] + [1] * (x.dim() - 1)  # a list: scriptable and traceable
+    mask = x.new_empty(shape).bernoulli_(keep)
     return x * mask / keep
 
 

@@ -7,21 +7,35 @@ those copies cost about 25 times the convolution itself. With a channels-last we
 stays channels-last. The weight is restrided with ``Tensor.to(memory_format=...)`` (a small
 differentiable copy): ``contiguous(memory_format=...)`` leaves a depthwise (C, 1, k, k) weight as it is,
 since it counts as contiguous in both formats.
+
+``GridConv2d`` is an ``nn.Conv2d`` (same parameters, state-dict keys and initialisation) whose forward does
+this, so models and attention layers can be scripted and traced (a module passed to a free function
+cannot be scripted); ``conv2d_channels_last`` / ``conv_tokens`` are the same computation for any
+``nn.Conv2d`` in eager code.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
+__all__ = ["GridConv2d", "conv2d_channels_last", "conv_tokens", "grid_to_tokens", "tokens_to_grid"]
+
+
+class GridConv2d(nn.Conv2d):
+    """``nn.Conv2d`` computed in channels-last layout.  x: (B, C_in, H, W) -> (B, C_out, H', W') channels-last.
+
+    Scriptable and traceable; the weight is restrided on each call (see the module docstring)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(x, self.weight.to(memory_format=torch.channels_last), self.bias)
+
+
 def conv2d_channels_last(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """``conv(x)`` computed in channels-last layout.  x: (B, C_in, H, W) -> (B, C_out, H', W') channels-last."""
-    weight = conv.weight.to(memory_format=torch.channels_last)
-    if conv.padding_mode != "zeros":
-        return conv._conv_forward(x, weight, conv.bias)
-    return F.conv2d(x, weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+    """``conv(x)`` computed in channels-last layout for any ``nn.Conv2d`` (eager code; modules that must
+    script use ``GridConv2d``).  x: (B, C_in, H, W) -> (B, C_out, H', W') channels-last."""
+    return conv._conv_forward(x, conv.weight.to(memory_format=torch.channels_last), conv.bias)
 
 
 def tokens_to_grid(x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:

@@ -6,15 +6,51 @@ Input (B, N, C) tokens and the grid size (height, width); output (B, N, C):
 The landmarks follow ``resolve_landmarks(..., clamp=True)``: the grid is clamped to the token grid, and
 when it covers every token (m >= N) the exact kernel is used (DESIGN.md §2), so the module works at any
 input resolution; an int on a 2-D grid must be a perfect square (ValueError naming ``landmarks``).
+
+Scripting and tracing (``layers/tracing.py``): the landmark rule and the operator are one leaf,
+``laplacian_attention_leaf``: a Python call in TorchScript (``torch.jit.ignore``: a scripted model runs,
+it cannot be saved with ``torch.jit.save``) and one node in a torch.fx graph (``torch.fx.wrap``).
 """
 
-from __future__ import annotations
+# no ``from __future__ import annotations``: TorchScript reads the leaf's annotations as real types
+from typing import Any, Optional, Tuple
 
 import torch
 
 from ..ops.attention import default_bandwidth, laplacian_attention
 from ..ops.validation import NORMS, SOLVERS, check_choice, resolve_landmarks
 from .token_attention import TokenAttention
+from .tracing import notrace
+
+
+@notrace
+@torch.jit.ignore
+def laplacian_attention_leaf(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    hw: Optional[Tuple[int, int]],
+    landmarks: Any,
+    lam: float,
+    qk_scale: Optional[float],
+    norm: str,
+    solver: str,
+    iters: int,
+    ns_eps: float,
+    kernel: str,
+) -> torch.Tensor:
+    """``laplacian_attention`` with the modules' landmark rule ``resolve_landmarks(..., clamp=True)``.
+
+    q, k, v: (B, H, N, d); hw: the token grid or None (1-D) -> (B, H, N, d). A leaf for TorchScript and
+    torch.fx: the rule branches on the grid size and the operator dispatches to native kernels."""
+    grid = resolve_landmarks(landmarks, hw, q.shape[2], clamp=True)
+    return laplacian_attention(
+        q, k, v, hw=hw, landmarks=grid, lam=lam, qk_scale=qk_scale, norm=norm, solver=solver, iters=iters,
+        ns_eps=ns_eps, kernel=kernel,
+    )
+
+
+torch.fx.wrap("laplacian_attention_leaf")
 
 
 class LaplacianAttention(TokenAttention):
@@ -33,7 +69,12 @@ class LaplacianAttention(TokenAttention):
         attn_drop: dropout on the attention output before the projection; proj_drop: after it.
         recompute: recompute the q/k product and the kernel matrices in the backward instead of keeping
             them (see ``TokenAttention``).
+
+    ``attn_kwargs`` (read-only) is the dict of the operator settings (lam, qk_scale, norm, solver, iters,
+    ns_eps, kernel), each also an attribute.
     """
+
+    __jit_unused_properties__ = ["attn_kwargs"]
 
     def __init__(
         self,
@@ -65,9 +106,20 @@ class LaplacianAttention(TokenAttention):
         check_choice("norm", norm, NORMS)
         check_choice("solver", solver, SOLVERS)
         self.landmarks = landmarks
-        self.attn_kwargs = dict(
-            lam=lam, qk_scale=qk_scale, norm=norm, solver=solver, iters=iters, ns_eps=ns_eps, kernel=kernel
-        )
+        # plain typed attributes (not a dict of mixed types), so the module scripts
+        self.lam = float(lam)
+        self.qk_scale = None if qk_scale is None else float(qk_scale)
+        self.norm = norm
+        self.solver = solver
+        self.iters = iters
+        self.ns_eps = float(ns_eps)
+        self.kernel = kernel
+
+    @property
+    def attn_kwargs(self) -> dict:
+        """The operator settings passed to ``laplacian_attention``."""
+        return dict(lam=self.lam, qk_scale=self.qk_scale, norm=self.norm, solver=self.solver, iters=self.iters,
+                    ns_eps=self.ns_eps, kernel=self.kernel)
 
     def extra_repr(self) -> str:
         opts = ", ".join(f"{k}={v}" for k, v in self.attn_kwargs.items())
@@ -76,7 +128,9 @@ class LaplacianAttention(TokenAttention):
             f"recompute={self.recompute}, {opts}"
         )
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
         """q, k, v: (B, H, N, d) -> laplacian_attention(q, k, v), (B, H, N, d)."""
-        grid = resolve_landmarks(self.landmarks, hw, q.shape[2], clamp=True)
-        return laplacian_attention(q, k, v, hw=hw, landmarks=grid, **self.attn_kwargs)
+        return laplacian_attention_leaf(
+            q, k, v, hw, self.landmarks, self.lam, self.qk_scale, self.norm, self.solver, self.iters, self.ns_eps,
+            self.kernel,
+        )

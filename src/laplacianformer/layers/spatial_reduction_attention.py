@@ -7,9 +7,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops.validation import check_head_split
-from .grid_conv import conv2d_channels_last, grid_to_tokens, tokens_to_grid
+from .grid_conv import GridConv2d, grid_to_tokens, tokens_to_grid
+from .tracing import notrace
 
 __all__ = ["SpatialReductionAttention"]
+
+
+@notrace
+def pad_to_cell(grid: torch.Tensor, size: int) -> torch.Tensor:
+    """Zero-pad a (B, C, h, w) grid at the bottom/right to at least ``size`` × ``size``.
+
+    An FX leaf (the padding depends on the traced grid size); plain TorchScript otherwise."""
+    pad_h, pad_w = max(0, size - grid.shape[2]), max(0, size - grid.shape[3])
+    if pad_h > 0 or pad_w > 0:
+        grid = F.pad(grid, (0, pad_w, 0, pad_h))
+    return grid
+
+
+torch.fx.wrap("pad_to_cell")
 
 
 class SpatialReductionAttention(nn.Module):
@@ -36,7 +51,7 @@ class SpatialReductionAttention(nn.Module):
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
         if sr_ratio > 1:
-            self.sr = nn.Conv2d(dim, dim, sr_ratio, stride=sr_ratio)
+            self.sr = GridConv2d(dim, dim, sr_ratio, stride=sr_ratio)
             self.norm = nn.LayerNorm(dim)
         else:
             self.sr = None
@@ -49,11 +64,8 @@ class SpatialReductionAttention(nn.Module):
         b, n, c = x.shape
         q = self.q(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         if self.sr is not None:
-            grid = tokens_to_grid(x, hw)
-            pad_h, pad_w = max(0, self.sr_ratio - hw[0]), max(0, self.sr_ratio - hw[1])
-            if pad_h or pad_w:
-                grid = F.pad(grid, (0, pad_w, 0, pad_h))
-            x = self.norm(grid_to_tokens(conv2d_channels_last(self.sr, grid)))
+            grid = pad_to_cell(tokens_to_grid(x, hw), self.sr_ratio)
+            x = self.norm(grid_to_tokens(self.sr(grid)))
         kv = self.kv(x).reshape(b, -1, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         k, v = kv.unbind(0)
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)

@@ -6,6 +6,9 @@ q, k and v are computed as three products with row blocks of one weight, so each
 token layout, and the heads are merged by adding them into DWConv(V), without extra copies.
 Subclasses (``LaplacianAttention`` and the baselines) implement ``attend`` on (B, H, N, d) tensors with
 their functional op, so a model or a benchmark can swap any of them for another.
+
+TorchScript and torch.fx (``layers/tracing.py``): the argument checks and ``recompute`` run in eager mode
+only; an FX graph merges the heads out of place instead of in place (the same values).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..ops.validation import check_head_split, check_hw
-from .grid_conv import conv_tokens
+from .grid_conv import GridConv2d, grid_to_tokens, tokens_to_grid
+from .tracing import is_fx_tracing
 
 
 class TokenAttention(nn.Module):
@@ -29,7 +33,7 @@ class TokenAttention(nn.Module):
         attn_drop: dropout on the attention output before the projection; proj_drop: after it.
         recompute: in training, keep only x and V for the backward and recompute the q/k product and
             ``attend`` there (activation checkpointing of the attention core): less memory, one more
-            forward of the core per backward.
+            forward of the core per backward. Eager mode only (ignored when scripted or FX-traced).
     """
 
     def __init__(
@@ -52,12 +56,12 @@ class TokenAttention(nn.Module):
         self.head_dim = dim // num_heads
         self.tie_qk = tie_qk
         self.qkv = nn.Linear(dim, dim * (2 if tie_qk else 3), bias=qkv_bias)
-        self.dwconv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim) if dwconv else None
+        self.dwconv = GridConv2d(dim, dim, 3, padding=1, groups=dim) if dwconv else None
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple[int, int] | None) -> torch.Tensor:
         """q, k, v: (B, H, N, d) -> (B, H, N, d)."""
         raise NotImplementedError
 
@@ -87,7 +91,7 @@ class TokenAttention(nn.Module):
         """x (B, N, C) -> v_tok (B, N, C), contiguous."""
         return self._rows(x, 1 if self.tie_qk else 2)
 
-    def _attend_tokens(self, x: torch.Tensor, v: torch.Tensor, hw) -> torch.Tensor:
+    def _attend_tokens(self, x: torch.Tensor, v: torch.Tensor, hw: tuple[int, int] | None) -> torch.Tensor:
         q, k = self._project_qk(x)
         return self.attend(q, k, v, hw)
 
@@ -100,25 +104,29 @@ class TokenAttention(nn.Module):
             weight = self.dwconv.weight[:, :, 1:2, :]
             y = F.conv2d(v_tok.transpose(1, 2).unsqueeze(2), weight, self.dwconv.bias, padding=(0, 1), groups=c)
             return y.squeeze(2).transpose(1, 2)
-        return conv_tokens(self.dwconv, v_tok, hw)
+        return grid_to_tokens(self.dwconv(tokens_to_grid(v_tok, hw)))
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None) -> torch.Tensor:
         """x: (B, N, C), hw: (height, width) with height·width = N, or None (1-D) -> (B, N, C)."""
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x: expected (B, N, {self.dim}) tokens, got shape {tuple(x.shape)}")
+        if not torch.jit.is_scripting() and not is_fx_tracing():
+            if x.dim() != 3 or x.shape[-1] != self.dim:
+                raise ValueError(f"x: expected (B, N, {self.dim}) tokens, got shape {tuple(x.shape)}")
+            if hw is not None:
+                hw = check_hw((int(hw[0]), int(hw[1])), x.shape[1])
         b, n, c = x.shape
-        if hw is not None:
-            hw = check_hw((int(hw[0]), int(hw[1])), n)
         v_tok = self._project_v(x)
         v = self._heads(v_tok)
-        if self.recompute and torch.is_grad_enabled() and (x.requires_grad or self.qkv.weight.requires_grad):
+        if self.recompute and not torch.jit.is_scripting() and not is_fx_tracing() and torch.is_grad_enabled() \
+                and (x.requires_grad or self.qkv.weight.requires_grad):
             heads = checkpoint(self._attend_tokens, x, v, hw, use_reentrant=False)
         else:
             heads = self._attend_tokens(x, v, hw)
         if self.dwconv is None:
             out = heads.transpose(1, 2).reshape(b, n, c)
-        elif torch.is_grad_enabled() and (heads.requires_grad or v_tok.requires_grad):
-            # out of place: autograd of an in-place add into a view clones and copies the gradient
+        elif (not torch.jit.is_scripting() and is_fx_tracing()) or (
+                torch.is_grad_enabled() and (heads.requires_grad or v_tok.requires_grad)):
+            # out of place: autograd of an in-place add into a view clones and copies the gradient;
+            # an FX graph gets no in-place op on a view either (graph passes may drop it), same values
             out = self._value_conv(v_tok, hw) + heads.transpose(1, 2).reshape(b, n, c)
         else:
             # DWConv(V) in token layout, then the heads added into it: one pass merges the heads.

@@ -4,17 +4,17 @@
     model = create_model("laplacianformer_tiny", num_classes=10, attn="laplacian")
 
 When timm is installed, importing this package also registers every name with timm
-(``timm.create_model("laplacianformer_tiny")``); without timm nothing of timm is imported.
+(``timm.create_model("laplacianformer_tiny")``, ``register_timm`` of the family module); without timm
+nothing of timm is imported.
 Saving and loading (``save_pretrained``/``from_pretrained``) are in ``laplacianformer.hub``, above this package.
 """
 
 from __future__ import annotations
 
-import importlib.util
 
 from ..layers.token_mixer import ATTENTIONS
 from .info import count_macs, format_model_info, model_info
-from .laplacianformer import LaplacianFormer, checkpoint_filter_fn, create_model
+from .laplacianformer import LaplacianFormer, checkpoint_filter_fn, create_model, register_timm
 from .registry import MODEL_CONFIGS, PAPER, list_models, model_config
 
 __all__ = [
@@ -31,18 +31,6 @@ __all__ = [
     "model_info",
     "register_timm",
 ]
-
-
-def register_timm() -> bool:
-    """Register the family with timm's model registry if timm can be imported; returns whether it did."""
-    try:
-        if importlib.util.find_spec("timm") is None:
-            return False
-        import timm  # noqa: F401
-    except (ImportError, ValueError):
-        return False
-    from . import _timm  # noqa: F401  (importing it registers the entry points)
-    return True
 
 
 register_timm()

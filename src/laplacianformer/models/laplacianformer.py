@@ -15,13 +15,19 @@ the quadratic baseline). No position embedding: position information comes from 
 convolutions, so any input size works.
 
 Layout (as timm's family files): blocks -> stages -> model -> ``checkpoint_filter_fn`` -> pretrained cfgs
--> entry points (``create_model`` and one function per ``registry.MODEL_CONFIGS`` name). timm is imported
-only inside ``_create_laplacianformer``, which runs when timm calls an entry point (``models/_timm.py``
-registers them when timm is installed). Saving and loading live above this package, in ``laplacianformer.hub``.
+-> entry points (``create_model`` and one function per ``registry.MODEL_CONFIGS`` name) -> ``register_timm``.
+timm is imported only inside functions: ``register_timm`` (called by ``laplacianformer.models`` on import)
+registers the entry points of this module with timm's registry, so timm records this family module
+(``laplacianformer``) as their module, as for its own families; ``_create_laplacianformer`` runs when timm
+calls an entry point. Saving and loading live above this package, in ``laplacianformer.hub``.
+
+TorchScript and torch.fx: every registered model scripts (``torch.jit.script``) and traces
+(``torch.fx.symbolic_trace``, timm's / torchvision's feature extractors) with eager's outputs; the
+attention operator is one leaf call in both (``layers/tracing.py``, docs/ARCHITECTURE.md).
 """
 
-from __future__ import annotations
-
+# no ``from __future__ import annotations``: an FX graph copies the root module's forward annotations,
+# and TorchScript must read them as types when it scripts that graph (docs/ARCHITECTURE.md)
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +36,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import DropPath, conv2d_channels_last, conv_tokens, get_token_mixer
+from ..layers import DropPath, GridConv2d, get_token_mixer, grid_to_tokens, is_fx_tracing, tokens_to_grid
 from .registry import MODEL_CONFIGS, PAPER, model_config
 
 __all__ = [
@@ -53,13 +59,13 @@ class Mlp(nn.Module):
     def __init__(self, dim: int, hidden: int, drop: float = 0.0) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
-        self.dwconv = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden)
+        self.dwconv = GridConv2d(hidden, hidden, 3, padding=1, groups=hidden)
         self.act = nn.GELU()
         self.drop = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        x = conv_tokens(self.dwconv, self.fc1(x), hw)
+        x = grid_to_tokens(self.dwconv(tokens_to_grid(self.fc1(x), hw)))
         x = self.drop(self.act(x))
         return self.drop(self.fc2(x))
 
@@ -106,11 +112,11 @@ class OverlapPatchEmbed(nn.Module):
 
     def __init__(self, in_chans: int, embed_dim: int, patch_size: int = 7, stride: int = 4) -> None:
         super().__init__()
-        self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=stride, padding=patch_size // 2)
+        self.proj = GridConv2d(in_chans, embed_dim, patch_size, stride=stride, padding=patch_size // 2)
         self.norm = nn.LayerNorm(embed_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = conv2d_channels_last(self.proj, x)
+        x = self.proj(x)
         return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
@@ -133,7 +139,8 @@ class Stage(nn.Module):
         hw = (h, w)
         x = x.flatten(2).transpose(1, 2)
         for blk in self.blocks:
-            if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
+            if self.grad_checkpointing and not torch.jit.is_scripting() and not is_fx_tracing() \
+                    and torch.is_grad_enabled():
                 x = checkpoint(blk, x, hw, use_reentrant=False)
             else:
                 x = blk(x, hw)
@@ -274,7 +281,10 @@ class LaplacianFormer(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def check_input(self, x: torch.Tensor) -> None:
-        """Raise ValueError naming ``x`` unless x is (B, in_chans, H, W) with H, W >= the total stride."""
+        """Raise ValueError naming ``x`` unless x is (B, in_chans, H, W) with H, W >= the total stride.
+
+        Eager mode only: ``forward_features`` and ``forward_intermediates`` skip it while scripted or
+        FX-traced (it branches on the shape; ``layers/tracing.py``)."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x: expected a torch.Tensor of shape (B, {self.in_chans}, H, W), got {type(x).__name__}")
         if x.dim() != 4:
@@ -330,7 +340,8 @@ class LaplacianFormer(nn.Module):
         every stage already ends in its LayerNorm).  Returns (x, [maps]) or [maps] if ``intermediates_only``."""
         if output_fmt != "NCHW":
             raise ValueError(f"output_fmt: expected 'NCHW', got {output_fmt!r}")
-        self.check_input(x)
+        if not torch.jit.is_scripting() and not is_fx_tracing():
+            self.check_input(x)
         take, last = _take_indices(len(self.stages), indices)
         x = self.patch_embed(x)
         stages = self.stages[: last + 1] if stop_early or intermediates_only else self.stages
@@ -354,7 +365,8 @@ class LaplacianFormer(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, in_chans, H, W) -> (B, num_features, ceil(H/stride), ceil(W/stride)), unpooled."""
-        self.check_input(x)
+        if not torch.jit.is_scripting() and not is_fx_tracing():
+            self.check_input(x)
         return self.stages(self.patch_embed(x))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -448,10 +460,106 @@ default_cfgs: dict[str, dict] = {name: _cfg() for name in MODEL_CONFIGS}
 
 # --- entry points ----------------------------------------------------------------------------------------
 
+# keys of a saved pretrained cfg that describe the weights (class count and names, preprocessing)
+_WEIGHTS_CFG_KEYS = ("num_classes", "input_size", "pool_size", "mean", "std", "interpolation", "crop_pct",
+                     "crop_mode", "label_names", "label_descriptions")
+# constructor arguments a saved file supplies when the caller does not give them; the sizes must match
+_SAVED_ARCH_DEFAULTS = ("attn", "attn_kwargs", "landmarks", "sr_ratios", "qkv_bias", "stem_stride")
+_SIZE_KEYS = ("depths", "embed_dims", "num_heads", "mlp_ratios")
+_TUPLE_CFG_KEYS = ("input_size", "pool_size", "mean", "std", "label_names", "label_descriptions")
+
+
+def no_pretrained_weights(name: str) -> RuntimeError:
+    """The error for ``pretrained=True`` without a weights source (timm's wording, plus where to load from)."""
+    return RuntimeError(
+        f"No pretrained weights exist for {name} (the paper released none). Use `pretrained=False` for random "
+        "init, or load your own: laplacianformer.from_pretrained(DIR), or timm.create_model(name, "
+        "pretrained=True, pretrained_cfg_overlay=dict(file=PATH)) with PATH a model.safetensors written by "
+        "laplacianformer.save_pretrained or a training run."
+    )
+
+
+def _saved_model_config(file: str) -> dict | None:
+    """The saved-model config ({"config": constructor args, "pretrained_cfg": ...}) that describes the weights
+    file ``file``: the ``config`` entry of its safetensors metadata (``save_pretrained``), else a
+    ``config.json`` next to it (a save_pretrained or training run directory); None when neither exists."""
+    import json
+    from pathlib import Path
+
+    path = Path(file)
+    texts = []
+    if path.suffix == ".safetensors" and path.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            texts.append((f.metadata() or {}).get("config"))
+    side = path.parent / "config.json"
+    if side.is_file():
+        texts.append(side.read_text())
+    for text in texts:
+        try:
+            data = json.loads(text) if text else None
+        except json.JSONDecodeError:
+            continue
+        if isinstance(data, dict) and isinstance(data.get("config"), dict):
+            return data
+    return None
+
+
+def _pretrained_file_defaults(variant: str, kwargs: dict) -> dict:
+    """For ``pretrained=True`` with ``pretrained_cfg_overlay=dict(file=...)``: the file's saved config
+    fills what the caller left out: the weights' pretrained cfg (num_classes, input size, mean/std, class
+    names: so a 10-class head loads instead of being re-initialised) and the attention arguments. A file
+    of other depths or widths than ``variant`` is a ValueError naming the matching registered name."""
+    overlay = dict(kwargs.get("pretrained_cfg_overlay") or {})
+    file = overlay.get("file")
+    saved = _saved_model_config(file) if file else None
+    if saved is None:
+        return kwargs
+    config, cfg = saved["config"], saved.get("pretrained_cfg") or {}
+    arch = dict(MODEL_CONFIGS[variant], **kwargs)
+    for key in _SIZE_KEYS:
+        if key in config and list(config[key]) != list(arch.get(key, config[key])):
+            match = next((n for n, c in MODEL_CONFIGS.items()
+                          if all(list(c[k]) == list(config.get(k, c[k])) for k in _SIZE_KEYS)), None)
+            hint = f"create it as {match!r}" if match else "load it with laplacianformer.from_pretrained"
+            raise ValueError(f"pretrained_cfg_overlay: {file} holds a model with {key}={list(config[key])}, "
+                             f"{variant} has {list(arch[key])}; {hint}")
+    import dataclasses
+
+    from timm.models import PretrainedCfg
+
+    fields = {f.name for f in dataclasses.fields(PretrainedCfg)}
+    for key in _WEIGHTS_CFG_KEYS:
+        if key in cfg and key in fields and key not in overlay:
+            value = cfg[key]
+            overlay[key] = tuple(value) if key in _TUPLE_CFG_KEYS and isinstance(value, list) else value
+    out = dict(kwargs, pretrained_cfg_overlay=overlay)
+    for key in _SAVED_ARCH_DEFAULTS:
+        if key in config and key not in kwargs:
+            value = config[key]
+            out[key] = tuple(value) if key == "landmarks" and isinstance(value, list) else value
+    return out
+
+
+def _has_weights_source(kwargs: dict) -> bool:
+    cfgs = [kwargs.get("pretrained_cfg_overlay"), kwargs.get("pretrained_cfg")]
+    return any(isinstance(c, Mapping) and any(c.get(k) for k in ("file", "url", "state_dict", "hf_hub_id"))
+               for c in cfgs)
+
+
 def _create_laplacianformer(variant: str, pretrained: bool = False, **kwargs) -> LaplacianFormer:
-    """timm's builder (pretrained cfg, ``features_only``/``out_indices``, ``checkpoint_filter_fn``)."""
+    """timm's builder (pretrained cfg, ``features_only``/``out_indices``, ``checkpoint_filter_fn``).
+
+    ``pretrained=True`` needs a weights source (``pretrained_cfg_overlay=dict(file=PATH)``, ...): the
+    family has no published weights (``no_pretrained_weights``); a file saved by this package also gives
+    its class count and attention arguments (``_pretrained_file_defaults``)."""
     from timm.models import build_model_with_cfg
 
+    if pretrained:
+        if not _has_weights_source(kwargs):
+            raise no_pretrained_weights(variant)
+        kwargs = _pretrained_file_defaults(variant, kwargs)
     out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
     return build_model_with_cfg(
         LaplacianFormer,
@@ -483,7 +591,7 @@ def _entry_point(name: str) -> Callable[..., LaplacianFormer]:
     return entry
 
 
-# one function per table entry (laplacianformer_micro, laplacianformer_tiny, ...), registered by models/_timm.py
+# one function per table entry (laplacianformer_micro, laplacianformer_tiny, ...), registered by register_timm
 entry_points: dict[str, Callable[..., LaplacianFormer]] = {name: _entry_point(name) for name in MODEL_CONFIGS}
 globals().update(entry_points)
 
@@ -491,6 +599,7 @@ globals().update(entry_points)
 def create_model(
     name: str,
     *,
+    pretrained: bool = False,
     num_classes: int = 1000,
     in_chans: int = 3,
     attn: str = "laplacian",
@@ -503,12 +612,16 @@ def create_model(
 
     Args:
         name: one of ``registry.list_models()``.
+        pretrained: must be False: no weights were published (RuntimeError naming the model, as timm's);
+            load saved weights with ``laplacianformer.from_pretrained``.
         attn: "laplacian" (default) | "gaussian" | "softmax" (PVTv2 spatial-reduction baseline).
         attn_kwargs: forwarded to every attention layer (laplacian/gaussian: lam, qk_scale, norm,
             solver, iters, ns_eps, tie_qk, landmarks, dwconv, recompute; softmax: sr_ratio).
         overrides: any other ``LaplacianFormer`` argument (depths, embed_dims, landmarks, stem_stride, ...).
     """
     cfg = model_config(name)
+    if pretrained:
+        raise no_pretrained_weights(name)
     cfg.update(overrides)
     model = LaplacianFormer(
         num_classes=num_classes, in_chans=in_chans, attn=attn, attn_kwargs=attn_kwargs,
@@ -516,3 +629,32 @@ def create_model(
     )
     model.pretrained_cfg = dict(default_cfgs[name], architecture=name)
     return model
+
+
+_TIMM_REGISTERED = False
+
+
+def register_timm() -> bool:
+    """Register this family's entry points and ``default_cfgs`` with timm, and the layers' FX leaf functions
+    with timm's FX helpers, if timm can be imported; returns whether timm has them. Idempotent.
+
+    Called by ``laplacianformer.models`` on import; timm is imported here only, so the package works
+    without it."""
+    global _TIMM_REGISTERED
+    if _TIMM_REGISTERED:
+        return True
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("timm") is None:
+            return False
+        from timm.models import register_model
+    except (ImportError, ValueError):
+        return False
+    from ..layers.tracing import register_with_timm_fx
+
+    for entry in entry_points.values():
+        register_model(entry)
+    register_with_timm_fx()
+    _TIMM_REGISTERED = True
+    return True

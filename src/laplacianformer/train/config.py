@@ -3,6 +3,10 @@
 ``read_train_config(run_dir)`` also reads runs written before that name, whose ``config.json`` held it
 (recognised by its content, ``hub.is_train_config``); ``config.json`` now means the saved model.
 
+``data`` is stored as an absolute path when it is an image folder (``resolve_data``), so a run evaluates
+and resumes from any working directory; relative paths of older runs are resolved against the run
+directory and its parents.
+
 Defaults are a small-data version of the DeiT/SOFT recipe (DESIGN.md §5, training recipe): AdamW with
 weight decay 0.05, linear warm-up then cosine decay per step, label smoothing 0.1, gradient clipping,
 drop path. Mixup/CutMix/RandAugment/EMA exist but are off by default: on a few thousand 32-px images and
@@ -64,6 +68,7 @@ class TrainConfig:
     time_budget: float | None = None
     save_every_steps: int | None = None
     progress: bool = True
+    log_every: int | None = None
     verify_images: bool = True
     device: str = "auto"
     threads: int | None = None
@@ -89,7 +94,7 @@ class TrainConfig:
 
         for name in ("img_size", "epochs", "batch_size", "eval_batch_size"):
             pos_int(name)
-        for name in ("train_subset", "test_subset", "max_steps", "save_every_steps", "threads"):
+        for name in ("train_subset", "test_subset", "max_steps", "save_every_steps", "threads", "log_every"):
             pos_int(name, allow_none=True)
         if self.img_size < 8:
             raise ValueError(f"img_size: expected an integer >= 8, got {self.img_size}")
@@ -134,6 +139,26 @@ class TrainConfig:
     @classmethod
     def load(cls, path: str | Path) -> "TrainConfig":
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def resolve_data(data: str, run_dir: str | Path | None = None) -> str:
+    """``data`` as a run stores it: a built-in name unchanged, an image-folder path absolute.
+
+    A relative path is taken from the working directory when it exists there; otherwise, for a run
+    written with a relative path, from ``run_dir`` or the first of its parents where it exists; else from
+    the working directory (the data loader then names the missing path).
+    """
+    from ..data import BUILTIN
+
+    if data in BUILTIN:
+        return data
+    path = Path(data).expanduser()
+    if not path.is_absolute() and not path.exists() and run_dir is not None:
+        base = Path(run_dir).resolve()
+        found = next((d / path for d in (base, *base.parents) if (d / path).exists()), None)
+        if found is not None:
+            return str(found)
+    return str(path.resolve())
 
 
 def read_train_config(run_dir: str | Path) -> TrainConfig:

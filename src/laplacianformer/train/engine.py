@@ -8,6 +8,17 @@ so far, and an atomic checkpoint (model, optimiser, schedule step, scaler, EMA, 
 position). SIGINT/SIGTERM set a flag; the loop checkpoints at the next step boundary and returns with
 ``interrupted`` set. Resuming restores all of it, so a killed-and-resumed run
 ends with the same weights as an uninterrupted one (same machine, thread count and world size).
+
+Resuming with settings that change the learning-rate schedule (``epochs``, ``max_steps``,
+``warmup_epochs``, ``batch_size``) is refused with a message naming the rate before and after, unless
+``allow_schedule_change=True`` (CLI ``--allow-schedule-change``): then the warm-up/cosine schedule is laid
+over the new length and a warning says how the rate changes.
+
+Progress: tqdm bars when ``progress`` is on and stderr is a terminal; otherwise one line per epoch on
+stderr (and one every ``log_every`` steps), so logs of jobs without a TTY show the run as it goes.
+``summary.json``: ``train_time_s`` is the time spent in training steps and ``wall_time_s`` the time spent
+in ``fit`` (steps, evaluation, checkpoints), both summed over every session of a resumed run, so
+wall >= train; ``session_wall_time_s`` is this session's part.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ import math
 import os
 import resource
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -35,7 +47,7 @@ from ..hub import (
 from ..models import create_model
 from .augment import mix_batch, normalize, rand_augment, random_crop_flip
 from .batches import epoch_indices, iterate, steps_per_epoch
-from .config import TrainConfig
+from .config import TrainConfig, resolve_data
 from .distributed import DistInfo, barrier, broadcast_object, cleanup, init_distributed
 from .ema import ModelEma
 from .evaluate import autocast_context, evaluate
@@ -188,24 +200,32 @@ class Trainer:
     ``resume``: a run directory or checkpoint file to continue from, or a ``ResumePoint`` already read
     (its saved config is used unless a ``config`` is given; the model fields must match).
     ``splits``: prebuilt data (skips ``build_datasets``).
+    ``allow_schedule_change``: resume even when the settings change the learning-rate schedule (see the
+    module docstring); refused otherwise.
     """
 
     def __init__(self, config: TrainConfig | None = None, *, resume: str | Path | ResumePoint | None = None,
-                 splits: DataSplits | None = None) -> None:
+                 splits: DataSplits | None = None, allow_schedule_change: bool = False) -> None:
         self.resume_state = None
+        resume_dir = None
         if resume is not None:
             ckpt_path, self.resume_state = resume if isinstance(resume, ResumePoint) else read_resume(resume)
+            resume_dir = ckpt_path.parent
             if config is None:
                 config = TrainConfig.from_dict(self.resume_state["config"])
             if config.out is None:
                 config.out = str(ckpt_path.parent)
             saved = self.resume_state["config"]
             for key in ("model", "attn", "attn_kwargs", "model_kwargs", "img_size", "data"):
-                if saved.get(key) != getattr(config, key):
+                old, new = saved.get(key), getattr(config, key)
+                if key == "data" and isinstance(old, str) and isinstance(new, str):
+                    old, new = resolve_data(old, resume_dir), resolve_data(new, resume_dir)
+                if old != new:
                     raise CheckpointError(f"checkpoint: {ckpt_path}: was written with {key}={saved.get(key)!r}, "
                                           f"not {getattr(config, key)!r}")
         self.config = (config or TrainConfig()).validate()
         cfg = self.config
+        cfg.data = resolve_data(cfg.data, resume_dir)  # stored absolute: the run works from any directory
         self._prev_threads = torch.get_num_threads()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -241,6 +261,8 @@ class Trainer:
         self.best: dict | None = None  # {"top1", "epoch", "steps"} of model_best.safetensors
         self.epoch_stats = {"loss_sum": 0.0, "correct": 0, "seen": 0, "train_time": 0.0}
         self.train_time = 0.0
+        self.wall_time = 0.0  # time in fit() of earlier sessions (this one's: _session_start)
+        self._session_start: float | None = None
         self.images_seen = 0
         run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
         self.run_dir = Path(broadcast_object(str(run_dir), self.dist))
@@ -248,6 +270,7 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.resume_state is not None:
             self._restore(self.resume_state)
+            self._check_schedule(self.resume_state, resume_dir, allow_schedule_change)
             self.resume_state = None
         if self.dist.is_main:
             cfg.save(self.run_dir / TRAIN_CONFIG_NAME)
@@ -270,7 +293,8 @@ class Trainer:
                          "sampler_seed": self.config.seed, "world_size": self.dist.world_size},
             "epoch_stats": dict(self.epoch_stats),
             "history": self.history,
-            "counters": {"train_time": self.train_time, "images_seen": self.images_seen},
+            "counters": {"train_time": self.train_time, "wall_time": self._wall_now(),
+                         "images_seen": self.images_seen},
             "best": self.best,
         }
 
@@ -289,9 +313,38 @@ class Trainer:
         self.epoch_stats = dict(st["epoch_stats"])
         self.history = list(st["history"])
         self.train_time = st["counters"]["train_time"]
+        # checkpoints written before the wall-time counter: at least the training time
+        self.wall_time = max(st["counters"].get("wall_time", 0.0), self.train_time)
         self.images_seen = st["counters"]["images_seen"]
         self.best = st.get("best")
         restore_rng(st["rng"])
+
+    def _check_schedule(self, st: dict, run_dir: Path, allow: bool) -> None:
+        """Refuse (ValueError naming the changed setting) or announce a resumed run whose learning-rate
+        schedule differs from the checkpoint's (total or warm-up steps)."""
+        sched = st.get("scheduler") or {}
+        old_total, old_warm = sched.get("total_steps"), sched.get("warmup_steps")
+        if old_total is None or (old_total, old_warm) == (self.total_steps, self.warmup_steps):
+            return
+        cfg, saved = self.config, st.get("config") or {}
+        keys = [k for k in ("epochs", "max_steps", "warmup_epochs", "batch_size") if saved.get(k) != getattr(cfg, k)]
+        keys = keys or ["epochs"]
+        step = self.global_step
+        before = lr_at(step, total_steps=old_total, warmup_steps=old_warm or 0,
+                       base_lr=saved.get("lr", cfg.lr), min_lr=saved.get("min_lr", cfg.min_lr))
+        after = lr_at(step, total_steps=self.total_steps, warmup_steps=self.warmup_steps, base_lr=cfg.lr,
+                      min_lr=cfg.min_lr)
+        what = (f"{', '.join(f'{k}={getattr(cfg, k)}' for k in keys)} (the run has "
+                f"{', '.join(f'{k}={saved.get(k)}' for k in keys)}) changes its learning-rate schedule from "
+                f"{old_total} to {self.total_steps} steps (warm-up {old_warm} -> {self.warmup_steps}): "
+                f"at step {step} the rate goes from {before:.3g} to {after:.3g}")
+        if not allow:
+            raise ValueError(f"{keys[0]}: resuming {run_dir} with {what}; pass --allow-schedule-change "
+                             "(allow_schedule_change=True) to continue on the new schedule, or resume with "
+                             f"{keys[0]}={saved.get(keys[0])} to keep it")
+        if self.dist.is_main:
+            print(f"warning: {keys[0]}: resuming with {what}; the warm-up/cosine schedule now spans "
+                  f"{self.total_steps} steps", file=sys.stderr, flush=True)
 
     def save(self) -> None:
         if self.dist.is_main:
@@ -343,7 +396,7 @@ class Trainer:
     def _evaluate(self, desc: str) -> dict:
         cfg = self.config
         return evaluate(self._eval_model(), self.splits.test, batch_size=cfg.eval_batch_size, device=self.device,
-                        amp=cfg.amp, num_classes=self.num_classes, progress=cfg.progress,
+                        amp=cfg.amp, num_classes=self.num_classes, progress=self._bars(),
                         num_workers=cfg.num_workers, dist_info=self.dist, desc=desc)
 
     def _end_epoch(self) -> None:
@@ -373,14 +426,43 @@ class Trainer:
                 evaluated = self.model if self.ema_model is None else self.ema_model  # filled by _evaluate
                 save_weights(evaluated.state_dict(), self.run_dir / BEST_WEIGHTS_NAME, meta)
         if self.dist.is_main:
+            self._say(f"epoch {row['epoch']}/{self.config.epochs}  step {self.global_step}/{self.total_steps}  "
+                      f"train loss {row['train_loss']:.4f}  train top-1 {row['train_top1']:.3f}  "
+                      f"test loss {row['test_loss']:.4f}  test top-1 {row['test_top1']:.3f}  "
+                      f"lr {row['lr']:.2e}  {row['epoch_train_time']:.1f}s")
             write_epochs(self.run_dir, self.history)
             plot_curves({self.config.attn: self.history}, self.run_dir / CURVES,
                         title=f"{self.config.model} ({self.config.attn}) on {self.config.data}")
+
+    def _bars(self) -> bool:
+        """tqdm bars: ``progress`` on, the main rank, and stderr a terminal (else plain lines)."""
+        isatty = getattr(sys.stderr, "isatty", None)
+        return bool(self.config.progress and self.dist.is_main and isatty is not None and isatty())
+
+    def _say(self, line: str) -> None:
+        """One progress line on stderr (main rank), written around the tqdm bars when they are shown."""
+        if not self.dist.is_main:
+            return
+        if self._bars():
+            from tqdm.auto import tqdm
+
+            tqdm.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def _wall_now(self) -> float:
+        """Time in ``fit`` over every session so far (the ``wall_time`` counter)."""
+        if self._session_start is None:
+            return self.wall_time
+        return self.wall_time + time.perf_counter() - self._session_start
 
     def fit(self) -> dict:
         """Runs until the epochs, ``max_steps`` or ``time_budget`` are used up, or a signal arrives."""
         cfg = self.config
         start_wall = time.perf_counter()
+        self._session_start = start_wall
+        bars = self._bars()
+        mark = (time.perf_counter(), self.images_seen)  # throughput of the step lines
         log = StepLog(self.run_dir, resume_step=self.global_step) if self.dist.is_main else None
         self.last_eval = None
         interrupted = None
@@ -393,7 +475,7 @@ class Trainer:
                                         rank=self.dist.rank, world=self.dist.world_size)
                     n_steps = min(self.steps_per_epoch, self.step_in_epoch + self.total_steps - self.global_step)
                     bar = tqdm(total=n_steps, initial=self.step_in_epoch, desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
-                               disable=not cfg.progress or not self.dist.is_main, dynamic_ncols=True, leave=True)
+                               disable=not bars, dynamic_ncols=True, leave=True)
                     batches = iterate(self.splits.train, idx, cfg.batch_size, start_step=self.step_in_epoch,
                                       num_workers=cfg.num_workers)
                     t0 = time.perf_counter()
@@ -414,6 +496,12 @@ class Trainer:
                                        "batch_top1": correct / labels.shape[0], "time": time.time()})
                         bar.update(1)
                         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", refresh=False)
+                        if cfg.log_every and self.global_step % cfg.log_every == 0:
+                            now = time.perf_counter()
+                            rate = (self.images_seen - mark[1]) / max(now - mark[0], 1e-9)
+                            mark = (now, self.images_seen)
+                            self._say(f"epoch {self.epoch + 1}/{cfg.epochs}  step {self.global_step}/"
+                                      f"{self.total_steps}  loss {loss:.4f}  lr {lr:.2e}  {rate:.1f} img/s")
                         signum = broadcast_object(stop.signum, self.dist)
                         over_time = cfg.time_budget is not None and time.perf_counter() - start_wall > cfg.time_budget
                         over_time = bool(broadcast_object(over_time, self.dist))
@@ -443,7 +531,8 @@ class Trainer:
         finally:
             if log is not None:
                 log.close()
-        result = self._finish(interrupted, time.perf_counter() - start_wall)
+        result = self._finish(interrupted)
+        self.wall_time, self._session_start = result["wall_time_s"], None
         return result
 
     def _account(self, t0: float) -> None:
@@ -451,12 +540,13 @@ class Trainer:
         self.train_time += dt
         self.epoch_stats["train_time"] += dt
 
-    def _finish(self, interrupted: str | None, wall: float) -> dict:
+    def _finish(self, interrupted: str | None) -> dict:
         cfg = self.config
         ev = self.last_eval
         if interrupted is None and ev is None:
             ev = self._evaluate("eval")
         peak, peak_kind = peak_memory_mb(self.device)
+        session_wall = time.perf_counter() - self._session_start
         result = {
             "run_dir": str(self.run_dir),
             "model": cfg.model,
@@ -468,7 +558,8 @@ class Trainer:
             "interrupted": interrupted,
             "params": count_params(self.model),
             "train_time_s": self.train_time,
-            "wall_time_s": wall,
+            "wall_time_s": self.wall_time + session_wall,
+            "session_wall_time_s": session_wall,
             "images_per_s": self.images_seen / self.train_time if self.train_time > 0 else None,
             "peak_memory_mb": peak,
             "peak_memory_kind": peak_kind,
@@ -495,16 +586,20 @@ class Trainer:
         torch.set_num_threads(self._prev_threads)
 
 
-def train(config: TrainConfig | None = None, *, resume: str | Path | ResumePoint | None = None, **overrides) -> dict:
+def train(config: TrainConfig | None = None, *, resume: str | Path | ResumePoint | None = None,
+          allow_schedule_change: bool = False, **overrides) -> dict:
     """Trains one model and returns its final metrics.
 
     Args:
         config: a ``TrainConfig`` (default settings when None); ``overrides`` replace its fields.
         resume: a run directory or checkpoint file to continue from.
+        allow_schedule_change: resume even when ``overrides`` change the learning-rate schedule (e.g. more
+            ``epochs``); refused with a ValueError naming the setting otherwise (``Trainer``).
 
     Returns a dict with ``top1``, ``top5``, ``loss`` (test split; EMA weights when ``ema``), ``history`` (one
     row per epoch), ``images_per_s``, ``peak_memory_mb`` (+ ``peak_memory_kind``), ``params``,
-    ``train_time_s``, ``wall_time_s``, ``run_dir``, ``interrupted`` (signal name or None) and more.
+    ``train_time_s``, ``wall_time_s`` (>= train time, both over every session), ``session_wall_time_s``,
+    ``run_dir``, ``interrupted`` (signal name or None) and more.
     """
     if resume is not None and not isinstance(resume, ResumePoint):
         resume = read_resume(resume)
@@ -519,7 +614,7 @@ def train(config: TrainConfig | None = None, *, resume: str | Path | ResumePoint
         if unknown:
             raise TypeError(f"{sorted(unknown)[0]}: not a TrainConfig field")
         config = TrainConfig.from_dict({**base, **overrides})
-    trainer = Trainer(config, resume=resume)
+    trainer = Trainer(config, resume=resume, allow_schedule_change=allow_schedule_change)
     try:
         return trainer.fit()
     finally:

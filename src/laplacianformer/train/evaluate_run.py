@@ -1,4 +1,10 @@
-"""Evaluate a saved run: ``evaluate_checkpoint(run_dir_or_file)`` -> metrics, ``eval.json``, ``confusion.png``."""
+"""Evaluate a saved run: ``evaluate_checkpoint(run_dir_or_file)`` -> metrics, ``eval.json``, ``confusion.png``.
+
+Without ``data`` the run's own test split is scored (its data path resolved from any working directory:
+``config.resolve_data``); with ``data`` = an image folder, every image of that folder is scored
+(``data.build_eval_dataset``: its ``val/``/``test/`` split when it has one), its class folders matched by
+name to the classes the model was trained on.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,11 @@ import json
 from pathlib import Path
 
 from ..checkpoint import CheckpointError, load_checkpoint, read_metadata
-from ..data import build_datasets
-from ..hub import CHECKPOINT_NAME, EMA_WEIGHTS_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME, is_train_config, write_config
-from .config import TrainConfig, read_train_config
+from ..data import BUILTIN, build_datasets, build_eval_dataset
+from ..hub import (
+    CHECKPOINT_NAME, CONFIG_NAME, EMA_WEIGHTS_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME, is_train_config, write_config,
+)
+from .config import TrainConfig, read_train_config, resolve_data
 from .engine import build_model, load_model_state, resolve_device, run_pretrained_cfg
 from .evaluate import evaluate
 from .plots import plot_confusion
@@ -52,29 +60,78 @@ def load_for_eval(path: str | Path, *, ema: bool = False) -> tuple[TrainConfig, 
     return TrainConfig.from_dict(obj["config"]), state, p
 
 
+def run_classes(file: Path) -> list[str] | None:
+    """The class names (label order) of the weights in ``file``: its safetensors metadata, the training
+    checkpoint, or the ``label_names`` of the ``config.json`` beside it; None when none records them."""
+    file = Path(file)
+    if file.suffix == ".safetensors":
+        names = json.loads(read_metadata(file).get("classes") or "null")
+        if names:
+            return [str(c) for c in names]
+    elif file.name == CHECKPOINT_NAME:
+        names = load_checkpoint(file).get("classes")
+        if names:
+            return [str(c) for c in names]
+    side = file.parent / CONFIG_NAME
+    if side.is_file():
+        try:
+            saved = json.loads(side.read_text())
+        except json.JSONDecodeError:
+            return None
+        names = (saved.get("pretrained_cfg") or {}).get("label_names") if isinstance(saved, dict) else None
+        if names:
+            return [str(c) for c in names]
+    return None
+
+
+def _head_rows(state: dict) -> int | None:
+    head = state.get("head.weight")
+    return None if head is None else int(head.shape[0])
+
+
 def evaluate_checkpoint(path, *, data: str | None = None, model: str | None = None, test_subset: int | None = None,
                         batch_size: int = 256, amp: str = "off", ema: bool = False, out: str | Path | None = None,
                         device: str = "auto", progress: bool = True) -> dict:
-    """Evaluates a saved model on the test split of its data set (or ``data``).
+    """Evaluates a saved model on the test split of its own data set, or on ``data``.
 
-    Returns the ``evaluate`` dict plus ``classes``, ``json`` and ``confusion_png`` (paths written).
+    ``data``: a built-in set (its test split) or an image folder, of which EVERY image is scored (its
+    ``val/`` or ``test/`` split when it has one, else all ``<class>/`` folders); the folder's classes are
+    matched by name to the model's (a subset is fine; DataError for a class the model lacks).
+    Returns the ``evaluate`` dict plus ``classes`` (the model's), ``data``, ``json`` and ``confusion_png``
+    (paths written).
     """
     config, state, file = load_for_eval(path, ema=ema)
     if model is not None:
         config.model = model
-    if data is not None:
-        config.data = data
     config.test_subset = test_subset
-    splits = build_datasets(config.data, config.img_size, in_chans=config.in_chans, train_subset=1,
-                            test_subset=test_subset, seed=config.seed, check_images=config.verify_images)
-    net = build_model(config, len(splits.classes), splits.in_chans)
+    if data is None:
+        config.data = resolve_data(config.data, file.parent)  # runs stored relative paths before
+        splits = build_datasets(config.data, config.img_size, in_chans=config.in_chans, train_subset=1,
+                                test_subset=test_subset, seed=config.seed, check_images=config.verify_images)
+        dataset, classes, in_chans = splits.test, splits.classes, splits.in_chans
+    else:
+        config.data = data if data in BUILTIN else str(Path(data).expanduser().resolve())
+        classes = run_classes(file)
+        if classes is None and config.data not in BUILTIN:
+            # weights without recorded class names: the folder's sorted classes, if the head fits them
+            classes = build_eval_dataset(config.data, 8, classes=None, check_images=False).classes
+            if _head_rows(state) not in (None, len(classes)):
+                raise CheckpointError(f"checkpoint: {file}: has {_head_rows(state)} classes and no class names; "
+                                      f"{config.data} has {len(classes)} class folders")
+        conv = state.get("patch_embed.proj.weight")
+        in_chans = int(conv.shape[1]) if conv is not None else config.in_chans
+        dataset = build_eval_dataset(config.data, config.img_size, in_chans=in_chans, classes=classes,
+                                     test_subset=test_subset, seed=config.seed, check_images=config.verify_images)
+        classes = dataset.classes
+        in_chans = dataset.in_chans if hasattr(dataset, "in_chans") else in_chans
+    net = build_model(config, len(classes), in_chans)
     load_model_state(net, state, str(file))
     dev = resolve_device(device)
-    res = evaluate(net.to(dev), splits.test, batch_size=batch_size, device=dev, amp=amp,
-                   num_classes=len(splits.classes), progress=progress)
+    res = evaluate(net.to(dev), dataset, batch_size=batch_size, device=dev, amp=amp,
+                   num_classes=len(classes), progress=progress)
     out_dir = Path(out) if out else file.parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    res["classes"] = [str(c) for c in splits.classes]
+    res["classes"] = [str(c) for c in classes]
     res["checkpoint"] = str(file)
     res["data"] = config.data
     res["json"] = str(out_dir / "eval.json")
@@ -92,6 +149,7 @@ def upgrade_run(run_dir: str | Path) -> Path:
     loads it. Reads the data set for the class names and mean/std. Returns the directory."""
     d = Path(run_dir)
     config = read_train_config(d)
+    config.data = resolve_data(config.data, d)
     splits = build_datasets(config.data, config.img_size, in_chans=config.in_chans, train_subset=1, test_subset=1,
                             seed=config.seed, check_images=False)
     model = build_model(config, len(splits.classes), splits.in_chans)
