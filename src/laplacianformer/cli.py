@@ -1,4 +1,4 @@
-"""Command-line interface: ``laplacianformer {train,eval,info,bench,demo,ablate,analyze} ...``.
+"""Command-line interface: ``laplacianformer {train,eval,info,bench,demo,data,ablate,analyze} ...``.
 
 User errors (bad flag values, missing or corrupt data, unreadable checkpoints) end the process with exit
 status 2 and one line on stderr naming the flag or path; ``--debug`` shows the traceback instead.
@@ -185,6 +185,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flags(p, specs, "fashion-mnist", "--data")
     p.add_argument("--quick", action="store_true", help="a much smaller budget (about a minute) for a smoke test")
     _add_flags(p, specs, True, "--progress")
+
+    from .data.scenes import add_scenes_arguments
+
+    p = sub.add_parser("data", help="make data sets: 'scenes' writes FashionScenes (COCO-format detection)")
+    data_sub = p.add_subparsers(dest="data_command", required=True, metavar="{scenes}")
+    add_scenes_arguments(data_sub.add_parser(
+        "scenes", help="FashionScenes: Fashion-MNIST items composed into COCO-format scenes (docs/DETECTION.md)",
+        description="Writes DIR/{train,val}/*.png and DIR/annotations/instances_{train,val}.json (COCO): "
+                    "boxes, areas and RLE instance masks of Fashion-MNIST items on textured backgrounds; "
+                    "train scenes use the training file, val scenes the test file. Same seed, same files."))
 
     for name in FORWARDED:
         p = sub.add_parser(name, help=f"forwarded to laplacianformer.experiments.{name} (see its --help)",
@@ -384,6 +394,12 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_data(args) -> int:
+    from .data.scenes import run_scenes
+
+    return run_scenes(args)
+
+
 def cmd_forward(name: str, rest: list[str]) -> int:
     import importlib
 
@@ -415,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args([a for a in argv if a != "--debug"])
         handler = {"train": cmd_train, "eval": cmd_eval, "info": cmd_info, "bench": cmd_bench,
-                   "demo": cmd_demo}[args.command]
+                   "demo": cmd_demo, "data": cmd_data}[args.command]
         return handler(args)
     except _user_error_types() as e:
         if debug:
