@@ -6,6 +6,8 @@ q, k and v are computed as three products with row blocks of one weight, so each
 token layout, and the heads are merged by adding them into DWConv(V), without extra copies.
 Subclasses (``LaplacianAttention`` and the baselines) implement ``attend`` on (B, H, N, d) tensors with
 their functional op, so a model or a benchmark can swap any of them for another.
+A ``key_padding_mask`` (B, N), True = padding (docs/DESIGN.md §2.5), reaches ``attend``; the shell reads
+padded tokens as 0 (also in DWConv(V)) and returns 0 at padded positions.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..ops.validation import check_head_split, check_hw
+from ..ops.validation import check_head_split, check_hw, check_key_padding_mask, reject_attn_mask
 from .grid_conv import conv_tokens
 
 
@@ -57,8 +59,8 @@ class TokenAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw) -> torch.Tensor:
-        """q, k, v: (B, H, N, d) -> (B, H, N, d)."""
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw, key_padding_mask=None) -> torch.Tensor:
+        """q, k, v: (B, H, N, d), key_padding_mask: (B, N) bool or None -> (B, H, N, d)."""
         raise NotImplementedError
 
     def _rows(self, x: torch.Tensor, part: int) -> torch.Tensor:
@@ -87,9 +89,9 @@ class TokenAttention(nn.Module):
         """x (B, N, C) -> v_tok (B, N, C), contiguous."""
         return self._rows(x, 1 if self.tie_qk else 2)
 
-    def _attend_tokens(self, x: torch.Tensor, v: torch.Tensor, hw) -> torch.Tensor:
+    def _attend_tokens(self, x: torch.Tensor, v: torch.Tensor, hw, key_padding_mask=None) -> torch.Tensor:
         q, k = self._project_qk(x)
-        return self.attend(q, k, v, hw)
+        return self.attend(q, k, v, hw, key_padding_mask)
 
     def _value_conv(self, v_tok: torch.Tensor, hw: tuple[int, int] | None) -> torch.Tensor:
         """DWConv(V): v_tok (B, N, C) -> (B, N, C), 3×3 depthwise on the grid (1-D: kernel 3 along N).
@@ -102,19 +104,34 @@ class TokenAttention(nn.Module):
             return y.squeeze(2).transpose(1, 2)
         return conv_tokens(self.dwconv, v_tok, hw)
 
-    def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None) -> torch.Tensor:
-        """x: (B, N, C), hw: (height, width) with height·width = N, or None (1-D) -> (B, N, C)."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        hw: tuple[int, int] | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        """x: (B, N, C), hw: (height, width) with height·width = N, or None (1-D) -> (B, N, C).
+
+        key_padding_mask: (B, N) bool, True = padding (docs/DESIGN.md §2.5); padded rows of the output are 0
+        and padded inputs get no gradient. attn_mask / is_causal: rejected (ValueError saying why)."""
+        reject_attn_mask(attn_mask, is_causal)
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x: expected (B, N, {self.dim}) tokens, got shape {tuple(x.shape)}")
         b, n, c = x.shape
-        if hw is not None:
-            hw = check_hw((int(hw[0]), int(hw[1])), n)
+        hw = check_hw(hw, n)
+        mask = check_key_padding_mask(key_padding_mask, b, n)
+        if mask is not None:
+            x = x.masked_fill(mask[..., None], 0.0)
         v_tok = self._project_v(x)
+        if mask is not None:
+            v_tok = v_tok.masked_fill(mask[..., None], 0.0)  # DWConv(V) reads padding as 0
         v = self._heads(v_tok)
         if self.recompute and torch.is_grad_enabled() and (x.requires_grad or self.qkv.weight.requires_grad):
-            heads = checkpoint(self._attend_tokens, x, v, hw, use_reentrant=False)
+            heads = checkpoint(self._attend_tokens, x, v, hw, mask, use_reentrant=False)
         else:
-            heads = self._attend_tokens(x, v, hw)
+            heads = self._attend_tokens(x, v, hw, mask)
         if self.dwconv is None:
             out = heads.transpose(1, 2).reshape(b, n, c)
         elif torch.is_grad_enabled() and (heads.requires_grad or v_tok.requires_grad):
@@ -124,4 +141,5 @@ class TokenAttention(nn.Module):
             # DWConv(V) in token layout, then the heads added into it: one pass merges the heads.
             out = self._value_conv(v_tok, hw)
             out.view(b, n, self.num_heads, self.head_dim).transpose(1, 2).add_(heads)
-        return self.proj_drop(self.proj(self.attn_drop(out)))
+        out = self.proj_drop(self.proj(self.attn_drop(out)))
+        return out if mask is None else out.masked_fill(mask[..., None], 0.0)

@@ -205,8 +205,6 @@ def laplacian_attention(
                 "cells of the grid, and a padded grid has no bins matching the unpadded one); pass a 1-D sequence "
                 "(hw=None) or landmarks=None (docs/DESIGN.md §2.5)"
             )
-        if not _runtime.capturing() and bool(mask.all(-1).any()):
-            raise ValueError("key_padding_mask: a sequence is all padding (every sequence needs a valid token)")
     lam = check_positive("lam", lam)
     if qk_scale is not None:
         qk_scale = check_positive("qk_scale", qk_scale)

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
+from . import _runtime
+
 KERNELS = ("laplacian", "gaussian")
 NORMS = ("injective", "inline", "rowsum", "none")
 SOLVERS = ("newton_schulz", "cg", "exact")
@@ -140,7 +142,8 @@ def check_landmarks(landmarks):
 
 def check_key_padding_mask(mask, batch: int, n: int):
     """key_padding_mask: None or a (B, N) bool tensor, True = padding (``nn.MultiheadAttention``'s
-    convention; docs/DESIGN.md §2.5). Returns it."""
+    convention; docs/DESIGN.md §2.5), with a valid token in every sequence (checked in eager mode only:
+    a data-dependent check). Returns it."""
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor):
@@ -149,6 +152,8 @@ def check_key_padding_mask(mask, batch: int, n: int):
         raise TypeError(f"key_padding_mask: expected dtype torch.bool (True = padding), got {mask.dtype}")
     if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] != n:
         raise ValueError(f"key_padding_mask: expected shape (B, N) = ({batch}, {n}), got {tuple(mask.shape)}")
+    if not _runtime.capturing() and bool(mask.all(-1).any()):
+        raise ValueError("key_padding_mask: a sequence is all padding (every sequence needs a valid token)")
     return mask
 
 
