@@ -76,7 +76,8 @@ def export_onnx(
 ):
     """Export ``model`` (put in eval mode) with the example input ``example`` (B, C, H, W) to ``path``.
 
-    dynamic_batch: the batch dimension is dynamic (default; any batch size runs, whatever ``example``'s).
+    dynamic_batch: the batch dimension is dynamic (default; any batch size runs, whatever ``example``'s;
+        an example of batch 1 is traced as two copies, since torch.export specialises size-1 dimensions).
     dynamic_hw: None (default): H and W are dynamic when the model allows it (``static_hw_reason`` is
         None), else they are fixed to ``example``'s with a ``UserWarning`` giving the reason; True: dynamic,
         or ValueError with the reason; False: fixed. Channels are always fixed.
@@ -98,5 +99,9 @@ def export_onnx(
                 warnings.warn(f"export_onnx: H and W are fixed to {tuple(example.shape[2:])}: {why}", UserWarning,
                               stacklevel=2)
         kwargs["dynamic_shapes"] = (dims,) if dims else None
+        if dynamic_batch and example.shape[0] == 1:
+            # torch.export specialises a dynamic dimension whose example size is 1 (the "0/1 specialisation"),
+            # here silently in part of the graph: trace a batch of two copies instead.
+            example = example.expand(2, *example.shape[1:]).clone()
     table = {**onnx_translation_table(), **kwargs.pop("custom_translation_table", {})}
     return torch.onnx.export(model, (example,), str(path), dynamo=True, custom_translation_table=table, **kwargs)
