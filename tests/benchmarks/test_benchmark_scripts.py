@@ -120,3 +120,24 @@ def test_cpu_pitfalls_measurements_run():
     product = cpu_pitfalls.subnormal_product(repeats=3)
     assert product["normal_ms"] > 0 and product["subnormal_ms"] > 0
     assert cpu_pitfalls.attention_at_scale(1.0, 1.0, repeats=1) > 0
+
+
+def test_padding_benchmark_smoke(tmp_path):
+    from benchmarks import padding
+
+    out = tmp_path / "padding"
+    padding.main(["--max-len", "32", "--batch", "2", "--dim", "16", "--repeats", "1", "--out", str(out)])
+    rows = json.loads(out.with_suffix(".json").read_text())["results"]["rows"]
+    assert [(r["max_len"], r["mode"]) for r in rows] == [(32, "infer"), (32, "train")]
+    assert all(r["ratio"] > 0 for r in rows) and "padded / per-sequence" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.slow
+def test_compile_benchmark_smoke(tmp_path):
+    from benchmarks import compile as compile_bench
+
+    out = tmp_path / "compile"
+    compile_bench.main(["--models", "laplacianformer_micro", "--size", "32", "--backend", "aot_eager", "--repeats", "1",
+                        "--op-side", "8", "--op-repeats", "1", "--out", str(out)])
+    data = json.loads(out.with_suffix(".json").read_text())["results"]
+    assert data["models"][0]["max_abs_diff"] < 1e-4 and len(data["op_overhead"]) == 2

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from laplacianformer.hub import from_pretrained, read_config, save_pretrained
-from laplacianformer.models import create_model
+from laplacianformer.models import create_model, list_models
 from laplacianformer.ops.kernel.backend import backend as kernel_backend
 
 
@@ -32,20 +32,107 @@ def test_torch_compile_fullgraph_matches_eager_on_plain_pytorch_path(compile_bac
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
-def test_onnx_export_matches_eager(tmp_path):
+def _graph_targets(gm: torch.fx.GraphModule) -> set[str]:
+    """Every call_function target of a graph module and its nested graph modules (HOP bodies)."""
+    return {str(n.target) for m in gm.modules() if isinstance(m, torch.fx.GraphModule)
+            for n in m.graph.nodes if n.op == "call_function"}
+
+
+GRAPH_OPS = {"laplacianformer.laplace_kernel.default", "laplacianformer.regularised_inverse.default"}
+
+
+def test_torch_compile_fullgraph_default_runtime_uses_the_custom_ops():
+    """No backend forced: the compiler sees ``laplacianformer::laplace_kernel`` / ``regularised_inverse``
+    (not the dispatch code nor the C kernels' own ops) and the output equals eager within 1e-4."""
+    torch._dynamo.reset()
+    model = _small()
+    x = torch.randn(2, 3, 64, 64)
+    seen: set[str] = set()
+
+    def backend(gm, example_inputs):
+        seen.update(_graph_targets(gm))
+        return gm.forward
+
+    with torch.no_grad():
+        ref = model(x)
+        torch.compile(model, fullgraph=True, backend=backend)(x)
+        torch._dynamo.reset()
+        out = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    assert GRAPH_OPS <= seen, seen
+    assert not any("laplace_kernel_cpu" in t for t in seen), seen
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_torch_compile_training_step_matches_eager():
+    """Gradients through the custom ops' backward (``..._backward`` ops) match eager (float64, so the
+    comparison sees formulas, not float32 rounding of the compiled graph's composite normalisation)."""
+    torch._dynamo.reset()
+    model = _small().train().double()
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    grads = []
+    for fn in (model, torch.compile(model, fullgraph=True, backend="aot_eager")):
+        model.zero_grad()
+        fn(x).square().sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.slow) if n in ("laplacianformer_large", "laplacianformer_huge") else n
+    for n in list_models()
+])  # large and huge repeat medium's blocks and take minutes to trace on 2 cores: in the slow set
+def test_torch_export_of_every_registered_model(name):
+    """``torch.export.export`` at a small input; the exported program runs the custom ops and equals eager
+    (float64: the deep sizes' float32 logits differ by the rounding of the traced composite normalisation)."""
+    torch.manual_seed(0)
+    model = create_model(name, num_classes=5).eval().double()
+    x = torch.randn(1, 3, 64, 64, dtype=torch.float64)
+    program = torch.export.export(model, (x,))
+    assert any("laplace_kernel" in t for t in _graph_targets(program.graph_module))
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), model(x), rtol=1e-9, atol=1e-9)
+
+
+def _ort_run(path, x):
     ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+
+
+def test_onnx_export_has_a_dynamic_batch_and_says_why_hw_are_static(tmp_path):
+    pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    from laplacianformer.models.export import export_onnx
+    from laplacianformer.models.export import export_onnx, static_hw_reason
 
     model = _small()
-    x = torch.randn(1, 3, 64, 64)
+    assert "landmarks=(7, 7) are clamped to the token grid" in static_hw_reason(model)
     path = tmp_path / "micro.onnx"
-    export_onnx(model, path, x)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    out = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    with pytest.warns(UserWarning, match=r"H and W are fixed to \(64, 64\): .*landmarks=\(7, 7\)"):
+        export_onnx(model, path, torch.randn(1, 3, 64, 64))
+    for batch in (3, 1):
+        x = torch.randn(batch, 3, 64, 64)
+        with torch.no_grad():
+            ref = model(x).numpy()
+        np.testing.assert_allclose(_ort_run(path, x), ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="^dynamic_hw: this model needs static H and W: .*landmarks"):
+        export_onnx(model, path, torch.randn(1, 3, 64, 64), dynamic_hw=True)
+
+
+def test_onnx_export_dynamic_hw_where_the_model_supports_it(tmp_path):
+    """The exact kernel (landmarks=None) makes no per-size choice: batch, H and W are all dynamic."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from laplacianformer.models.export import export_onnx, static_hw_reason
+
+    model = _small(attn_kwargs=dict(landmarks=None))
+    assert static_hw_reason(model) is None
+    path = tmp_path / "exact.onnx"
+    export_onnx(model, path, torch.randn(1, 3, 64, 64), dynamic_hw=True)
+    x = torch.randn(3, 3, 96, 80)
     with torch.no_grad():
         ref = model(x).numpy()
-    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_ort_run(path, x), ref, rtol=1e-4, atol=1e-4)
 
 
 def test_save_load_round_trip_is_identical(tmp_path):

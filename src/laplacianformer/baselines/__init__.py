@@ -1,7 +1,8 @@
 """Baseline attentions for comparison with Laplacian attention (benchmarks and ablations).
 
 Each mechanism has a functional op on (B, H, N, d) tensors, its dense definition (the test reference)
-and an nn.Module with the ``LaplacianAttention`` interface ``forward(x: (B, N, C), hw) -> (B, N, C)``:
+and an nn.Module with the ``LaplacianAttention`` interface ``forward(x: (B, N, C), hw, key_padding_mask)
+-> (B, N, C)``; every op and module takes a (B, N) ``key_padding_mask`` (docs/DESIGN.md §2.5):
 
 - softmax: ``softmax_attention`` (SDPA) / ``SoftmaxAttention``
 - Performer FAVOR+: ``performer_attention`` / ``PerformerAttention``

@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..ops.validation import check_float_tensor, check_positive, check_positive_int, check_qkv
+from ..ops.attention import masked_pool_matrix
+from ..ops.validation import check_float_tensor, check_key_padding_mask, check_positive, check_positive_int, check_qkv
 from ..layers.token_attention import TokenAttention
 from .softmax import softmax_attention, softmax_attention_naive
 
@@ -54,8 +55,12 @@ def iterative_pinv(a: torch.Tensor, iters: int = 6) -> torch.Tensor:
     return z
 
 
-def segment_means(x: torch.Tensor, num_landmarks: int) -> torch.Tensor:
-    """Means of ``num_landmarks`` contiguous segments along N.  x: (B, H, N, d) -> (B, H, m, d)."""
+def segment_means(x: torch.Tensor, num_landmarks: int, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Means of ``num_landmarks`` contiguous segments along N.  x: (B, H, N, d) -> (B, H, m, d).
+
+    key_padding_mask: (B, N) bool, True = padding: segments of each sequence's valid tokens only."""
+    if key_padding_mask is not None:
+        return masked_pool_matrix(key_padding_mask, num_landmarks, x.dtype)[:, None] @ x
     b, h, n, d = x.shape
     pooled = F.adaptive_avg_pool1d(x.reshape(b * h, n, d).transpose(1, 2), num_landmarks)
     return pooled.transpose(1, 2).reshape(b, h, num_landmarks, d)
@@ -69,6 +74,7 @@ def nystrom_attention(
     num_landmarks: int = 49,
     iters: int = 6,
     scale: float | None = None,
+    key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Nyström approximation of softmax(Q Kᵀ · scale) V in O(N·m·d + m³).
 
@@ -76,6 +82,8 @@ def nystrom_attention(
         q, k: (B, H, N, d); v: (B, H, N, d_v).
         num_landmarks: m segments, 1 <= m <= N (m = N: every token is a landmark).
         iters: steps of ``iterative_pinv``; scale: logit scale, None means d**-0.5.
+        key_padding_mask: (B, N) bool, True = padding: segments over valid tokens, padded keys masked out
+            of B, padded tokens read as 0 (no gradient), their output rows 0 (docs/DESIGN.md §2.5).
     Returns:
         (B, H, N, d_v) in v's dtype; half-precision inputs are computed in float32.
     """
@@ -87,12 +95,20 @@ def nystrom_attention(
     check_positive_int("iters", iters)
     s = q.shape[-1] ** -0.5 if scale is None else check_positive("scale", scale)
     dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    mask = check_key_padding_mask(key_padding_mask, q.shape[0], n)
     qq, kk, vv = q.to(dtype) * s, k.to(dtype), v.to(dtype)
-    q_marks, k_marks = segment_means(qq, num_landmarks), segment_means(kk, num_landmarks)
+    if mask is not None:
+        pad = mask[:, None, :, None]
+        qq, kk, vv = (t.masked_fill(pad, 0.0) for t in (qq, kk, vv))
+    q_marks, k_marks = segment_means(qq, num_landmarks, mask), segment_means(kk, num_landmarks, mask)
     f = torch.softmax(qq @ k_marks.transpose(-1, -2), dim=-1)
     a = torch.softmax(q_marks @ k_marks.transpose(-1, -2), dim=-1)
-    b = torch.softmax(q_marks @ kk.transpose(-1, -2), dim=-1)
-    return (f @ (iterative_pinv(a, iters) @ (b @ vv))).to(v.dtype)
+    logits = q_marks @ kk.transpose(-1, -2)
+    if mask is not None:
+        logits = logits.masked_fill(mask[:, None, None, :], float("-inf"))
+    b = torch.softmax(logits, dim=-1)
+    out = f @ (iterative_pinv(a, iters) @ (b @ vv))
+    return (out if mask is None else out.masked_fill(pad, 0.0)).to(v.dtype)
 
 
 def nystrom_attention_dense(
@@ -129,7 +145,8 @@ class NystromAttention(TokenAttention):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.num_heads}, num_landmarks={self.num_landmarks}, iters={self.iters}"
 
-    def attend(self, q, k, v, hw):
+    def attend(self, q, k, v, hw, key_padding_mask=None):
         if self.num_landmarks >= q.shape[2]:
-            return softmax_attention(q, k, v, scale=self.qk_scale)
-        return nystrom_attention(q, k, v, num_landmarks=self.num_landmarks, iters=self.iters, scale=self.qk_scale)
+            return softmax_attention(q, k, v, scale=self.qk_scale, key_padding_mask=key_padding_mask)
+        return nystrom_attention(q, k, v, num_landmarks=self.num_landmarks, iters=self.iters, scale=self.qk_scale,
+                                 key_padding_mask=key_padding_mask)

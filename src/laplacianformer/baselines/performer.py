@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from ..ops.validation import check_float_tensor, check_positive, check_positive_int, check_qkv
+from ..ops.validation import check_float_tensor, check_key_padding_mask, check_positive, check_positive_int, check_qkv
 from ..layers.token_attention import TokenAttention
 from .softmax import softmax_attention_naive
 
@@ -51,16 +51,24 @@ def orthogonal_random_features(
     return (directions * lengths).to(dtype)
 
 
-def favor_features(x: torch.Tensor, projection: torch.Tensor, *, is_query: bool) -> torch.Tensor:
+def favor_features(
+    x: torch.Tensor, projection: torch.Tensor, *, is_query: bool, key_padding_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Positive random features φ(x) with the max stabiliser.  x: (B, H, N, d), projection: (M, d) -> (B, H, N, M).
 
     Queries: each row is divided by its largest feature; keys: all rows of a (batch, head) by one shared
     maximum (see the module docstring: the factors cancel in the attention output).
+    key_padding_mask (keys only): (B, N) bool, True = padding; padded keys get φ = 0 and no part in the
+    shared maximum (docs/DESIGN.md §2.5).
     """
     log_phi = x @ projection.transpose(0, 1) - 0.5 * x.pow(2).sum(-1, keepdim=True)
     dims = -1 if is_query else (-2, -1)
-    shift = log_phi.detach().amax(dim=dims, keepdim=True)
-    return torch.exp(log_phi - shift) * projection.shape[0] ** -0.5
+    if key_padding_mask is None or is_query:
+        shift = log_phi.detach().amax(dim=dims, keepdim=True)
+        return torch.exp(log_phi - shift) * projection.shape[0] ** -0.5
+    pad = key_padding_mask[:, None, :, None]
+    shift = log_phi.detach().masked_fill(pad, float("-inf")).amax(dim=dims, keepdim=True)
+    return torch.exp((log_phi - shift).masked_fill(pad, float("-inf"))) * projection.shape[0] ** -0.5
 
 
 def _check_projection(projection: torch.Tensor, d: int) -> None:
@@ -76,6 +84,7 @@ def performer_attention(
     projection: torch.Tensor,
     *,
     scale: float | None = None,
+    key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """FAVOR+ estimate of softmax(Q Kᵀ · scale) V in O(N·M·d).
 
@@ -83,20 +92,27 @@ def performer_attention(
         q, k: (B, H, N, d); v: (B, H, N, d_v).
         projection: (M, d) random features (``orthogonal_random_features``), shared by all heads.
         scale: softmax logit scale, None means d**-0.5.
+        key_padding_mask: (B, N) bool, True = padding: padded keys weigh 0, padded tokens read as 0
+            (no gradient), their output rows are 0 (docs/DESIGN.md §2.5).
     Returns:
         (B, H, N, d_v) in v's dtype; half-precision inputs are computed in float32.
     """
     check_qkv(q, k, v)
+    mask = check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[2])
+    if mask is not None:
+        pad = mask[:, None, :, None]
+        q, k, v = (t.masked_fill(pad, 0.0) for t in (q, k, v))
     _check_projection(projection, q.shape[-1])
     scale = q.shape[-1] ** -0.5 if scale is None else check_positive("scale", scale)
     dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     root = scale**0.5
     w = projection.to(device=q.device, dtype=dtype)
     phi_q = favor_features(q.to(dtype) * root, w, is_query=True)
-    phi_k = favor_features(k.to(dtype) * root, w, is_query=False)
+    phi_k = favor_features(k.to(dtype) * root, w, is_query=False, key_padding_mask=mask)
     kv = phi_k.transpose(-1, -2) @ v.to(dtype)
     denom = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)
-    return (phi_q @ kv / denom).to(v.dtype)
+    out = phi_q @ kv / denom
+    return (out if mask is None else out.masked_fill(pad, 0.0)).to(v.dtype)
 
 
 def performer_attention_dense(
@@ -145,5 +161,5 @@ class PerformerAttention(TokenAttention):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.num_heads}, num_features={self.num_features}"
 
-    def attend(self, q, k, v, hw):
-        return performer_attention(q, k, v, self.projection, scale=self.qk_scale)
+    def attend(self, q, k, v, hw, key_padding_mask=None):
+        return performer_attention(q, k, v, self.projection, scale=self.qk_scale, key_padding_mask=key_padding_mask)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops.attention import default_bandwidth, laplacian_attention
-from ..ops.validation import check_qkv, resolve_landmarks
+from ..ops.validation import check_landmarks, check_qkv, resolve_landmarks
 from ..layers.token_attention import TokenAttention
 
 __all__ = ["soft_bandwidth", "soft_attention", "soft_attention_dense", "SoftAttention"]
@@ -40,10 +40,12 @@ def soft_attention(
     solver: str = "newton_schulz",
     iters: int = 20,
     ns_eps: float = 0.01,
+    key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """SOFT attention, keys tied to queries.  q: (B, H, N, d), v: (B, H, N, d_v) -> (B, H, N, d_v).
 
-    hw, landmarks, solver, iters, ns_eps: as in ``laplacian_attention`` (landmarks=None: exact O(N²) kernel).
+    hw, landmarks, solver, iters, ns_eps, key_padding_mask ((B, N) bool, True = padding): as in
+    ``laplacian_attention`` (landmarks=None: exact O(N²) kernel; masks: docs/DESIGN.md §2.5).
     """
     check_qkv(q, q, v)
     return laplacian_attention(
@@ -59,6 +61,7 @@ def soft_attention(
         iters=iters,
         ns_eps=ns_eps,
         kernel="gaussian",
+        key_padding_mask=key_padding_mask,
     )
 
 
@@ -92,7 +95,7 @@ class SoftAttention(TokenAttention):
         super().__init__(dim, num_heads, tie_qk=True, dwconv=False, **kwargs)
         # SOFT's value path: one 3×3 filter per head, shared by the head's channels, no bias
         self.dwconv = nn.Conv2d(num_heads, num_heads, 3, padding=1, groups=num_heads, bias=False) if dwconv else None
-        self.landmarks = landmarks
+        self.landmarks = check_landmarks(landmarks)
         self.solver_kwargs = dict(solver=solver, iters=iters, ns_eps=ns_eps)
 
     def extra_repr(self) -> str:
@@ -109,6 +112,6 @@ class SoftAttention(TokenAttention):
         y = F.conv2d(grid, weight.to(memory_format=torch.channels_last), padding=1, groups=c)
         return y.flatten(2).transpose(1, 2)
 
-    def attend(self, q, k, v, hw):
+    def attend(self, q, k, v, hw, key_padding_mask=None):
         grid = resolve_landmarks(self.landmarks, hw, q.shape[2], clamp=True)
-        return soft_attention(q, v, hw=hw, landmarks=grid, **self.solver_kwargs)
+        return soft_attention(q, v, hw=hw, landmarks=grid, key_padding_mask=key_padding_mask, **self.solver_kwargs)

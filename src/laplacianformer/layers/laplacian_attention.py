@@ -5,7 +5,10 @@ Input (B, N, C) tokens and the grid size (height, width); output (B, N, C):
     out = proj( laplacian_attention(q, k, v) + DWConv3x3(V) )
 The landmarks follow ``resolve_landmarks(..., clamp=True)``: the grid is clamped to the token grid, and
 when it covers every token (m >= N) the exact kernel is used (DESIGN.md §2), so the module works at any
-input resolution; an int on a 2-D grid must be a perfect square (ValueError naming ``landmarks``).
+input resolution; an int on a 2-D grid must be a perfect square (ValueError naming ``landmarks``), and on a
+1-D sequence a (lh, lw) grid counts lh·lw landmarks, as in the operator (the default is m = 49 either way).
+``forward(x, hw=None, key_padding_mask=None)``: a (B, N) padding mask (True = padding) follows
+docs/DESIGN.md §2.5; with Nyström landmarks only on 1-D sequences.
 
 Scripting and tracing (``layers/tracing.py``): the landmark rule and the operator are one leaf,
 ``laplacian_attention_leaf``: a Python call in TorchScript (``torch.jit.ignore``: a scripted model runs,
@@ -18,7 +21,7 @@ from typing import Any, Optional, Tuple
 import torch
 
 from ..ops.attention import default_bandwidth, laplacian_attention
-from ..ops.validation import NORMS, SOLVERS, check_choice, resolve_landmarks
+from ..ops.validation import NORMS, SOLVERS, check_choice, check_landmarks, resolve_landmarks
 from .token_attention import TokenAttention
 from .tracing import notrace
 
@@ -38,6 +41,7 @@ def laplacian_attention_leaf(
     iters: int,
     ns_eps: float,
     kernel: str,
+    key_padding_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``laplacian_attention`` with the modules' landmark rule ``resolve_landmarks(..., clamp=True)``.
 
@@ -46,7 +50,7 @@ def laplacian_attention_leaf(
     grid = resolve_landmarks(landmarks, hw, q.shape[2], clamp=True)
     return laplacian_attention(
         q, k, v, hw=hw, landmarks=grid, lam=lam, qk_scale=qk_scale, norm=norm, solver=solver, iters=iters,
-        ns_eps=ns_eps, kernel=kernel,
+        ns_eps=ns_eps, kernel=kernel, key_padding_mask=key_padding_mask,
     )
 
 
@@ -59,7 +63,8 @@ class LaplacianAttention(TokenAttention):
     Args:
         dim: channels C (divisible by num_heads).
         num_heads: heads H; head dim d = C / H.
-        landmarks: landmark grid per head (default 7×7, m = 49), an int for 1-D sequences, or None (exact).
+        landmarks: landmark grid per head (default 7×7, m = 49; on a 1-D sequence lh·lw landmarks), an int
+            (a perfect square on a 2-D grid), or None (exact); checked here (docs/DESIGN.md §2.2).
         lam, qk_scale, norm, solver, iters, ns_eps, kernel: passed to ``laplacian_attention``; lam and
             qk_scale None are the kernel's defaults (Laplacian: 4 and d**-0.5; Gaussian: SOFT's 2·sqrt(d)
             on the raw q and k; docs/DESIGN.md §1.4).
@@ -105,7 +110,7 @@ class LaplacianAttention(TokenAttention):
         lam, qk_scale = default_bandwidth(kernel, self.head_dim, lam, qk_scale)
         check_choice("norm", norm, NORMS)
         check_choice("solver", solver, SOLVERS)
-        self.landmarks = landmarks
+        self.landmarks = check_landmarks(landmarks)
         # plain typed attributes (not a dict of mixed types), so the module scripts
         self.lam = float(lam)
         self.qk_scale = None if qk_scale is None else float(qk_scale)
@@ -128,9 +133,12 @@ class LaplacianAttention(TokenAttention):
             f"recompute={self.recompute}, {opts}"
         )
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
-        """q, k, v: (B, H, N, d) -> laplacian_attention(q, k, v), (B, H, N, d)."""
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Optional[Tuple[int, int]],
+               key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """q, k, v: (B, H, N, d), key_padding_mask: (B, N) or None -> laplacian_attention(q, k, v), (B, H, N, d).
+
+        The landmarks are resolved from the padded length N, so every sequence of a batch takes one path."""
         return laplacian_attention_leaf(
             q, k, v, hw, self.landmarks, self.lam, self.qk_scale, self.norm, self.solver, self.iters, self.ns_eps,
-            self.kernel,
+            self.kernel, key_padding_mask,
         )

@@ -9,16 +9,20 @@ their functional op, so a model or a benchmark can swap any of them for another.
 
 TorchScript and torch.fx (``layers/tracing.py``): the argument checks and ``recompute`` run in eager mode
 only; an FX graph merges the heads out of place instead of in place (the same values).
+A ``key_padding_mask`` (B, N), True = padding (docs/DESIGN.md §2.5), reaches ``attend``; the shell reads
+padded tokens as 0 (also in DWConv(V)) and returns 0 at padded positions.
 """
 
 from __future__ import annotations
+
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..ops.validation import check_head_split, check_hw
+from ..ops.validation import check_head_split, check_hw, check_key_padding_mask, reject_attn_mask
 from .grid_conv import GridConv2d, grid_to_tokens, tokens_to_grid
 from .tracing import is_fx_tracing
 
@@ -61,8 +65,9 @@ class TokenAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple[int, int] | None) -> torch.Tensor:
-        """q, k, v: (B, H, N, d) -> (B, H, N, d)."""
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Optional[Tuple[int, int]],
+               key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """q, k, v: (B, H, N, d), key_padding_mask: (B, N) bool or None -> (B, H, N, d)."""
         raise NotImplementedError
 
     def _rows(self, x: torch.Tensor, part: int) -> torch.Tensor:
@@ -91,9 +96,10 @@ class TokenAttention(nn.Module):
         """x (B, N, C) -> v_tok (B, N, C), contiguous."""
         return self._rows(x, 1 if self.tie_qk else 2)
 
-    def _attend_tokens(self, x: torch.Tensor, v: torch.Tensor, hw: tuple[int, int] | None) -> torch.Tensor:
+    def _attend_tokens(self, x: torch.Tensor, v: torch.Tensor, hw: Optional[Tuple[int, int]],
+                       key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         q, k = self._project_qk(x)
-        return self.attend(q, k, v, hw)
+        return self.attend(q, k, v, hw, key_padding_mask)
 
     def _value_conv(self, v_tok: torch.Tensor, hw: tuple[int, int] | None) -> torch.Tensor:
         """DWConv(V): v_tok (B, N, C) -> (B, N, C), 3×3 depthwise on the grid (1-D: kernel 3 along N).
@@ -106,21 +112,38 @@ class TokenAttention(nn.Module):
             return y.squeeze(2).transpose(1, 2)
         return grid_to_tokens(self.dwconv(tokens_to_grid(v_tok, hw)))
 
-    def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None) -> torch.Tensor:
-        """x: (B, N, C), hw: (height, width) with height·width = N, or None (1-D) -> (B, N, C)."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        hw: Optional[Tuple[int, int]] = None,
+        key_padding_mask: Optional[torch.Tensor] = None,
+        attn_mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        """x: (B, N, C), hw: (height, width) with height·width = N, or None (1-D) -> (B, N, C).
+
+        key_padding_mask: (B, N) bool, True = padding (docs/DESIGN.md §2.5); padded rows of the output are 0
+        and padded inputs get no gradient. attn_mask / is_causal: rejected (ValueError saying why).
+        The checks run in eager mode only (not while scripting or FX tracing)."""
+        mask = key_padding_mask
         if not torch.jit.is_scripting() and not is_fx_tracing():
+            reject_attn_mask(attn_mask, is_causal)
             if x.dim() != 3 or x.shape[-1] != self.dim:
                 raise ValueError(f"x: expected (B, N, {self.dim}) tokens, got shape {tuple(x.shape)}")
-            if hw is not None:
-                hw = check_hw((int(hw[0]), int(hw[1])), x.shape[1])
+            hw = check_hw(hw, x.shape[1])
+            mask = check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
         b, n, c = x.shape
+        if mask is not None:
+            x = x.masked_fill(mask.unsqueeze(-1), 0.0)
         v_tok = self._project_v(x)
+        if mask is not None:
+            v_tok = v_tok.masked_fill(mask.unsqueeze(-1), 0.0)  # DWConv(V) reads padding as 0
         v = self._heads(v_tok)
         if self.recompute and not torch.jit.is_scripting() and not is_fx_tracing() and torch.is_grad_enabled() \
                 and (x.requires_grad or self.qkv.weight.requires_grad):
-            heads = checkpoint(self._attend_tokens, x, v, hw, use_reentrant=False)
+            heads = checkpoint(self._attend_tokens, x, v, hw, mask, use_reentrant=False)
         else:
-            heads = self._attend_tokens(x, v, hw)
+            heads = self._attend_tokens(x, v, hw, mask)
         if self.dwconv is None:
             out = heads.transpose(1, 2).reshape(b, n, c)
         elif (not torch.jit.is_scripting() and is_fx_tracing()) or (
@@ -132,4 +155,5 @@ class TokenAttention(nn.Module):
             # DWConv(V) in token layout, then the heads added into it: one pass merges the heads.
             out = self._value_conv(v_tok, hw)
             out.view(b, n, self.num_heads, self.head_dim).transpose(1, 2).add_(heads)
-        return self.proj_drop(self.proj(self.attn_drop(out)))
+        out = self.proj_drop(self.proj(self.attn_drop(out)))
+        return out if mask is None else out.masked_fill(mask.unsqueeze(-1), 0.0)

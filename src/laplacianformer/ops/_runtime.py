@@ -7,6 +7,7 @@
 - ``capture_reason()`` / ``capturing()``: torch.compile, torch.jit tracing or scripting, torch.onnx
   export, or (``modes=True``) a Python dispatch or function mode such as FlopCounterMode, which must
   see the ops.
+- ``graph_ops()``: whether the public ops call their custom ops (torch.compile / torch.export tracing).
 - ``triton_available()`` / ``triton_interpreted()``: whether Triton imports, whether it runs in its
   CPU interpreter (TRITON_INTERPRET=1).
 - Recording (``recording()``) and the log-once memory of the dispatcher.
@@ -120,6 +121,14 @@ def capture_reason(*, modes: bool = True) -> str | None:
     if modes and (torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()):
         return "a dispatch or function mode (e.g. FlopCounterMode) is active and must see the ops"
     return None
+
+
+def graph_ops() -> bool:
+    """True while torch.compile or torch.export traces (not ONNX export): the public kernel and solver
+    functions then call their ``torch.library`` custom ops (``laplacianformer::laplace_kernel`` ...), so
+    the graph holds one op per call and the registry runs inside the op's real implementation. Eager
+    calls go to the registry directly (docs/DESIGN.md §6.5)."""
+    return torch.compiler.is_compiling() and not onnx_exporting()
 
 
 def capturing(*, modes: bool = True) -> bool:

@@ -35,8 +35,10 @@ from .validation import (
     check_finite,
     check_hw,
     check_positive,
+    check_key_padding_mask,
     check_positive_int,
     check_qkv,
+    reject_attn_mask,
     resolve_landmarks,
 )
 
@@ -108,6 +110,28 @@ def _pool_matmul(x: torch.Tensor, hw, landmarks) -> torch.Tensor:
     return pooled.reshape(b, h, lh * lw, d)
 
 
+def masked_pool_matrix(key_padding_mask: torch.Tensor, out: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, out, N) averaging matrices of adaptive average pooling over the valid tokens of each sequence
+    (docs/DESIGN.md §2.5): token j with rank r among its sequence's L valid tokens falls in the bins of
+    ``adaptive_pool_matrix(L, out)``, padded tokens in none. key_padding_mask: (B, N) bool, True = padding.
+    A sequence with L < out repeats tokens across bins, as adaptive pooling does."""
+    valid = ~key_padding_mask
+    rank = valid.cumsum(-1) - 1
+    length = valid.sum(-1, keepdim=True)
+    i = torch.arange(out, device=valid.device)
+    lo = torch.div(i * length, out, rounding_mode="floor")
+    hi = torch.div((i + 1) * length + out - 1, out, rounding_mode="floor")
+    inside = valid[:, None, :] & (rank[:, None, :] >= lo[..., None]) & (rank[:, None, :] < hi[..., None])
+    return inside.to(dtype) / (hi - lo).clamp_min(1).to(dtype)[..., None]
+
+
+def pool_landmarks_masked(x: torch.Tensor, landmarks: int, key_padding_mask: torch.Tensor) -> torch.Tensor:
+    """Landmarks of a padded batch of 1-D sequences (docs/DESIGN.md §2.5): x (B, H, N, d) pooled over the
+    valid tokens of each sequence to (B, H, m, d), m = landmarks; what ``pool_landmarks`` gives each
+    sequence alone. Not a dispatched op: one product with ``masked_pool_matrix`` serves every device."""
+    return masked_pool_matrix(key_padding_mask, landmarks, x.dtype)[:, None] @ x
+
+
 POOLING = Op("pooling", [
     Backend("matmul", _pool_matmul),
     Backend("adaptive_avg_pool", _pool_reference),
@@ -151,6 +175,9 @@ def laplacian_attention(
     ns_backward: str = "implicit",
     check_finite_inputs: bool = False,
     return_stats: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    attn_mask=None,
+    is_causal: bool = False,
 ):
     """Laplacian (or Gaussian) kernel attention with Nyström approximation and normalisation.
 
@@ -171,15 +198,31 @@ def laplacian_attention(
         ns_backward: "implicit" (default) or "unrolled" gradient of the Newton–Schulz solver.
         check_finite_inputs: raise ValueError when q, k or v holds NaN/Inf.
         return_stats: also return a dict with the solver residual ||I - P W⁺||_F per (B, H).
+        key_padding_mask: (B, N) bool, True = padding (``nn.MultiheadAttention``'s convention;
+            docs/DESIGN.md §2.5). Padded tokens weigh 0 as keys, are left out of the landmark pooling and
+            of every statistic of §4 (row means, column variances, 1/N, v̄), and their output rows are 0;
+            what they hold does not matter and they receive zero gradient. Each real token then gets what
+            its sequence gives alone (with the same ``landmarks``). With Nyström landmarks only 1-D
+            sequences (hw=None) take a mask; every sequence needs a valid token.
+        attn_mask, is_causal: not supported (ValueError saying why): each pooled landmark averages queries
+            from all positions.
 
     Returns:
         (B, H, N, d_v) in the dtype of v (and the stats dict when ``return_stats``).
     """
+    reject_attn_mask(attn_mask, is_causal)
     check_qkv(q, k, v)
     n = q.shape[2]
     hw = check_hw(hw, n)
     grid = resolve_landmarks(landmarks, hw, n)
-    check_choice("kernel", kernel, KERNELS)
+    mask = check_key_padding_mask(key_padding_mask, q.shape[0], n)
+    if mask is not None:
+        if hw is not None and grid is not None:
+            raise ValueError(
+                "key_padding_mask: not supported on a 2-D token grid with pooled landmarks (the landmark bins are "
+                "cells of the grid, and a padded grid has no bins matching the unpadded one); pass a 1-D sequence "
+                "(hw=None) or landmarks=None (docs/DESIGN.md §2.5)"
+            )
     lam, scale = default_bandwidth(kernel, q.shape[-1], lam, qk_scale)
     check_choice("norm", norm, NORMS)
     check_choice("solver", solver, SOLVERS)
@@ -201,20 +244,29 @@ def laplacian_attention(
         qs = q.to(dtype)
         ks = k.to(dtype)
         vv = v.to(dtype)
+        if mask is not None:
+            # padded tokens read as 0: finite whatever they held, and masked_fill passes them no gradient
+            pad = mask[:, None, :, None]
+            qs, vv = qs.masked_fill(pad, 0.0), vv.masked_fill(pad, 0.0)
+            ks = qs if k is q else ks.masked_fill(pad, 0.0)
         stats = {}
         if grid is None:
             g = laplace_kernel(qs, ks, lam, kernel)
-            out = normalize_dense(g, vv, norm, norm_eps)
+            out = normalize_dense(g, vv, norm, norm_eps, key_padding_mask=mask)
         else:
-            marks = pool_landmarks(qs, hw, grid)
+            marks = pool_landmarks(qs, hw, grid) if mask is None else pool_landmarks_masked(qs, grid, mask)
             w = laplace_kernel(marks, marks, lam, kernel)
             w_inv = regularised_inverse(w, solver=solver, iters=iters, eps=ns_eps, backward=ns_backward)
             c_k = laplace_kernel(ks, marks, lam, kernel)
+            if mask is not None:
+                c_k = c_k.masked_fill(pad, 0.0)  # padded keys weigh 0
             if norm == "none":
                 out = laplace_kernel_matmul(qs, marks, w_inv @ (c_k.transpose(-1, -2) @ vv), lam, kernel)
+                if mask is not None:
+                    out = out.masked_fill(pad, 0.0)
             else:
                 c_q = c_k if k is q else laplace_kernel(qs, marks, lam, kernel)
-                out = normalize_nystrom(c_q, c_k, vv, norm, norm_eps, w_inv=w_inv)
+                out = normalize_nystrom(c_q, c_k, vv, norm, norm_eps, w_inv=w_inv, key_padding_mask=mask)
             if return_stats:
                 with torch.no_grad():
                     stats["residual"] = pinv_residual(regularise(w, ns_eps), w_inv)

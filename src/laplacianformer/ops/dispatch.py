@@ -43,12 +43,15 @@ def _serves(*_inputs) -> str | None:
 @dataclass(frozen=True)
 class Backend:
     """One implementation of an op: ``run(*inputs)``; ``refusal(*inputs)`` -> reason it cannot, or None;
-    ``auto_refusal(*inputs)`` -> reason automatic selection skips it although it serves, or None."""
+    ``auto_refusal(*inputs)`` -> reason automatic selection skips it although it serves, or None;
+    ``grad``: where an op has a custom-op form for torch.compile (docs/DESIGN.md §6.5), the backend's
+    backward as a function without autograd (its arguments are documented by the op)."""
 
     name: str
     run: Callable
     refusal: Callable[..., str | None] = _serves
     auto_refusal: Callable[..., str | None] = _serves
+    grad: Callable | None = None
 
 
 class Op:

@@ -32,8 +32,22 @@ from .validation import NORMS, check_choice
 FUSED_NORMS = ("injective", "inline")
 
 
-def normalize_dense(g: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e-6) -> torch.Tensor:
-    """Z(ĝ) V for a materialised ĝ.  g: (B, H, N, N) queries × keys, v: (B, H, N, e) -> (B, H, N, e)."""
+def _valid(mask: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, N) padding mask -> valid tokens as (B, 1, N, 1) weights of ``dtype`` and their count (B, 1, 1, 1)
+    (at least 1, so a sequence without valid tokens divides by 1, not 0)."""
+    valid = (~mask).to(dtype)[:, None, :, None]
+    return valid, valid.sum(-2, keepdim=True).clamp_min(1.0)
+
+
+def normalize_dense(
+    g: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e-6, key_padding_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Z(ĝ) V for a materialised ĝ.  g: (B, H, N, N) queries × keys, v: (B, H, N, e) -> (B, H, N, e).
+
+    key_padding_mask: (B, N) bool, True = padding (docs/DESIGN.md §2.5): padded keys weigh 0, the row
+    means, column statistics and 1/N count valid tokens only, padded query rows of the output are 0."""
+    if key_padding_mask is not None:
+        return _normalize_dense_masked(g, v, norm, eps, key_padding_mask)
     n_keys = g.shape[-1]
     if norm == "none":
         z = g
@@ -49,6 +63,26 @@ def normalize_dense(g: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e
     else:
         check_choice("norm", norm, NORMS)
     return z @ v
+
+
+def _normalize_dense_masked(g, v, norm, eps, mask):
+    check_choice("norm", norm, NORMS)
+    valid_q, count = _valid(mask, g.dtype)
+    valid_k = valid_q.transpose(-1, -2)
+    g_k = g * valid_k
+    if norm == "none":
+        z = g_k
+    elif norm == "rowsum":
+        z = g_k / g_k.sum(-1, keepdim=True)
+    else:
+        h = g - g_k.sum(-1, keepdim=True) / count
+        if norm == "inline":
+            z = (h + 1.0 / count) * valid_k
+        else:
+            mu = (h * valid_q).sum(-2, keepdim=True) / count
+            var = ((h - mu).square() * valid_q).sum(-2, keepdim=True) / count
+            z = ((h - mu) / torch.sqrt(var + eps) + 1.0 / count) * valid_k
+    return (z @ (v * valid_q)).masked_fill(mask[:, None, :, None], 0.0)
 
 
 @contextlib.contextmanager
@@ -67,6 +101,7 @@ def normalize_nystrom(
     eps: float = 1e-6,
     *,
     w_inv: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Z(C_q Bᵀ) V without forming the N×N matrix.
 
@@ -83,12 +118,20 @@ def normalize_nystrom(
     C loops, on float32/float64 CPU tensors, else ``fused``, PyTorch); their backward is first order only
     (double backward raises).  Under torch.compile, tracing or ONNX export, and for the other variants,
     this is ``normalize_nystrom_reference`` (backend ``composite``).
+
+    key_padding_mask: (B, N) bool, True = padding, for factors (B, H, N, ·) (docs/DESIGN.md §2.5): padded
+    keys weigh 0, b̄, c̄, Cov(C_q), v̄ and 1/N count valid tokens only, padded query rows of the output
+    are 0. Only the composite serves it (the fused backends refuse).
     """
     check_choice("norm", norm, NORMS)
-    return NORMALIZATION(c_q, b, v, norm, eps, w_inv)
+    if key_padding_mask is None:
+        return NORMALIZATION(c_q, b, v, norm, eps, w_inv)
+    return NORMALIZATION(c_q, b, v, norm, eps, w_inv, key_padding_mask)
 
 
-def _fused_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None) -> str | None:
+def _fused_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None, key_padding_mask=None) -> str | None:
+    if key_padding_mask is not None:
+        return "a key_padding_mask is not supported by the fused path"
     if norm not in FUSED_NORMS:
         return f"norm {norm!r} has no fused form (only {list(FUSED_NORMS)})"
     why = _runtime.capture_reason(modes=False)
@@ -102,9 +145,9 @@ def _fused_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None) -> str | N
 _TRITON_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-def _native_refusal(c_q, b, v, norm, eps, w_inv, device: str, dtypes) -> str | None:
+def _native_refusal(c_q, b, v, norm, eps, w_inv, device: str, dtypes, key_padding_mask=None) -> str | None:
     """What the cpu and triton backends share beyond ``_fused_refusal``: one dtype among ``dtypes``, one device."""
-    why = _fused_refusal(c_q, b, v, norm, eps, w_inv)
+    why = _fused_refusal(c_q, b, v, norm, eps, w_inv, key_padding_mask)
     if why is not None:
         return why
     tensors = [t for t in (c_q, b, v, w_inv) if t is not None]
@@ -120,8 +163,8 @@ def _native_refusal(c_q, b, v, norm, eps, w_inv, device: str, dtypes) -> str | N
     return None
 
 
-def _cpu_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None) -> str | None:
-    why = _native_refusal(c_q, b, v, norm, eps, w_inv, "cpu", (torch.float32, torch.float64))
+def _cpu_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None, key_padding_mask=None) -> str | None:
+    why = _native_refusal(c_q, b, v, norm, eps, w_inv, "cpu", (torch.float32, torch.float64), key_padding_mask)
     if why is not None:
         return why
     from . import normalization_cpu
@@ -131,8 +174,8 @@ def _cpu_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None) -> str | Non
     return None
 
 
-def _triton_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None) -> str | None:
-    why = _native_refusal(c_q, b, v, norm, eps, w_inv, "cuda", _TRITON_DTYPES)
+def _triton_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None, key_padding_mask=None) -> str | None:
+    why = _native_refusal(c_q, b, v, norm, eps, w_inv, "cuda", _TRITON_DTYPES, key_padding_mask)
     if why is not None:
         return why
     m, e = b.shape[-1], v.shape[-1]
@@ -188,17 +231,42 @@ def _fused(c_q, b, v, norm, eps, w_inv):
     return out.reshape(*batch, *out.shape[-2:])
 
 
-def _composite(c_q, b, v, norm, eps, w_inv):
+def _composite(c_q, b, v, norm, eps, w_inv, key_padding_mask=None):
     if w_inv is not None:
         b = b @ w_inv.transpose(-1, -2)
-    return normalize_nystrom_reference(c_q, b, v, norm, eps)
+    return normalize_nystrom_reference(c_q, b, v, norm, eps, key_padding_mask)
+
+
+def _normalize_nystrom_masked(c_q, b, v, norm, eps, mask):
+    valid, count = _valid(mask, b.dtype)
+    b = b * valid
+    v = v * valid
+    if norm == "none":
+        out = c_q @ (b.transpose(-1, -2) @ v)
+    elif norm == "rowsum":
+        out = (c_q @ (b.transpose(-1, -2) @ v)) / (c_q @ b.sum(-2).unsqueeze(-1))
+    else:
+        v_mean = v.sum(-2, keepdim=True) / count
+        b_centred = (b - b.sum(-2, keepdim=True) / count) * valid
+        if norm == "inline":
+            out = c_q @ (b_centred.transpose(-1, -2) @ v) + v_mean
+        else:
+            c_centred = (c_q - (c_q * valid).sum(-2, keepdim=True) / count) * valid
+            cov_q = c_centred.transpose(-1, -2) @ c_centred / count
+            var = ((b_centred @ cov_q) * b_centred).sum(-1).clamp_min(0.0)
+            m_mat = (b_centred * torch.rsqrt(var + eps).unsqueeze(-1)).transpose(-1, -2) @ v
+            out = c_centred @ m_mat + v_mean
+    return out.masked_fill(mask[:, None, :, None], 0.0)
 
 
 def normalize_nystrom_reference(
-    c_q: torch.Tensor, b: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e-6
+    c_q: torch.Tensor, b: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e-6,
+    key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain autograd composite of ``normalize_nystrom`` (same arguments and shapes; double-differentiable)."""
     check_choice("norm", norm, NORMS)
+    if key_padding_mask is not None:
+        return _normalize_nystrom_masked(c_q, b, v, norm, eps, key_padding_mask)
     n_keys = b.shape[-2]
     if norm == "none":
         return c_q @ (b.transpose(-1, -2) @ v)
@@ -222,4 +290,4 @@ NORMALIZATION = Op("normalization", [
     Backend("cpu", _cpu, _cpu_refusal),
     Backend("fused", _fused, _fused_refusal),
     Backend("composite", _composite),
-], signature="normalize_nystrom(c_q, b, v, norm, eps, w_inv): c_q, b (..., N, m), v (..., N, e)")
+], signature="normalize_nystrom(c_q, b, v, norm, eps, w_inv[, key_padding_mask]): c_q, b (..., N, m), v (..., N, e)")

@@ -7,9 +7,12 @@ states what was expected, so bad input never reaches a kernel (docs/ARCHITECTURE
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 
 import torch
+
+from . import _runtime
 
 KERNELS = ("laplacian", "gaussian")
 NORMS = ("injective", "inline", "rowsum", "none")
@@ -82,16 +85,88 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise TypeError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
+def _grid_side(name: str, s):
+    """One side of a grid: a Python int >= 1, or a symbolic size (torch.SymInt, kept symbolic so that
+    torch.export / torch.compile with dynamic shapes do not specialise it; checked by ``torch._check``)."""
+    if isinstance(s, torch.SymInt):
+        torch._check(s >= 1, lambda: f"{name}: expected sides >= 1")
+        return s
+    if isinstance(s, bool) or isinstance(s, torch.Tensor):
+        raise TypeError(f"{name}: expected (height, width) ints, got an element of type {type(s).__name__}")
+    try:
+        s = operator.index(s)
+    except TypeError:
+        raise TypeError(f"{name}: expected (height, width) ints, got an element of type {type(s).__name__}") from None
+    return check_positive_int(name, s)
+
+
 def check_hw(hw, n: int) -> tuple[int, int] | None:
-    """Returns (height, width) with height * width == n, or None for a 1-D sequence."""
+    """Returns (height, width) with height * width == n, or None for a 1-D sequence.
+
+    Errors name ``hw``: a bool tensor (a padding mask passed positionally into ``hw``; it goes in
+    ``key_padding_mask``), a single int, a sequence of another length, sides < 1, a product != n.
+    Symbolic sides (dynamic export) stay symbolic."""
     if hw is None:
         return None
-    if not isinstance(hw, Sequence) or len(hw) != 2:
+    if isinstance(hw, torch.Tensor):
+        if hw.dtype == torch.bool:
+            raise TypeError(
+                f"hw: got a bool tensor of shape {tuple(hw.shape)}; a padding mask goes in key_padding_mask=, "
+                "hw is the (height, width) of a 2-D token grid or None"
+            )
+        raise TypeError(f"hw: expected (height, width) ints or None, got a tensor of shape {tuple(hw.shape)}")
+    if isinstance(hw, (int, torch.SymInt)):
+        raise ValueError(f"hw: expected a (height, width) pair, got the single int {hw} (hw=None for a 1-D sequence)")
+    if not isinstance(hw, Sequence) or isinstance(hw, str) or len(hw) != 2:
         raise ValueError(f"hw: expected (height, width), got {hw!r}")
-    h, w = (check_positive_int("hw", int(s) if isinstance(s, torch.SymInt) else s) for s in hw)
-    if h * w != n:
+    h, w = (_grid_side("hw", s) for s in hw)
+    if isinstance(h * w, torch.SymInt) or isinstance(n, torch.SymInt):
+        torch._check(h * w == n, lambda: f"hw: expected height * width == N = {n}, got {h} x {w}")
+    elif h * w != n:
         raise ValueError(f"hw: expected height * width == N = {n}, got {h} x {w} = {h * w}")
     return h, w
+
+
+def check_landmarks(landmarks):
+    """The form of ``landmarks`` before any token count is known (module constructors): None, an int
+    >= 1, or a (rows, cols) pair of ints >= 1; ValueError/TypeError naming ``landmarks`` otherwise.
+    Returns it (a pair as a tuple). Which layout it means is ``resolve_landmarks``' rule."""
+    if landmarks is None:
+        return None
+    if isinstance(landmarks, Sequence) and not isinstance(landmarks, str):
+        if len(landmarks) != 2:
+            raise ValueError(f"landmarks: expected an int, a (rows, cols) grid or None, got {landmarks!r}")
+        return tuple(check_positive_int("landmarks", s) for s in landmarks)
+    return check_positive_int("landmarks", landmarks)
+
+
+def check_key_padding_mask(mask, batch: int, n: int):
+    """key_padding_mask: None or a (B, N) bool tensor, True = padding (``nn.MultiheadAttention``'s
+    convention; docs/DESIGN.md §2.5), with a valid token in every sequence (checked in eager mode only:
+    a data-dependent check). Returns it."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"key_padding_mask: expected a (B, N) bool tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"key_padding_mask: expected dtype torch.bool (True = padding), got {mask.dtype}")
+    if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] != n:
+        raise ValueError(f"key_padding_mask: expected shape (B, N) = ({batch}, {n}), got {tuple(mask.shape)}")
+    if not _runtime.capturing() and bool(mask.all(-1).any()):
+        raise ValueError("key_padding_mask: a sequence is all padding (every sequence needs a valid token)")
+    return mask
+
+
+def reject_attn_mask(attn_mask, is_causal) -> None:
+    """Kernel attention with pooled landmarks takes no ``attn_mask`` / ``is_causal``: every landmark averages
+    queries from all positions, so no query can be kept from attending to any position through them
+    (docs/DESIGN.md §2.5). ValueError naming the argument when one is given."""
+    why = ("the pooled landmarks mix all positions, so a per-query mask cannot be applied; "
+           "only key_padding_mask (B, N) is supported (docs/DESIGN.md §2.5)")
+    if attn_mask is not None:
+        raise ValueError(f"attn_mask: not supported: {why}")
+    if is_causal:
+        raise ValueError(f"is_causal: not supported: {why}")
 
 
 def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int, *, clamp: bool = False):
@@ -99,28 +174,23 @@ def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int, *, clamp: b
 
     landmarks: None, an int, or a (rows, cols) grid; hw: the (h, w) token grid or None (1-D, n tokens).
     One rule for the operator and the modules: with a 2-D grid an int m must be a perfect square and means
-    a sqrt(m) x sqrt(m) grid (ValueError naming ``landmarks`` otherwise). What happens to landmarks beyond
+    a sqrt(m) x sqrt(m) grid (ValueError naming ``landmarks`` otherwise). On a 1-D sequence (hw None) a (lh, lw) grid counts lh·lw landmarks, for the operator and the modules
+    alike: the default (7, 7) means m = 49 on a sequence as on a grid. What happens to landmarks beyond
     the tokens is selected by ``clamp``:
 
     - ``clamp=False`` (``laplacian_attention``): landmarks exceeding the tokens (a grid larger than the
-      token grid, m > N) are a ValueError; a 1-D sequence takes a count (an int).
+      token grid, m > N) are a ValueError.
     - ``clamp=True`` (modules, so a model works at any resolution): a grid is cut to the token grid per
-      axis, a 1-D count to N, a (lh, lw) grid on a 1-D sequence counts lh·lw landmarks, and when the
-      landmarks then cover every token (m >= N) the exact kernel is used: None is returned.
+      axis, a 1-D count to N, and when the landmarks then cover every token (m >= N) the exact kernel is
+      used: None is returned.
     """
     if landmarks is None:
         return None
     if hw is None:
-        if isinstance(landmarks, Sequence):
-            if clamp and len(landmarks) == 2:
-                landmarks = math.prod(check_positive_int("landmarks", s) for s in landmarks)
-            elif len(landmarks) != 1:
-                raise ValueError(
-                    f"landmarks: a 1-D sequence (hw=None) takes an int landmark count, got {landmarks!r}"
-                )
-            else:
-                landmarks = landmarks[0]
-        m = check_positive_int("landmarks", landmarks)
+        if isinstance(landmarks, Sequence) and len(landmarks) == 1:
+            landmarks = landmarks[0]
+        landmarks = check_landmarks(landmarks)
+        m = math.prod(landmarks) if isinstance(landmarks, tuple) else landmarks
         if clamp:
             return None if m >= n else m
         if m > n:
@@ -135,7 +205,7 @@ def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int, *, clamp: b
         landmarks = (side, side)
     if not isinstance(landmarks, Sequence) or len(landmarks) != 2:
         raise ValueError(f"landmarks: expected an int, a (rows, cols) grid or None, got {landmarks!r}")
-    lh, lw = (check_positive_int("landmarks", s) for s in landmarks)
+    lh, lw = check_landmarks(landmarks)
     if clamp:
         lh, lw = min(lh, hw[0]), min(lw, hw[1])
         return None if lh * lw >= n else (lh, lw)

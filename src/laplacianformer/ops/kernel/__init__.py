@@ -8,6 +8,12 @@ automatically for CUDA tensors only), ``cpu`` (``cpu.py``, the C loops; chosen a
 they are built), ``composite`` (``composite.py``, torch.cdist; the reference, always serves) and
 ``naive`` (``naive.py``, the broadcasting ground truth; never chosen automatically).
 ``backend.py`` keeps the older selection API (``set_backend``, ``backend``, ``explain_dispatch``).
+
+Under torch.compile and torch.export both functions call ``torch.library`` custom ops,
+``laplacianformer::laplace_kernel`` and ``laplacianformer::laplace_kernel_matmul`` (fake implementations
+for shapes, backward ops ``..._backward``), whose real implementation is the registry call: the compiler
+sees one op instead of the dispatch code, and compiled graphs run the fast paths (docs/DESIGN.md §6.5).
+Eager calls go to the registry directly.
 """
 
 from __future__ import annotations
@@ -19,8 +25,14 @@ from ..dispatch import Backend, Op
 from ..validation import KERNELS, check_choice, check_float_tensor, check_positive
 from . import native
 from .backend import BACKENDS, backend, explain_dispatch, get_backend, set_backend
-from .composite import laplace_kernel_composite, laplace_kernel_matmul_composite, pairwise_distance
-from .cpu import laplace_kernel_cpu, laplace_kernel_matmul_cpu
+from .composite import (
+    laplace_kernel_composite,
+    laplace_kernel_grad_composite,
+    laplace_kernel_matmul_composite,
+    laplace_kernel_matmul_grad_composite,
+    pairwise_distance,
+)
+from .cpu import laplace_kernel_cpu, laplace_kernel_grad_cpu, laplace_kernel_matmul_cpu, laplace_kernel_matmul_grad_cpu
 from .naive import laplace_kernel_matmul_naive, laplace_kernel_naive, pairwise_l1_naive, pairwise_sq_l2_naive
 
 __all__ = [
@@ -123,19 +135,122 @@ def _triton_matmul(*inputs):
     return laplace_kernel_matmul_triton(*inputs)
 
 
+def _triton_kernel_grad(x, y, out, grad, lam, kind):
+    from ..layout import flatten_batch
+    from .triton import laplace_kernel_bwd
+
+    m = y.shape[-2]
+    dx, dy = laplace_kernel_bwd(flatten_batch(x), flatten_batch(y), grad.reshape(-1, x.shape[-2], m).contiguous(),
+                                out.reshape(-1, x.shape[-2], m).contiguous(), -1.0 / float(lam), kind == "laplacian")
+    return dx.reshape(x.shape), dy.reshape(y.shape)
+
+
+def _triton_matmul_grad(x, y, v, grad, lam, kind):
+    from ..layout import flatten_batch
+    from .triton import laplace_matmul_bwd
+
+    g3 = grad.reshape(-1, x.shape[-2], v.shape[-1]).contiguous()
+    dx, dy, dv = laplace_matmul_bwd(flatten_batch(x), flatten_batch(y), flatten_batch(v), g3, -1.0 / float(lam),
+                                    kind == "laplacian")
+    return dx.reshape(x.shape), dy.reshape(y.shape), dv.reshape(v.shape)
+
+
+# ``grad`` of a kernel backend: (x, y, out, grad, lam, kind) -> (dX, dY), out = the kernel matrix;
+# of a kernel_matmul backend: (x, y, v, grad, lam, kind) -> (dX, dY, dV). Used by the custom ops below.
 KERNEL = Op("kernel", [
-    Backend("triton", _triton_kernel, _triton_refusal, _triton_auto_refusal),
-    Backend("cpu", laplace_kernel_cpu, _cpu_refusal, _cpu_auto_refusal),
-    Backend("naive", laplace_kernel_naive, auto_refusal=_naive_auto_refusal),
-    Backend("composite", laplace_kernel_composite),
+    Backend("triton", _triton_kernel, _triton_refusal, _triton_auto_refusal, _triton_kernel_grad),
+    Backend("cpu", laplace_kernel_cpu, _cpu_refusal, _cpu_auto_refusal, laplace_kernel_grad_cpu),
+    Backend("naive", laplace_kernel_naive, auto_refusal=_naive_auto_refusal, grad=laplace_kernel_grad_composite),
+    Backend("composite", laplace_kernel_composite, grad=laplace_kernel_grad_composite),
 ], log="laplacianformer.ops.kernel", signature="laplace_kernel(x, y, lam, kind): x (..., N, d), y (..., M, d)")
 
 KERNEL_MATMUL = Op("kernel_matmul", [
-    Backend("triton", _triton_matmul, _triton_refusal, _triton_auto_refusal),
-    Backend("cpu", laplace_kernel_matmul_cpu, _cpu_refusal, _cpu_auto_refusal),
-    Backend("naive", laplace_kernel_matmul_naive, auto_refusal=_naive_auto_refusal),
-    Backend("composite", laplace_kernel_matmul_composite),
+    Backend("triton", _triton_matmul, _triton_refusal, _triton_auto_refusal, _triton_matmul_grad),
+    Backend("cpu", laplace_kernel_matmul_cpu, _cpu_refusal, _cpu_auto_refusal, laplace_kernel_matmul_grad_cpu),
+    Backend("naive", laplace_kernel_matmul_naive, auto_refusal=_naive_auto_refusal,
+            grad=laplace_kernel_matmul_grad_composite),
+    Backend("composite", laplace_kernel_matmul_composite, grad=laplace_kernel_matmul_grad_composite),
 ], log="laplacianformer.ops.kernel", signature="laplace_kernel_matmul(x, y, v, lam, kind): v (..., M, e)")
+
+
+def _contiguous(ts):
+    return tuple(t.contiguous() for t in ts)
+
+
+@torch.library.custom_op("laplacianformer::laplace_kernel", mutates_args=())
+def _kernel_graph_op(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str) -> torch.Tensor:
+    """k(X, Y) through the registry.  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
+    return KERNEL(x, y, lam, kind).contiguous()
+
+
+@_kernel_graph_op.register_fake
+def _(x, y, lam, kind):
+    return x.new_empty(*x.shape[:-1], y.shape[-2])
+
+
+@torch.library.custom_op("laplacianformer::laplace_kernel_backward", mutates_args=())
+def _kernel_graph_bwd(grad: torch.Tensor, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, lam: float,
+                      kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dX, dY) of ``laplace_kernel`` for dL/dK ``grad`` and K ``out`` (..., N, M): the ``grad`` of the
+    backend the registry selects for (x, y)."""
+    return _contiguous(KERNEL.select(x, y, lam, kind).grad(x, y, out, grad, lam, kind))
+
+
+@_kernel_graph_bwd.register_fake
+def _(grad, x, y, out, lam, kind):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(y, memory_format=torch.contiguous_format)
+
+
+def _kernel_setup(ctx, inputs, output):
+    x, y, ctx.lam, ctx.kind = inputs
+    ctx.save_for_backward(x, y, output)
+
+
+def _kernel_backward(ctx, grad):
+    x, y, out = ctx.saved_tensors
+    dx, dy = _kernel_graph_bwd(grad, x, y, out, ctx.lam, ctx.kind)
+    return dx, dy, None, None
+
+
+_kernel_graph_op.register_autograd(_kernel_backward, setup_context=_kernel_setup)
+
+
+@torch.library.custom_op("laplacianformer::laplace_kernel_matmul", mutates_args=())
+def _matmul_graph_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kind: str) -> torch.Tensor:
+    """k(X, Y) @ V through the registry.  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
+    return KERNEL_MATMUL(x, y, v, lam, kind).contiguous()
+
+
+@_matmul_graph_op.register_fake
+def _(x, y, v, lam, kind):
+    return x.new_empty(*x.shape[:-1], v.shape[-1])
+
+
+@torch.library.custom_op("laplacianformer::laplace_kernel_matmul_backward", mutates_args=())
+def _matmul_graph_bwd(grad: torch.Tensor, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kind: str
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dX, dY, dV) of ``laplace_kernel_matmul`` for dL/dO ``grad`` (..., N, e): the ``grad`` of the
+    backend the registry selects for (x, y, v)."""
+    return _contiguous(KERNEL_MATMUL.select(x, y, v, lam, kind).grad(x, y, v, grad, lam, kind))
+
+
+@_matmul_graph_bwd.register_fake
+def _(grad, x, y, v, lam, kind):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, y, v))
+
+
+def _matmul_setup(ctx, inputs, output):
+    x, y, v, ctx.lam, ctx.kind = inputs
+    ctx.save_for_backward(x, y, v)
+
+
+def _matmul_backward(ctx, grad):
+    x, y, v = ctx.saved_tensors
+    dx, dy, dv = _matmul_graph_bwd(grad, x, y, v, ctx.lam, ctx.kind)
+    return dx, dy, dv, None, None
+
+
+_matmul_graph_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 
 
 def _check_xy(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str) -> None:
@@ -152,6 +267,8 @@ def _check_xy(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str) -> None:
 def laplace_kernel(x: torch.Tensor, y: torch.Tensor, lam: float = 4.0, kind: str = "laplacian") -> torch.Tensor:
     """Kernel matrix exp(-||x_i - y_j||_1 / lam).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
     _check_xy(x, y, lam, kind)
+    if _runtime.graph_ops():
+        return _kernel_graph_op(x, y, float(lam), kind)
     return KERNEL(x, y, lam, kind)
 
 
@@ -163,4 +280,6 @@ def laplace_kernel_matmul(
     check_float_tensor("v", v)
     if v.dim() != y.dim() or v.shape[:-1] != y.shape[:-1]:
         raise ValueError(f"v: expected shape {tuple(y.shape[:-1])} + (e,), got {tuple(v.shape)}")
+    if _runtime.graph_ops():
+        return _matmul_graph_op(x, y, v, float(lam), kind)
     return KERNEL_MATMUL(x, y, v, lam, kind)

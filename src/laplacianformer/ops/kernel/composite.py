@@ -34,3 +34,40 @@ def laplace_kernel_matmul_composite(
 ) -> torch.Tensor:
     """k(X, Y) @ V.  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
     return laplace_kernel_composite(x, y, lam, kind) @ v
+
+
+_GRAD_CHUNK_ELEMS = 1 << 22
+
+
+def laplace_kernel_grad_composite(
+    x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, lam: float, kind: str = "laplacian"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dX, dY) of K = exp(-dist / lam) without autograd, given K ``out`` and dL/dK ``grad`` (..., N, M).
+
+    dL/dD = -grad·K/lam; the L1 sign term is summed over row chunks of at most ``_GRAD_CHUNK_ELEMS``
+    (chunk, M, d) entries, sign(0) = 0 as in the CPU and Triton paths (docs/DESIGN.md §1)."""
+    gp = grad * out * (-1.0 / lam)
+    if kind != "laplacian":
+        dx = 2.0 * (gp.sum(-1, keepdim=True) * x - gp @ y)
+        dy = 2.0 * (gp.sum(-2).unsqueeze(-1) * y - gp.transpose(-1, -2) @ x)
+        return dx, dy
+    n, m, d = x.shape[-2], y.shape[-2], x.shape[-1]
+    lead = max(1, gp[..., 0, 0].numel())
+    step = max(1, _GRAD_CHUNK_ELEMS // max(1, lead * m * d))
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    dy = torch.zeros_like(y, memory_format=torch.contiguous_format)
+    for s in range(0, n, step):
+        part = torch.sign(x[..., s : s + step, None, :] - y[..., None, :, :]) * gp[..., s : s + step, :, None]
+        dx[..., s : s + step, :] = part.sum(-2)
+        dy -= part.sum(-3)
+    return dx, dy
+
+
+def laplace_kernel_matmul_grad_composite(
+    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, lam: float, kind: str = "laplacian"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dX, dY, dV) of k(X, Y) @ V without autograd, given dL/dO ``grad`` (..., N, e); recomputes K."""
+    c = laplace_kernel_composite(x, y, lam, kind)
+    dv = c.transpose(-1, -2) @ grad
+    dx, dy = laplace_kernel_grad_composite(x, y, c, grad @ v.transpose(-1, -2), lam, kind)
+    return dx, dy, dv

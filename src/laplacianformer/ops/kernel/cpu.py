@@ -203,3 +203,23 @@ def laplace_kernel_matmul_cpu(
     """k(X, Y) @ V without storing k(X, Y).  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
     out = _matmul_op(_batch_rows(x), _batch_rows(y), _batch_rows(v), -1.0 / float(lam), kind)
     return out.reshape(*x.shape[:-1], v.shape[-1])
+
+
+def laplace_kernel_grad_cpu(
+    x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, lam: float, kind: str = "laplacian"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dX, dY) of ``laplace_kernel_cpu`` without autograd: the backward op of its autograd, given the
+    kernel ``out`` and dL/dK ``grad`` (..., N, M)."""
+    m = y.shape[-2]
+    dx, dy = _kernel_bwd_op(_batch_rows(x), _batch_rows(y), grad.reshape(-1, x.shape[-2], m).contiguous(),
+                            out.reshape(-1, x.shape[-2], m).contiguous(), -1.0 / float(lam), kind)
+    return dx.reshape(x.shape), dy.reshape(y.shape)
+
+
+def laplace_kernel_matmul_grad_cpu(
+    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, lam: float, kind: str = "laplacian"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dX, dY, dV) of ``laplace_kernel_matmul_cpu`` without autograd, given dL/dO ``grad`` (..., N, e)."""
+    g3 = grad.reshape(-1, x.shape[-2], v.shape[-1]).contiguous()
+    dx, dy, dv = _matmul_bwd_op(_batch_rows(x), _batch_rows(y), _batch_rows(v), g3, -1.0 / float(lam), kind)
+    return dx.reshape(x.shape), dy.reshape(y.shape), dv.reshape(v.shape)

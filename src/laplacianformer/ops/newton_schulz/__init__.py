@@ -13,6 +13,11 @@ tries them:
   loop of ``native.py``: symmetric float32/float64 CPU tensors needing no gradient, outside graph capture
   and dispatch modes), ``torch`` (``naive.newton_schulz_iterate_reference``, the reference).
 - ``newton_schulz_grad`` (the implicit backward, ``implicit_grad(v, grad_v)``): ``triton``, ``torch``.
+
+Under torch.compile and torch.export, ``regularised_inverse`` (implicit backward) calls the custom op
+``laplacianformer::regularised_inverse`` (backward op ``laplacianformer::regularised_inverse_backward``),
+whose real implementation runs the registry, so compiled graphs use the C loop / Triton kernel
+(docs/DESIGN.md §6.5). Eager calls run ``_ImplicitInverse`` directly.
 """
 
 from __future__ import annotations
@@ -175,6 +180,40 @@ class _ImplicitInverse(torch.autograd.Function):
         return implicit_grad(v, grad_v), None, None, None, None
 
 
+@torch.library.custom_op("laplacianformer::regularised_inverse", mutates_args=())
+def _inverse_graph_op(w: torch.Tensor, eps: float, solver: str, iters: int, tol: float | None) -> torch.Tensor:
+    """(W + eps·I)^{-1} through the registry.  w: (..., m, m) -> (..., m, m)."""
+    return _solve(regularise(w, eps), solver, iters, tol).contiguous()
+
+
+@_inverse_graph_op.register_fake
+def _(w, eps, solver, iters, tol):
+    return torch.empty_like(w, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("laplacianformer::regularised_inverse_backward", mutates_args=())
+def _inverse_graph_bwd(v: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """dL/dW = -Vᵀ G Vᵀ (op ``newton_schulz_grad``).  v, grad: (..., m, m)."""
+    return implicit_grad(v, grad).contiguous()
+
+
+@_inverse_graph_bwd.register_fake
+def _(v, grad):
+    return torch.empty_like(v, memory_format=torch.contiguous_format)
+
+
+def _inverse_setup(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _inverse_backward(ctx, grad):
+    (v,) = ctx.saved_tensors
+    return _inverse_graph_bwd(v, grad), None, None, None, None
+
+
+_inverse_graph_op.register_autograd(_inverse_backward, setup_context=_inverse_setup)
+
+
 def regularised_inverse(
     w: torch.Tensor,
     *,
@@ -202,6 +241,8 @@ def regularised_inverse(
         if solver != "newton_schulz":
             raise ValueError(f"backward: 'unrolled' is only defined for solver='newton_schulz', got solver={solver!r}")
         out = newton_schulz_pinv_unrolled(work, iters, eps)
+    elif _runtime.graph_ops():
+        out = _inverse_graph_op(work, float(eps), solver, int(iters), None if tol is None else float(tol))
     else:
         out = _ImplicitInverse.apply(work, float(eps), solver, iters, tol)
     return out.to(w.dtype)
