@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .models import LaplacianFormer, create_model
+from ..models import LaplacianFormer, create_model
 
 __all__ = ["LaplacianFormerFPN", "fpn_backbone", "retinanet", "mask_rcnn"]
 
