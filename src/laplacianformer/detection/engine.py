@@ -54,7 +54,7 @@ METRICS_NAME = "metrics.json"
 LOSSES_PNG = "losses.png"
 AP_PNG = "ap.png"
 AMP_MODES = ("bf16", "fp16", "off")
-RESUME_MAY_CHANGE = ("progress", "threads", "workers", "save_every_steps", "eval_batch_size")
+RESUME_MAY_CHANGE = ("progress", "threads", "workers", "save_every_steps", "eval_batch_size", "device")
 """Settings a resumed run may change; every other one must match the run's train_config.json."""
 
 
@@ -77,6 +77,7 @@ class DetectConfig:
     weight_decay: float = 0.05
     warmup_steps: int = 100
     clip_grad: float | None = None
+    score_thresh: float = 0.05
     hflip: bool = True
     amp: str = "off"
     seed: int = 0
@@ -114,6 +115,8 @@ class DetectConfig:
             v = getattr(self, name)
             if v is not None and int(v) < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {v}")
+        if not 0 <= self.score_thresh <= 1:
+            raise ValueError(f"score_thresh: expected a number in [0, 1], got {self.score_thresh}")
         if not self.lr > 0 or self.min_lr < 0 or self.weight_decay < 0 or self.warmup_steps < 0 or self.eval_every < 0:
             raise ValueError("lr > 0, min_lr >= 0, weight_decay >= 0, warmup_steps >= 0, eval_every >= 0 are required")
         return self
@@ -211,8 +214,12 @@ def categories_of(coco: CocoSet) -> list[dict]:
 
 
 def build_model(config: DetectConfig, num_categories: int) -> torch.nn.Module:
-    """The detector of ``config`` (K categories + background); detections per image capped at 100 (COCO)."""
-    extra = {"detections_per_img": 100} if config.detector == "retinanet" else {"box_detections_per_img": 100}
+    """The detector of ``config`` (K categories + background); at most 100 detections per image (COCO's
+    maxDets) scoring at least ``score_thresh``."""
+    if config.detector == "retinanet":
+        extra = {"detections_per_img": 100, "score_thresh": config.score_thresh}
+    else:
+        extra = {"box_detections_per_img": 100, "box_score_thresh": config.score_thresh}
     return build_detector(config.detector, config.backbone, num_categories + 1, img_size=config.img_size,
                           fpn_channels=config.fpn_channels, backbone_kwargs=config.backbone_kwargs, **extra)
 
