@@ -193,6 +193,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ValueError(f"--out: {out} already holds a run; pass --resume to continue it or choose another --out")
         config = DetectConfig(**given)
     result = train_detector(config, out, resume=args.resume)
+    if result["rank"] != 0:
+        return 128 + int(getattr(signal.Signals, result["interrupted"])) if result["interrupted"] else 0
     if result["interrupted"]:
         print(f"{PROG}: interrupted by {result['interrupted']} at step {result['steps']}; checkpoint saved, "
               f"continue with --resume --out {out}", file=sys.stderr)

@@ -223,18 +223,21 @@ def _mask_area(seg, h: int, w: int) -> float:
 
 def decode_mask(seg, h: int, w: int) -> np.ndarray:
     """(h, w) uint8 mask of a COCO segmentation (polygons, uncompressed or compressed RLE) via pycocotools."""
+    import warnings
+
     from pycocotools import mask as mask_utils
 
     if isinstance(seg, list):
-        rles = mask_utils.frPyObjects(seg, h, w)
-        rle = mask_utils.merge(rles) if rles else None
-        if rle is None:
+        if not seg:
             return np.zeros((h, w), np.uint8)
+        rle = mask_utils.merge(mask_utils.frPyObjects(seg, h, w))
     elif isinstance(seg["counts"], list):
         rle = mask_utils.frPyObjects(seg, h, w)
     else:
         rle = seg
-    return mask_utils.decode(rle).astype(np.uint8)
+    with warnings.catch_warnings():  # pycocotools 2.0.x under NumPy 2: a DeprecationWarning about __array__(copy=)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return mask_utils.decode(rle).astype(np.uint8)
 
 
 def flip_decision(seed: int, epoch: int, index: int) -> bool:

@@ -310,6 +310,10 @@ class DetectionTrainer:
         barrier(self.dist)
         self.model = self.net
         if self.dist.enabled:
+            import warnings
+
+            # depthwise conv gradients come out channels-last; DDP copies them into its buckets (harmless)
+            warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.model = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids)
 
@@ -509,7 +513,7 @@ class DetectionTrainer:
         result = {"run_dir": str(self.run_dir), "detector": self.config.detector, "backbone": self.config.backbone,
                   "backbone_kwargs": self.config.backbone_kwargs, "steps": self.global_step,
                   "total_steps": self.total_steps, "epochs_completed": self.epoch, "interrupted": interrupted,
-                  "train_time_s": self.train_time, "wall_time_s": wall, "metrics": None}
+                  "train_time_s": self.train_time, "wall_time_s": wall, "metrics": None, "rank": self.dist.rank}
         if interrupted is None:
             metrics = self.last_eval
             if self.val_data is not None and metrics is None:
