@@ -13,7 +13,7 @@ mode (with post-processing: decoding and NMS); "train" is forward with two targe
 backward + an SGD step (no optimiser state). Timing: for each (side, mode) the variants run round-robin
 (one call each per round, ``model_throughput.time_interleaved``), so machine load hits them alike; one
 untimed warm-up call each, then ``--repeats`` rounds (fewer once ``--max-seconds`` of timed calls are
-spent). Memory: "heap" is the live C-heap peak of one call sampled after every op (it doubles as the
+spent); with ``--single-call`` each case is called once and that cold call's time is reported instead. Memory: "heap" is the live C-heap peak of one call sampled after every op (it doubles as the
 warm-up); "rss" the RSS high-water mark of one call in a fresh process (``benchmarks/common.py``).
 A case is skipped, with the reason recorded, when the time or heap peak extrapolated from the variant's
 previous side (time ∝ side^4 for full softmax, side^2 for the others; heap ∝ side^2: torch's CPU
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -122,13 +123,19 @@ def run(args) -> tuple[list[dict], list[dict]]:
         kwargs = {v: dict(model=args.model, variant=v, size=size, mode=mode, device=args.device,
                           fpn_channels=args.fpn_channels) for v in names}
         fns = {v: make_case(**kwargs[v]) for v in names}
-        heap = {}
+        heap, first = {}, {}
         for v, fn in fns.items():  # one call each under the heap sampler: the warm-up as well
+            synchronize(args.device)
+            t0 = time.perf_counter()
             heap[v] = peak_heap_memory(fn) if args.device == "cpu" and args.memory in ("heap", "both") else None
             if heap[v] is None:
                 fn()
             synchronize(args.device)
-        timings = time_interleaved_nowarm(fns, device=args.device, repeats=args.repeats, max_seconds=args.max_seconds)
+            first[v] = (time.perf_counter() - t0) * 1e3
+        if args.single_call:
+            timings = {v: dict(median_ms=first[v], iqr_ms=None, repeats=0) for v in names}
+        else:
+            timings = time_interleaved_nowarm(fns, device=args.device, repeats=args.repeats, max_seconds=args.max_seconds)
         del fns
         for v in names:
             rss = None
@@ -137,7 +144,7 @@ def run(args) -> tuple[list[dict], list[dict]]:
                                   warmup_kwargs=dict(size=64), threads=args.threads)["peak_mb"]
             t = timings[v]
             row = dict(model=args.model, variant=v, size=size, mode=mode, median_ms=t["median_ms"], iqr_ms=t["iqr_ms"],
-                       repeats=t["repeats"], heap_mb=heap[v], rss_mb=rss)
+                       repeats=t["repeats"], first_call_ms=first[v], heap_mb=heap[v], rss_mb=rss)
             rows.append(row)
             last[(v, mode)] = row
     return rows, skipped
@@ -198,9 +205,11 @@ def report(args, rows, skipped, rel, exps, load) -> str:
     header = report_header(f"RetinaNet + {args.model} per-image cost against the side", args, load,
                            extra=f"{torch.get_num_threads()} threads")
     table = markdown_table(
-        ["variant", "side", "mode", "ms / image", "IQR ms", "rounds", "heap peak MiB", "RSS peak MiB"],
-        [[r["variant"], r["size"], r["mode"], _cell(r["median_ms"], ".0f"), _cell(r["iqr_ms"], ".0f"), r["repeats"],
-          _cell(r["heap_mb"], ".0f"), _cell(r["rss_mb"], ".0f")] for r in rows])
+        ["variant", "side", "mode", "ms / image", "IQR ms", "timed rounds", "first call ms", "heap peak MiB",
+         "RSS peak MiB"],
+        [[r["variant"], r["size"], r["mode"], _cell(r["median_ms"], ".0f"), _cell(r["iqr_ms"], ".0f"),
+          r["repeats"] or "0 (first call)", _cell(r["first_call_ms"], ".0f"), _cell(r["heap_mb"], ".0f"),
+          _cell(r["rss_mb"], ".0f")] for r in rows])
     table += "\n" + markdown_table(
         ["side", "mode", "variant", "time / laplacian", "heap / laplacian", "RSS / laplacian"],
         [[r["size"], r["mode"], r["variant"], _cell(r["time_ratio"], ".2f"), _cell(r["heap_ratio"], ".2f"),
@@ -226,6 +235,9 @@ def main(argv=None) -> None:
     p.add_argument("--max-seconds", type=float, default=120.0, help="stop the rounds of a group after this many timed seconds")
     p.add_argument("--max-call-seconds", type=float, default=60.0, help="skip a case predicted to take longer per call")
     p.add_argument("--max-memory-mb", type=float, default=8192.0, help="skip a case predicted to need a larger heap peak")
+    p.add_argument("--single-call", action="store_true",
+                   help="call each case once (under the heap sampler) and report that cold call's time: no warm-up, "
+                        "no timed rounds (for a loaded machine or a tight time budget)")
     p.add_argument("--memory", choices=["heap", "rss", "both", "none"], default="both")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
     add_timing_options(p, "detection_scaling")

@@ -426,8 +426,10 @@ class DetectionTrainer:
         row = {"epoch": self.epoch + 1 if complete else round(self.epoch + self.step_in_epoch / self.steps_per_epoch, 4),
                "step": self.global_step,
                "loss": self.epoch_sums.get("loss", 0.0) / n,
-               "losses": {k: v / n for k, v in self.epoch_sums.items() if k not in ("loss", "steps", "images", "time")},
+               "losses": {k: v / n for k, v in self.epoch_sums.items()
+                          if k not in ("loss", "steps", "images", "time", "cpu_time")},
                "train_time_s": self.epoch_sums.get("time", 0.0),
+               "cpu_time_s": self.epoch_sums.get("cpu_time", 0.0),
                "images_per_s": self.epoch_sums.get("images", 0) / max(self.epoch_sums.get("time", 0.0), 1e-9),
                "val": self.last_eval if evaluate else None}
         self.history["epochs"].append(row)
@@ -475,9 +477,10 @@ class DetectionTrainer:
                                leave=False, dynamic_ncols=True)
                 self.net.train()
                 for images, targets in loader:
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     row = self._train_step(images, targets)
                     dt = time.perf_counter() - t0
+                    self.epoch_sums["cpu_time"] = self.epoch_sums.get("cpu_time", 0.0) + time.process_time() - c0
                     self.global_step += 1
                     self.step_in_epoch += 1
                     self.train_time += dt
