@@ -19,6 +19,10 @@ A case is skipped, with the reason recorded, when the time or heap peak extrapol
 previous side (time ∝ side^4 for full softmax, side^2 for the others; heap ∝ side^2: torch's CPU
 attention kernel never holds the whole attention matrix) exceeds ``--max-call-seconds`` / ``--max-memory-mb``.
 Writes benchmarks/results/detection_scaling_<device>[_retain].{json,md,png}.
+
+On a shared CPU run it with ``OMP_WAIT_POLICY=PASSIVE``: with OpenMP's default spinning, each of 2 threads
+burns its time slice waiting for the other when the cores are oversubscribed (measured here at load 11 on
+2 cores: one RetinaNet training step at 256² took 24-35 s with 2 spinning threads, 3.5-4.3 s passive).
 """
 
 from __future__ import annotations
@@ -203,7 +207,7 @@ def _cell(x, fmt):
 
 def report(args, rows, skipped, rel, exps, load) -> str:
     header = report_header(f"RetinaNet + {args.model} per-image cost against the side", args, load,
-                           extra=f"{torch.get_num_threads()} threads")
+                           extra=f"{torch.get_num_threads()} threads; OMP_WAIT_POLICY={args.omp_wait_policy or 'unset'}")
     table = markdown_table(
         ["variant", "side", "mode", "ms / image", "IQR ms", "timed rounds", "first call ms", "heap peak MiB",
          "RSS peak MiB"],
@@ -243,6 +247,7 @@ def main(argv=None) -> None:
     add_timing_options(p, "detection_scaling")
     args = p.parse_args(argv)
     load_before = start_timing_run(args, "benchmarks.detection_scaling", argv)
+    args.omp_wait_policy = os.environ.get("OMP_WAIT_POLICY")
     rows, skipped = run(args)
     rel, exps = ratios(rows), exponents(rows)
     load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
