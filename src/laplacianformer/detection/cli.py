@@ -80,6 +80,8 @@ def _add_train(sub) -> None:
     p.add_argument("--backbone", default=S, help="laplacianformer_<size> (default laplacianformer_tiny) or resnet18")
     p.add_argument("--backbone-kwargs", type=_json_object, default=S,
                    help='JSON object for create_model, e.g. \'{"attn": "gaussian"}\' or \'{"attn": "softmax"}\'')
+    p.add_argument("--detector-kwargs", type=_json_object, default=S,
+                   help='JSON object for torchvision RetinaNet/MaskRCNN, e.g. \'{"box_batch_size_per_image": 128}\'')
     p.add_argument("--img-size", type=_positive_int, default=S, help="long image side after resizing (default 256)")
     p.add_argument("--fpn-channels", type=_positive_int, default=S, help="FPN width (default 256)")
     p.add_argument("--epochs", type=_positive_int, default=S, help="default 12")

@@ -66,6 +66,7 @@ class DetectConfig:
     detector: str = "retinanet"
     backbone: str = "laplacianformer_tiny"
     backbone_kwargs: dict = field(default_factory=dict)
+    detector_kwargs: dict = field(default_factory=dict)
     img_size: int = 256
     fpn_channels: int = 256
     epochs: int = 12
@@ -102,8 +103,13 @@ class DetectConfig:
         names = list(list_models()) + list(REFERENCE_BACKBONES)
         if self.backbone not in names:
             raise ValueError(f"backbone: expected one of {names}, got {self.backbone!r}")
-        if not isinstance(self.backbone_kwargs, dict):
-            raise ValueError(f"backbone_kwargs: expected a JSON object, got {self.backbone_kwargs!r}")
+        for name in ("backbone_kwargs", "detector_kwargs"):
+            if not isinstance(getattr(self, name), dict):
+                raise ValueError(f"{name}: expected a JSON object, got {getattr(self, name)!r}")
+        fixed = sorted(set(self.detector_kwargs) & {"min_size", "max_size", "detections_per_img",
+                                                     "box_detections_per_img", "score_thresh", "box_score_thresh"})
+        if fixed:
+            raise ValueError(f"detector_kwargs: {fixed} are set by img_size / score_thresh (100 detections per image)")
         if self.amp not in AMP_MODES:
             raise ValueError(f"amp: expected one of {list(AMP_MODES)}, got {self.amp!r}")
         for name in ("img_size", "fpn_channels", "epochs", "batch_size", "eval_batch_size"):
@@ -221,7 +227,8 @@ def build_model(config: DetectConfig, num_categories: int) -> torch.nn.Module:
     else:
         extra = {"box_detections_per_img": 100, "box_score_thresh": config.score_thresh}
     return build_detector(config.detector, config.backbone, num_categories + 1, img_size=config.img_size,
-                          fpn_channels=config.fpn_channels, backbone_kwargs=config.backbone_kwargs, **extra)
+                          fpn_channels=config.fpn_channels, backbone_kwargs=config.backbone_kwargs,
+                          **config.detector_kwargs, **extra)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

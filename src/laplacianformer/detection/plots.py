@@ -70,7 +70,10 @@ def plot_ap(history: dict, path: str | Path, title: str = "") -> Path:
                     color=colour, label=f"{t} {key}")
     ax.set(xlabel="epoch", ylabel="COCO metric (val)", ylim=(0, 1), title="validation AP")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if rows:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no evaluation yet", ha="center", va="center", transform=ax.transAxes)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
