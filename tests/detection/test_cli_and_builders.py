@@ -85,3 +85,16 @@ def test_reference_and_attention_variants_build_and_run(backbone, kwargs):
         out = model([torch.rand(3, 96, 64)])
     assert model.transform.min_size == (96,) and model.transform.max_size == 96
     assert set(out[0]) == {"boxes", "scores", "labels"}
+
+
+def test_detector_kwargs_are_validated():
+    from laplacianformer.detection.engine import DetectConfig, build_model
+
+    with pytest.raises(ValueError, match=r"detector_kwargs: \['min_size'\] are set by img_size"):
+        DetectConfig(data="D", detector_kwargs={"min_size": 10}).validate()
+    cfg = DetectConfig(data="D", detector="maskrcnn", backbone="laplacianformer_micro", fpn_channels=16, img_size=64,
+                       detector_kwargs={"box_batch_size_per_image": 32})
+    assert build_model(cfg.validate(), 3).roi_heads.fg_bg_sampler.batch_size_per_image == 32
+    with pytest.raises(ValueError, match=r"^mask_rcnn: unknown keyword argument\(s\) \['box_batch'\]"):
+        build_model(DetectConfig(data="D", detector="maskrcnn", backbone="laplacianformer_micro",
+                                 detector_kwargs={"box_batch": 32}), 3)
