@@ -41,7 +41,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "hub": _BELOW_HUB | {"checkpoint"},
     # applications; experiments may run training, train and detection do not import each other
     "train": _BELOW_HUB | {"hub", "checkpoint", "data"},
-    "detection": _BELOW_HUB | {"hub", "checkpoint"},
+    "detection": _BELOW_HUB | {"hub", "checkpoint", "data", "train"},
     "experiments": _BELOW_HUB | {"hub", "checkpoint", "data", "train"},
     # the command line sits on top
     "cli": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "detection", "experiments"},

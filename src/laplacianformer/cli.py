@@ -1,4 +1,4 @@
-"""Command-line interface: ``laplacianformer {train,eval,info,bench,demo,data,ablate,analyze} ...``.
+"""Command-line interface: ``laplacianformer {train,eval,info,bench,demo,data,detect,ablate,analyze} ...``.
 
 User errors (bad flag values, missing or corrupt data, unreadable checkpoints) end the process with exit
 status 2 and one line on stderr naming the flag or path; ``--debug`` shows the traceback instead.
@@ -195,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Writes DIR/{train,val}/*.png and DIR/annotations/instances_{train,val}.json (COCO): "
                     "boxes, areas and RLE instance masks of Fashion-MNIST items on textured backgrounds; "
                     "train scenes use the training file, val scenes the test file. Same seed, same files."))
+
+    from .detection.cli import add_detect_parser
+
+    add_detect_parser(sub)
 
     for name in FORWARDED:
         p = sub.add_parser(name, help=f"forwarded to laplacianformer.experiments.{name} (see its --help)",
@@ -400,6 +404,12 @@ def cmd_data(args) -> int:
     return run_scenes(args)
 
 
+def cmd_detect(args) -> int:
+    from .detection.cli import run_detect
+
+    return run_detect(args)
+
+
 def cmd_forward(name: str, rest: list[str]) -> int:
     import importlib
 
@@ -431,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args([a for a in argv if a != "--debug"])
         handler = {"train": cmd_train, "eval": cmd_eval, "info": cmd_info, "bench": cmd_bench,
-                   "demo": cmd_demo, "data": cmd_data}[args.command]
+                   "demo": cmd_demo, "data": cmd_data, "detect": cmd_detect}[args.command]
         return handler(args)
     except _user_error_types() as e:
         if debug:
