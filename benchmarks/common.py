@@ -16,7 +16,7 @@ Peak memory (``peak_memory``):
   then an upper bound. Reported: peak RSS minus the RSS after imports and input creation, in MiB. The
   allocator may keep freed pages mapped, so this counts memory the process touched, not live tensors.
 ``peak_heap_memory`` (CPU, glibc) counts live allocations instead: the C heap in use, sampled after every
-aten op during one call, minus the level before it.
+aten op during one call, minus the level before it (``laplacianformer.train.cost.peak_heap_mib``).
 
 Allocator (CPU): by default glibc returns freed large blocks to the kernel (``munmap``, heap trimming), so
 a later tensor of that size starts on fresh pages and pays one page fault per 4 KiB on first touch
@@ -29,9 +29,7 @@ Both are worth reporting; ``allocator`` in the JSON settings says which one a fi
 
 from __future__ import annotations
 
-import ctypes
 import datetime
-import functools
 import importlib
 import json
 import os
@@ -237,54 +235,9 @@ def peak_memory(
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
-    )]
-
-
-@functools.lru_cache(maxsize=1)
-def _mallinfo2():
-    """glibc's ``mallinfo2`` (2.33+) via ctypes, or None (other C libraries, other systems)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        fn = libc.mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.restype = _MallInfo2
-    return fn
-
-
-def heap_in_use() -> int | None:
-    """Bytes the C heap has handed out and not freed (glibc: arena + mmapped blocks in use), or None."""
-    fn = _mallinfo2()
-    if fn is None:
-        return None
-    info = fn()
-    return info.uordblks + info.hblkhd
-
-
-def peak_heap_memory(fn: Callable[[], object]) -> float | None:
-    """Peak C-heap bytes in use during ``fn()`` above the level before it, in MiB, sampled after every aten
-    op (a ``TorchDispatchMode``; on CPU the autograd backward runs its ops in the calling thread, so they are
-    seen too). Unlike the RSS high-water mark this counts live allocations only, whatever the allocator
-    keeps mapped. Temporaries freed inside one op are not seen. None where ``mallinfo2`` is missing."""
-    if heap_in_use() is None:
-        return None
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _Sampler(TorchDispatchMode):
-        peak = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            self.peak = max(self.peak, heap_in_use())
-            return out
-
-    before = heap_in_use()
-    with _Sampler() as sampler:
-        fn()
-    return max(sampler.peak - before, 0) / MIB
+# The C-heap measurement lives in the package (the demo's cost panel uses it too): one copy.
+from laplacianformer.train.cost import heap_in_use  # noqa: E402,F401
+from laplacianformer.train.cost import peak_heap_mib as peak_heap_memory  # noqa: E402,F401
 
 
 RETAINED_HEAP_ENV = {

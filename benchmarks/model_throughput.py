@@ -33,9 +33,9 @@ if __package__ in (None, ""):
 
 from benchmarks.common import (  # noqa: E402
     add_timing_options, markdown_table, peak_heap_memory, peak_memory, plot_loglog, report_header, results_stem,
-    start_timing_run, synchronize, time_call, write_json,
+    start_timing_run, write_json,
 )
-from laplacianformer.models import create_model  # noqa: E402
+from laplacianformer.train.cost import build_net, make_call, round_robin, training_activation_mib  # noqa: E402
 
 VARIANTS = {
     "laplacian": dict(attn="laplacian"),
@@ -50,72 +50,20 @@ VARIANTS = {
 def make_case(model: str, attn: str, size: int, batch: int, mode: str, device: str = "cpu", seed: int = 0):
     """Factory: builds the model and inputs, returns the zero-argument callable to time (``mode`` infer|train).
 
-    ``attn`` is a key of ``VARIANTS``."""
-    torch.manual_seed(seed)
-    net = create_model(model, **VARIANTS[attn]).to(device)
-    x = torch.randn(batch, 3, size, size, device=device)
-    if mode == "infer":
-        net.eval()
-
-        def run():
-            with torch.no_grad():
-                return net(x)
-
-        return run
-    net.train()
-    target = torch.randint(0, net.num_classes, (batch,), device=device)
-
-    def step():
-        net.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(net(x), target)
-        loss.backward()
-        return loss
-
-    return step
+    ``attn`` is a key of ``VARIANTS``; the calls are ``laplacianformer.train.cost.make_call``'s."""
+    net = build_net(model, **VARIANTS[attn], device=device, seed=seed)
+    return make_call(net, size, mode, batch=batch, device=device, seed=seed)
 
 
 def saved_activations_mb(model: str, attn: str, size: int, batch: int, device: str = "cpu") -> float:
     """MiB of the distinct storages autograd keeps for the backward of one training forward (the
     activation memory, parameters excluded); deterministic, unlike an allocator or RSS peak."""
-    torch.manual_seed(0)
-    net = create_model(model, **VARIANTS[attn]).to(device).train()
-    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
-    storages: dict[int, int] = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            storages[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    x = torch.randn(batch, 3, size, size, device=device)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        net(x)
-    return sum(storages.values()) / 2**20
+    net = build_net(model, **VARIANTS[attn], device=device)
+    return training_activation_mib(net, size, batch=batch, device=device)
 
 
-def time_interleaved(fns: dict, *, device: str, repeats: int, max_seconds: float | None) -> dict:
-    """Median/IQR ms per callable, timed round-robin (one call of each per round) so that load changes on a
-    shared machine hit every variant alike. One untimed warm-up call each; rounds stop early once
-    ``max_seconds`` of timed calls are spent (at least one round)."""
-    for fn in fns.values():
-        fn()
-        synchronize(device)
-    times = {name: [] for name in fns}
-    spent = 0.0
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            timing = time_call(fn, device=device, warmup=0, repeats=1)
-            times[name].append(timing.median_ms)
-            spent += timing.median_ms / 1e3
-        if max_seconds is not None and spent > max_seconds:
-            break
-    out = {}
-    for name, ts in times.items():
-        ts = sorted(ts)
-        q = lambda f: ts[min(len(ts) - 1, int(round(f * (len(ts) - 1))))]
-        out[name] = dict(median_ms=q(0.5), iqr_ms=q(0.75) - q(0.25), repeats=len(ts))
-    return out
+time_interleaved = round_robin
+"""Round-robin timing (``laplacianformer.train.cost.round_robin``), also used by ``stage_attention``."""
 
 
 def run(args) -> list[dict]:

@@ -125,6 +125,62 @@ def _add_flags(p: argparse.ArgumentParser, specs: dict, default, *names: str, **
         p.add_argument(name, default=default, **{**specs[name], **changes.get(name[2:].replace("-", "_"), {})})
 
 
+def _attns(text: str) -> list[str]:
+    from .train.demo import parse_attns
+
+    try:
+        return parse_attns(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).partition(": ")[2]) from None
+
+
+_attns.__name__ = "attention list"
+
+
+def _add_demo_parser(sub, specs: dict) -> None:
+    """The ``demo`` sub-command; each help line shows the default (and ``--quick``'s where it differs)."""
+    from .train.demo import COST, COST_QUICK, DEFAULTS, QUICK
+
+    def default(key, fmt=str):
+        d, q = DEFAULTS[key], QUICK[key]
+        shown = "all" if d is None else fmt(d)
+        return f"default {shown}" + ("" if q == d else f"; --quick {fmt(q)}")
+
+    p = sub.add_parser(
+        "demo", help="train laplacian/gaussian/softmax micro models on Fashion-MNIST and measure cost vs resolution",
+        description="Trains laplacianformer_micro with each attention (28 px, stem stride 2, all 60,000 training "
+                    "images, one epoch; evaluated on all 10,000 test images) and measures time and peak memory per "
+                    "image of the three backbones at 224-1024 px. Writes OUT/results.{json,md}, curves.png, cost.png "
+                    "and one run directory per attention.")
+    p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    p.add_argument("--publish", metavar="DIR", default=None,
+                   help="also copy results.json, results.md, curves.png and cost.png into DIR (e.g. docs/demo)")
+    p.add_argument("--attns", type=_attns, default=list(specs["--attn"]["choices"]),
+                   help=f"comma-separated attentions (default {','.join(specs['--attn']['choices'])})")
+    p.add_argument("--jobs", type=_positive_int, default=2,
+                   help="subprocesses at a time, each single-threaded by default (default 2: one per core)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke-test budget: 512 training / 256 test images, cost panel at 32 and 64 px")
+    p.add_argument("--seed", type=int, default=None, help="seed of data order and initialisation (" + default("seed") + ")")
+    p.add_argument("--lr", type=_positive_float, default=None, help="peak AdamW learning rate (" + default("lr") + ")")
+    p.add_argument("--model-kwargs", type=_json_dict, default=None,
+                   help="JSON object merged onto the recipe's model overrides (" + default("model_kwargs", json.dumps)
+                        + "); stage 1 must keep >= 4 tokens per landmark")
+    for flag, what in (("--train-subset", "training images"), ("--test-subset", "test images"),
+                       ("--epochs", "epochs"), ("--img-size", "input size in pixels"), ("--batch-size", "batch size")):
+        key = flag[2:].replace("-", "_")
+        _add_flags(p, specs, None, flag, **{key: dict(help=f"{what} ({default(key)})")})
+    _add_flags(p, specs, None, "--threads", threads=dict(help=f"threads per subprocess ({default('threads')})"))
+    _add_flags(p, specs, None, "--time-budget",
+               time_budget=dict(help="seconds per training (safety stop; default none)"))
+    _add_flags(p, specs, "fashion-mnist", "--data", data=dict(help="data set (default fashion-mnist)"))
+    p.add_argument("--cost-sizes", type=_positive_int, nargs="+", default=None,
+                   help=f"image sides of the cost panel (default {' '.join(map(str, COST['sizes']))}; "
+                        f"--quick {' '.join(map(str, COST_QUICK['sizes']))})")
+    p.add_argument("--no-cost", dest="cost", action="store_false", help="skip the cost panel")
+    _add_flags(p, specs, True, "--progress", progress=dict(help="one line per started/finished job and every 30 s"))
+
+
 # the sub-commands handled by an experiments module's own parser (arguments forwarded as they are)
 FORWARDED = ("ablate", "analyze")
 
@@ -176,15 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the available benchmarks")
     p.add_argument("--dir", default=None, help="benchmarks directory (default: ./benchmarks or the source tree's)")
 
-    p = sub.add_parser("demo", help="Fashion-MNIST: micro model with laplacian/gaussian/softmax attention")
-    p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    p.add_argument("--attns", default=",".join(specs["--attn"]["choices"]), help="comma-separated attention variants")
-    _add_flags(p, specs, None, "--train-subset", "--test-subset", "--epochs", "--img-size", "--batch-size",
-               "--time-budget", "--threads", time_budget=dict(help="seconds per variant (safety stop)"),
-               threads=dict(help="threads per training run (default 1)"))
-    _add_flags(p, specs, "fashion-mnist", "--data")
-    p.add_argument("--quick", action="store_true", help="a much smaller budget (about a minute) for a smoke test")
-    _add_flags(p, specs, True, "--progress")
+    _add_demo_parser(sub, specs)
 
     from .data.scenes import add_scenes_arguments
 
@@ -391,10 +439,11 @@ def cmd_bench(args) -> int:
 def cmd_demo(args) -> int:
     from .train.demo import run_demo
 
-    run_demo(out=args.out, attns=[a.strip() for a in args.attns.split(",") if a.strip()], data=args.data,
-             quick=args.quick, train_subset=args.train_subset, test_subset=args.test_subset, epochs=args.epochs,
-             img_size=args.img_size, batch_size=args.batch_size, threads=args.threads, time_budget=args.time_budget,
-             progress=args.progress)
+    run_demo(out=args.out, attns=args.attns, data=args.data, quick=args.quick, jobs=args.jobs, cost=args.cost,
+             publish=args.publish, cost_sizes=args.cost_sizes, time_budget=args.time_budget, progress=args.progress,
+             train_subset=args.train_subset, test_subset=args.test_subset, epochs=args.epochs, img_size=args.img_size,
+             batch_size=args.batch_size, threads=args.threads, seed=args.seed, lr=args.lr,
+             model_kwargs=args.model_kwargs)
     return 0
 
 

@@ -2,10 +2,9 @@
 
 ``PROTOCOL`` is the recipe every cell of every ablation trains with (one setting changed per ablation);
 ``QUICK`` is the smoke-test budget (its numbers are not results).  ``recipe()`` fills in every other
-``TrainConfig`` field, so the results file records all training flags, and ``geometry()`` reads the
-stage-1 token count and landmark count off the model: a protocol with fewer than ``MIN_TOKENS_PER_LANDMARK``
-stage-1 tokens per landmark is refused (``check_geometry``), since the Nyström approximation would
-barely be exercised there (m close to N is nearly the exact kernel).
+``TrainConfig`` field, so the results file records all training flags.  The resolution rule (at least
+``MIN_TOKENS_PER_LANDMARK`` stage-1 tokens per landmark: ``geometry``, ``check_geometry``) lives in
+``train.geometry``, shared with the demo.
 
 The recipe was chosen by a probe (seed 0, laplacian default): 88.7 % test top-1 after 3 epochs of the full
 training set on one thread, against 83.5 % with the DeiT-style regularised defaults. Changing any value
@@ -14,8 +13,10 @@ makes a new protocol, and the runner refuses to mix cells of two protocols in on
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from ..train.geometry import MIN_TOKENS_PER_LANDMARK, check_geometry, geometry
+from ..train.geometry import in_chans_of as _in_chans
 
 PROTOCOL_NAME = "fmnist28-full"
 PROTOCOL: dict[str, Any] = {
@@ -40,7 +41,6 @@ PROTOCOL: dict[str, Any] = {
 QUICK_NAME = "quick-smoke"
 QUICK: dict[str, Any] = {**PROTOCOL, "train_subset": 128, "test_subset": 64, "epochs": 1, "max_steps": 3,
                          "batch_size": 16}
-MIN_TOKENS_PER_LANDMARK = 4
 DATASET_SIZES = {"fashion-mnist": (60_000, 10_000)}
 CELL_FIELDS = ("attn", "attn_kwargs", "seed", "out", "progress")  # set per cell, not part of the recipe
 
@@ -55,54 +55,6 @@ def recipe(overrides: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"protocol: {unknown} are not TrainConfig fields")
     full.update({k: v for k, v in overrides.items() if k not in CELL_FIELDS})
     return full
-
-
-def _in_chans(rec: dict) -> int:
-    if rec.get("in_chans"):
-        return int(rec["in_chans"])
-    return 1 if rec.get("data") in ("fashion-mnist", "digits") else 3
-
-
-def geometry(rec: dict) -> dict[str, Any]:
-    """Stage-1 token grid, landmark count and attention head dim of the recipe's model (default attention).
-
-    One forward of a blank image at ``img_size``; the first attention layer's input gives the stage-1
-    tokens ((img_size / stem_stride)² for the micro model)."""
-    import torch
-
-    from ..layers import LaplacianAttention
-    from ..models import create_model
-
-    model = create_model(rec["model"], num_classes=10, in_chans=_in_chans(rec), **dict(rec.get("model_kwargs") or {}))
-    layers = [m for m in model.modules() if isinstance(m, LaplacianAttention)]
-    if not layers:
-        raise ValueError(f"protocol: model {rec['model']!r} has no Laplacian attention layer")
-    seen: list[tuple[int, Any]] = []
-    hook = layers[0].register_forward_pre_hook(lambda mod, args: seen.append((args[0].shape[1], mod.landmarks)))
-    try:
-        with torch.no_grad():
-            model.eval()(torch.zeros(1, _in_chans(rec), rec["img_size"], rec["img_size"]))
-    except ValueError as exc:
-        raise ValueError(f"protocol: the model does not accept img_size {rec['img_size']} ({exc})") from exc
-    finally:
-        hook.remove()
-    tokens, marks = seen[0]
-    m = marks if isinstance(marks, int) else math.prod(marks)
-    dims = {layer.head_dim for layer in layers}
-    return {"stage1_tokens": int(tokens), "landmarks": int(m), "head_dim": dims.pop() if len(dims) == 1 else None}
-
-
-def check_geometry(geom: dict, rec: dict) -> None:
-    """ValueError when stage 1 has fewer than 4 tokens per landmark."""
-    n, m = geom["stage1_tokens"], geom["landmarks"]
-    if n < MIN_TOKENS_PER_LANDMARK * m:
-        stride = (rec.get("model_kwargs") or {}).get("stem_stride", "?")
-        raise ValueError(
-            f"protocol: stage 1 has {n} tokens (img_size {rec['img_size']}, stem stride {stride}) for m = {m} "
-            f"landmarks, fewer than {MIN_TOKENS_PER_LANDMARK} × m = {MIN_TOKENS_PER_LANDMARK * m}: the Nyström "
-            "approximation would barely be exercised (with m close to N it is nearly the exact kernel, and "
-            "later stages are exact); use a larger img_size or a smaller stem_stride"
-        )
 
 
 def protocol_record(name: str, rec: dict, geom: dict, seeds: list[int]) -> dict[str, Any]:

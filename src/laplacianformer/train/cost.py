@@ -1,0 +1,354 @@
+"""Cost per image against resolution: time and peak memory of one backbone with each attention, side by side.
+
+The demo's cost panel (``python -m laplacianformer.train.cost``); ``benchmarks/model_throughput.py`` uses the
+same measurements (one copy of each decision). Linear versus quadratic attention cost is DESIGN.md §2; the
+backbone is DESIGN.md §5.
+
+- **Calls.** ``infer``: forward under ``no_grad`` in eval mode. ``train``: zero_grad, forward,
+  cross-entropy, backward in train mode (the optimiser step is per-parameter work, the same at every size,
+  and is left out).
+- **Time** (``round_robin``): the cells of one (size, mode) run round-robin, one call each per round, so
+  load changes on a shared machine hit every attention alike; wall and CPU (process) milliseconds per call,
+  median over the rounds. One untimed warm-up call each; a cell whose warm-up exceeds ``cap_s`` is skipped
+  with its reason (and so are its larger sizes).
+- **Peak memory** (``peak_heap_mib``): the C heap in use (glibc ``mallinfo2``: arenas + mmapped blocks),
+  sampled after every aten op of one call, minus the level before it: live allocations, whatever the
+  allocator keeps mapped. Under the sampling mode the Newton–Schulz solve runs its torch loop instead of the
+  C loop (``ops/_runtime.py``: a dispatch mode must see the ops); its temporaries are m×m matrices.
+- **Activations** (``saved_activation_mib``, train): bytes of the distinct storages autograd keeps for the
+  backward of one forward, parameters excluded (deterministic, unlike any allocator peak).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+MIB = 2**20
+SIZES = (224, 512, 768, 1024)
+MODES = ("infer", "train")
+MODEL = "laplacianformer_micro"
+MODEL_KWARGS = {"stem_stride": 4}
+COST_JSON, COST_MD, COST_PNG = "cost.json", "cost.md", "cost.png"
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+    )]
+
+
+@functools.lru_cache(maxsize=1)
+def _mallinfo2():
+    """glibc's ``mallinfo2`` (2.33+) via ctypes, or None (other C libraries, other systems)."""
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+def heap_in_use() -> int | None:
+    """Bytes the C heap has handed out and not freed (glibc: arena + mmapped blocks in use), or None."""
+    fn = _mallinfo2()
+    if fn is None:
+        return None
+    info = fn()
+    return info.uordblks + info.hblkhd
+
+
+def peak_heap_mib(fn: Callable[[], object]) -> float | None:
+    """Peak C-heap MiB in use during ``fn()`` above the level before it, sampled after every aten op (a
+    ``TorchDispatchMode``; on CPU the autograd backward runs its ops in the calling thread, so they are seen
+    too). Temporaries freed inside one op are not seen. None where ``mallinfo2`` is missing."""
+    if heap_in_use() is None:
+        return None
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Sampler(TorchDispatchMode):
+        peak = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.peak = max(self.peak, heap_in_use())
+            return out
+
+    before = heap_in_use()
+    with _Sampler() as sampler:
+        fn()
+    return max(sampler.peak - before, 0) / MIB
+
+
+def saved_activation_mib(forward: Callable[[], object], exclude: Sequence[torch.Tensor] = ()) -> float:
+    """MiB of the distinct storages autograd keeps for the backward of ``forward()`` (its output is
+    dropped, so nothing is backpropagated), storages of ``exclude`` (the parameters) left out."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in skip:
+            storages[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        forward()
+    return sum(storages.values()) / MIB
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(fn: Callable[[], object], device) -> tuple[float, float]:
+    """(wall ms, process CPU ms) of one call."""
+    _sync(device)
+    c0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
+
+
+def _quantile(xs: Sequence[float], f: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(f * (len(xs) - 1))))]
+
+
+def round_robin(fns: Mapping[str, Callable[[], object]], *, repeats: int, max_seconds: float | None = None,
+                device="cpu", warmup: bool = True) -> dict[str, dict]:
+    """Median/IQR wall ms and median CPU ms per callable, timed round-robin (one call of each per round).
+
+    One untimed warm-up call each (``warmup``; its wall ms is returned as ``warmup_ms``); rounds stop early
+    once ``max_seconds`` of timed calls are spent (at least one round)."""
+    warm = {name: _timed(fn, device)[0] for name, fn in fns.items()} if warmup else {}
+    wall: dict[str, list[float]] = {name: [] for name in fns}
+    cpu: dict[str, list[float]] = {name: [] for name in fns}
+    spent = 0.0
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            w, c = _timed(fn, device)
+            wall[name].append(w)
+            cpu[name].append(c)
+            spent += w / 1e3
+        if max_seconds is not None and spent > max_seconds:
+            break
+    return {name: dict(median_ms=statistics.median(wall[name]),
+                       iqr_ms=_quantile(wall[name], 0.75) - _quantile(wall[name], 0.25),
+                       cpu_ms=statistics.median(cpu[name]), repeats=len(wall[name]), warmup_ms=warm.get(name))
+            for name in fns}
+
+
+def build_net(model: str, attn: str, *, attn_kwargs: Mapping | None = None, model_kwargs: Mapping | None = None,
+              device="cpu", seed: int = 0) -> torch.nn.Module:
+    """The backbone with one attention (1000 classes, 3 channels), seeded."""
+    from ..models import create_model
+
+    torch.manual_seed(seed)
+    return create_model(model, attn=attn, attn_kwargs=dict(attn_kwargs or {}) or None,
+                        **dict(model_kwargs or {})).to(device)
+
+
+def make_call(net: torch.nn.Module, size: int, mode: str, *, batch: int = 1, device="cpu",
+              seed: int = 0) -> Callable[[], object]:
+    """The zero-argument call to measure: ``infer`` (no_grad forward, eval) or ``train`` (forward + loss +
+    backward, train mode) on a seeded batch of ``batch`` random ``size``² images."""
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, net.in_chans, size, size, generator=g).to(device)
+    if mode == "infer":
+        net.eval()
+
+        def run():
+            with torch.no_grad():
+                return net(x)
+
+        return run
+    net.train()
+    target = torch.randint(0, net.num_classes, (batch,), generator=g).to(device)
+
+    def step():
+        net.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(net(x), target)
+        loss.backward()
+        return loss
+
+    return step
+
+
+def training_activation_mib(net: torch.nn.Module, size: int, *, batch: int = 1, device="cpu", seed: int = 0) -> float:
+    """``saved_activation_mib`` of one training forward of ``net`` on ``batch`` random ``size``² images."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, net.in_chans, size, size, generator=g).to(device)
+    net.train()
+    return saved_activation_mib(lambda: net(x), exclude=list(net.parameters()))
+
+
+def measure_cost(*, model: str = MODEL, attns: Sequence[str] | None = None, sizes: Sequence[int] = SIZES,
+                 modes: Sequence[str] = MODES, batch: int = 1, repeats: int = 3, max_seconds: float | None = 20.0,
+                 cap_s: float = 30.0, model_kwargs: Mapping | None = None, device="cpu",
+                 log: Callable[[str], None] | None = None) -> list[dict]:
+    """One cell per (size, mode, attn): wall/CPU ms per image, peak heap MiB, activation MiB (train).
+
+    Sizes are measured in increasing order; per (size, mode) the attentions run round-robin
+    (``repeats`` rounds, stopping once ``max_seconds`` of timed calls are spent). A cell whose warm-up call
+    took over ``cap_s`` seconds is recorded with ``skipped`` (the reason) and no timing, and the larger sizes
+    of that (attn, mode) are skipped without running."""
+    from ..layers.token_mixer import ATTENTIONS
+
+    attns = list(attns or ATTENTIONS)
+    model_kwargs = dict(MODEL_KWARGS if model_kwargs is None else model_kwargs)
+    cells: list[dict] = []
+    over: dict[tuple[str, str], str] = {}
+    for size in sorted(sizes):
+        for mode in modes:
+            nets, fns = {}, {}
+            for attn in attns:
+                if (attn, mode) in over:
+                    cells.append(dict(size=size, mode=mode, attn=attn, batch=batch, skipped=over[(attn, mode)]))
+                    continue
+                nets[attn] = build_net(model, attn, model_kwargs=model_kwargs, device=device)
+                fns[attn] = make_call(nets[attn], size, mode, batch=batch, device=device)
+            # warm-up calls first, so a cell over the cap is dropped before the timed rounds
+            for attn in list(fns):
+                warm_ms = _timed(fns[attn], device)[0]
+                if warm_ms / 1e3 > cap_s:
+                    reason = f"warm-up call took {warm_ms / 1e3:.1f} s > cap {cap_s:g} s at {size}²"
+                    over[(attn, mode)] = f"a smaller size was over the cap ({reason})"
+                    cells.append(dict(size=size, mode=mode, attn=attn, batch=batch, skipped=reason))
+                    del fns[attn], nets[attn]
+            t0 = time.perf_counter()
+            timings = round_robin(fns, repeats=repeats, max_seconds=max_seconds, device=device, warmup=False)
+            for attn, fn in fns.items():
+                t = timings[attn]
+                heap = peak_heap_mib(fn) if torch.device(device).type == "cpu" else None
+                saved = (training_activation_mib(nets[attn], size, batch=batch, device=device)
+                         if mode == "train" else None)
+                cells.append(dict(
+                    size=size, mode=mode, attn=attn, batch=batch, tokens_stage1=_stage1_tokens(nets[attn], size),
+                    ms_per_image=t["median_ms"] / batch, iqr_ms=t["iqr_ms"], cpu_ms_per_image=t["cpu_ms"] / batch,
+                    repeats=t["repeats"], peak_heap_mib=None if heap is None else heap / batch,
+                    activations_mib=None if saved is None else saved / batch, skipped=None,
+                ))
+            if log is not None:
+                done = [c for c in cells if c["size"] == size and c["mode"] == mode and not c.get("skipped")]
+                log(f"[cost] {size}² {mode}: " + ", ".join(
+                    f"{c['attn']} {c['ms_per_image']:.0f} ms, {c['peak_heap_mib'] or 0:.0f} MiB" for c in done)
+                    + f" ({time.perf_counter() - t0:.0f} s)")
+            del fns, nets
+    order = {a: i for i, a in enumerate(attns)}
+    return sorted(cells, key=lambda c: (c["size"], MODES.index(c["mode"]), order[c["attn"]]))
+
+
+def _stage1_tokens(net: torch.nn.Module, size: int) -> int:
+    side = -(-size // net.feature_info[0]["reduction"])
+    return side * side
+
+
+def ratios(cells: Sequence[dict], base: str = "softmax") -> list[dict]:
+    """Each attention relative to ``base`` per (size, mode): time, CPU time, peak heap, activations (<1: less)."""
+    key = {(c["size"], c["mode"], c["attn"]): c for c in cells if not c.get("skipped")}
+    out = []
+    for (size, mode, attn), c in key.items():
+        b = key.get((size, mode, base))
+        if attn == base or b is None:
+            continue
+        div = lambda x, y: x / y if x and y else None
+        out.append(dict(size=size, mode=mode, attn=attn, base=base,
+                        time=div(c["ms_per_image"], b["ms_per_image"]),
+                        cpu_time=div(c["cpu_ms_per_image"], b["cpu_ms_per_image"]),
+                        peak_heap=div(c["peak_heap_mib"], b["peak_heap_mib"]),
+                        activations=div(c.get("activations_mib"), b.get("activations_mib"))))
+    return out
+
+
+def crossover(cells: Sequence[dict], attn: str, base: str = "softmax", mode: str = "infer",
+              field: str = "ms_per_image", tol: float = 0.0) -> int | None:
+    """The smallest measured size from which ``attn`` stays at or below ``base`` · (1 + ``tol``) in ``field``
+    (None: never)."""
+    sizes = sorted({c["size"] for c in cells})
+    key = {(c["size"], c["attn"]): c for c in cells if c["mode"] == mode and not c.get("skipped")}
+    below = [s for s in sizes if (s, attn) in key and (s, base) in key
+             and key[(s, attn)][field] is not None and key[(s, base)][field] is not None
+             and key[(s, attn)][field] <= key[(s, base)][field] * (1 + tol)]
+    for s in below:
+        if all(t in below for t in sizes if t >= s and (t, attn) in key and (t, base) in key):
+            return s
+    return None
+
+
+def cost_table(cells: Sequence[dict]) -> str:
+    """Markdown: one row per (size, attention); forward and training-step time and memory per image."""
+    by = {(c["size"], c["attn"], c["mode"]): c for c in cells}
+    attns = list(dict.fromkeys(c["attn"] for c in cells))
+    lines = ["| size | stage-1 tokens | attention | forward ms | forward CPU ms | forward peak MiB | train-step ms "
+             "| train-step CPU ms | train-step peak MiB | activations MiB |", "|" + "---|" * 10]
+
+    def f(c, key):
+        if c is None:
+            return "n/a"
+        if c.get("skipped"):
+            return "skipped"
+        v = c.get(key)
+        return "n/a" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.3g}"
+
+    for size in sorted({c["size"] for c in cells}):
+        for attn in attns:
+            i, t = by.get((size, attn, "infer")), by.get((size, attn, "train"))
+            tokens = next((c.get("tokens_stage1") for c in (i, t) if c and c.get("tokens_stage1")), None)
+            lines.append(f"| {size}² | {tokens or ''} | {attn} | {f(i, 'ms_per_image')} | {f(i, 'cpu_ms_per_image')} "
+                         f"| {f(i, 'peak_heap_mib')} | {f(t, 'ms_per_image')} | {f(t, 'cpu_ms_per_image')} "
+                         f"| {f(t, 'peak_heap_mib')} | {f(t, 'activations_mib')} |")
+    skipped = [c for c in cells if c.get("skipped")]
+    notes = "".join(f"\n- skipped {c['attn']} {c['mode']} at {c['size']}²: {c['skipped']}" for c in skipped)
+    return "\n".join(lines) + "\n" + (notes + "\n" if notes else "")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from ..layers.token_mixer import ATTENTIONS
+    from .plots import plot_cost
+
+    p = argparse.ArgumentParser(prog="python -m laplacianformer.train.cost", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", required=True, help="directory for cost.json, cost.md, cost.png")
+    p.add_argument("--model", default=MODEL)
+    p.add_argument("--model-kwargs", type=json.loads, default=MODEL_KWARGS, help="JSON object of model overrides")
+    p.add_argument("--attns", default=",".join(ATTENTIONS))
+    p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds per (size, mode)")
+    p.add_argument("--max-seconds", type=float, default=20.0, help="stop the rounds of one (size, mode) after this")
+    p.add_argument("--cap-s", type=float, default=30.0, help="skip a cell whose warm-up call takes longer")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0, c0, load0 = time.perf_counter(), time.process_time(), os.getloadavg()
+    cells = measure_cost(model=args.model, attns=[a for a in args.attns.split(",") if a], sizes=args.sizes,
+                         repeats=args.repeats, max_seconds=args.max_seconds, cap_s=args.cap_s,
+                         model_kwargs=args.model_kwargs, log=lambda m: print(m, file=sys.stderr, flush=True))
+    settings = dict(model=args.model, model_kwargs=args.model_kwargs, batch=1, threads=args.threads,
+                    repeats=args.repeats, max_seconds=args.max_seconds, cap_s=args.cap_s, sizes=sorted(args.sizes),
+                    wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0,
+                    load_average_before=load0, load_average_after=os.getloadavg(), torch=torch.__version__)
+    (out / COST_JSON).write_text(json.dumps(dict(settings=settings, cells=cells, ratios=ratios(cells)), indent=1) + "\n")
+    (out / COST_MD).write_text(cost_table(cells))
+    plot_cost(cells, out / COST_PNG, title=f"{args.model} (stem stride {args.model_kwargs.get('stem_stride', 4)}), "
+                                             f"batch 1, {args.threads} thread(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

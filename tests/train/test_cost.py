@@ -1,0 +1,51 @@
+"""The cost panel's measurements (laplacianformer.train.cost), on tiny sizes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from laplacianformer.train import cost
+
+
+def test_peak_heap_sees_a_live_allocation():
+    if cost.heap_in_use() is None:
+        pytest.skip("mallinfo2 is not available (not glibc)")
+    peak = cost.peak_heap_mib(lambda: (torch.ones(16 * 2**20) + 1).sum())  # two 64 MiB tensors live at once
+    assert 120 < peak < 200
+
+
+def test_saved_activations_exclude_parameters():
+    lin = torch.nn.Linear(256, 256)
+    x = torch.randn(1024, 256)
+    mib = cost.saved_activation_mib(lambda: torch.relu(lin(x)), exclude=list(lin.parameters()))
+    # x (saved by the matmul) and the relu output: 1 MiB each; the weight is excluded
+    assert mib == pytest.approx(2.0)
+
+
+def test_round_robin_reports_wall_and_cpu_medians():
+    calls = []
+    res = cost.round_robin({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3)
+    assert calls == ["a", "b"] + ["a", "b"] * 3  # one warm-up each, then rounds alternate
+    assert set(res["a"]) >= {"median_ms", "iqr_ms", "cpu_ms", "repeats", "warmup_ms"} and res["a"]["repeats"] == 3
+
+
+def test_measure_cost_tiny_and_the_cap():
+    cells = cost.measure_cost(attns=["laplacian", "softmax"], sizes=[32], repeats=1, max_seconds=1.0)
+    assert {(c["mode"], c["attn"]) for c in cells} == {(m, a) for m in cost.MODES for a in ("laplacian", "softmax")}
+    for c in cells:
+        assert c["ms_per_image"] > 0 and c["cpu_ms_per_image"] > 0 and c["tokens_stage1"] == 64
+        assert (c["activations_mib"] or 0) > 0 if c["mode"] == "train" else c["activations_mib"] is None
+    skipped = cost.measure_cost(attns=["softmax"], sizes=[32, 48], modes=["infer"], repeats=1, cap_s=0.0)
+    assert [c["size"] for c in skipped] == [32, 48]
+    assert "cap" in skipped[0]["skipped"] and skipped[1]["skipped"].startswith("a smaller size was over the cap")
+    assert "skipped" in cost.cost_table(skipped)
+
+
+def test_cost_main_writes_json_table_and_plot(tmp_path):
+    cost.main(["--out", str(tmp_path), "--sizes", "32", "--attns", "softmax", "--repeats", "1"])
+    data = json.loads((tmp_path / cost.COST_JSON).read_text())
+    assert data["settings"]["threads"] == 1 and len(data["cells"]) == 2
+    assert (tmp_path / cost.COST_PNG).stat().st_size > 0 and "| 32² |" in (tmp_path / cost.COST_MD).read_text()
