@@ -25,6 +25,7 @@ import argparse
 import ctypes
 import functools
 import json
+import math
 import os
 import statistics
 import sys
@@ -287,6 +288,23 @@ def crossover(cells: Sequence[dict], attn: str, base: str = "softmax", mode: str
         if all(t in below for t in sizes if t >= s and (t, attn) in key and (t, base) in key):
             return s
     return None
+
+
+def growth_exponents(cells: Sequence[dict], field: str = "cpu_ms_per_image") -> dict[str, dict[str, float]]:
+    """attn -> mode -> least-squares slope of log ``field`` on log stage-1 tokens over the measured sizes
+    (1: linear in the tokens, 2: quadratic); only where at least two sizes were measured."""
+    out: dict[str, dict[str, float]] = {}
+    for attn in dict.fromkeys(c["attn"] for c in cells):
+        for mode in MODES:
+            pts = [(math.log(c["tokens_stage1"]), math.log(c[field])) for c in cells
+                   if c["attn"] == attn and c["mode"] == mode and not c.get("skipped") and c.get(field)]
+            if len(pts) < 2:
+                continue
+            mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
+            sxx = sum((p[0] - mx) ** 2 for p in pts)
+            if sxx > 0:
+                out.setdefault(attn, {})[mode] = sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+    return out
 
 
 def cost_table(cells: Sequence[dict]) -> str:

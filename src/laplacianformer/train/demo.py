@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..layers.token_mixer import ATTENTIONS
-from .cost import COST_JSON, COST_PNG, SIZES, cost_table, crossover
+from .cost import COST_JSON, COST_PNG, SIZES, cost_table, crossover, growth_exponents
 from .geometry import MIN_TOKENS_PER_LANDMARK, check_geometry, geometry
 from .plots import plot_steps
 
@@ -302,6 +302,41 @@ def _ratio_lines(ratios: dict, sizes: list[int]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def idle_wall_estimate(cpu_seconds: list[float], jobs: int) -> float:
+    """Wall seconds the jobs would take on ``jobs`` idle cores: longest first, each to the least-loaded core
+    (what ``run_jobs`` does with the demo's order), one CPU-second per second."""
+    slots = [0.0] * max(1, jobs)
+    for c in sorted(cpu_seconds, reverse=True):
+        slots[slots.index(min(slots))] += c
+    return max(slots)
+
+
+def derive(result: dict) -> dict:
+    """Fills the fields computed from the measurements (cost ratios, crossovers, growth exponents, idle-machine
+    estimate) into ``result``; used by ``run_demo`` and by ``rerender`` on a saved results.json."""
+    s = result["settings"]
+    cpu = [r["cpu_time_s"] for r in result["rows"]]
+    if result.get("cost"):
+        c = result["cost"]
+        c["rows"] = cost_rows(c["cells"])
+        c["key_ratios"] = key_ratios(c["cells"], [r["attn"] for r in result["rows"]])
+        c["growth_exponents_cpu"] = growth_exponents(c["cells"], "cpu_ms_per_image")
+        c["growth_exponents_peak_heap"] = growth_exponents(c["cells"], "peak_heap_mib")
+        cpu.append(c["cpu_s"])
+    s["idle_wall_estimate_s"] = idle_wall_estimate(cpu, s["jobs"])
+    return result
+
+
+def rerender(out: str | Path) -> str:
+    """Recomputes the derived fields of ``out``/results.json and rewrites it and results.md (no rerun)."""
+    out = Path(out)
+    result = derive(json.loads((out / "results.json").read_text()))
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    md = results_markdown(result)
+    (out / "results.md").write_text(md)
+    return md
+
+
 def _clear_run_dir(path: Path) -> None:
     """Removes an earlier demo run directory (recognised by its files) so no stale file survives."""
     if path.is_dir() and any((path / n).exists() for n in ("train_config.json", "summary.json", "log.jsonl",
@@ -386,8 +421,7 @@ def run_demo(out="runs/demo", attns=ATTENTIONS, *, quick: bool = False, jobs: in
     if cost:
         raw = json.loads((out / "cost" / COST_JSON).read_text())
         cells = raw["cells"]
-        cost_block = dict(settings=raw["settings"], rows=cost_rows(cells), cells=cells,
-                          key_ratios=key_ratios(cells, attns),
+        cost_block = dict(settings=raw["settings"], cells=cells,
                           cpu_s=next(j for j in job_list if j.name == "cost").result["cpu_s"])
         shutil.copyfile(out / "cost" / COST_PNG, out / COST_PNG)
     total_wall = time.perf_counter() - t0
@@ -411,7 +445,7 @@ def run_demo(out="runs/demo", attns=ATTENTIONS, *, quick: bool = False, jobs: in
         cpu=_cpu_model(), cpu_count=os.cpu_count(), versions=_versions(),
         date_utc=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     )
-    result = dict(settings=settings, rows=rows, cost=cost_block)
+    result = derive(dict(settings=settings, rows=rows, cost=cost_block))
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     md = results_markdown(result)
     (out / "results.md").write_text(md)
@@ -452,7 +486,9 @@ def results_markdown(result: dict) -> str:
         f"test on {rows[0].get('eval_n') if rows else '?'} images. {s['jobs']} job(s) at a time, {s['threads']} "
         f"thread(s) each, {s['cpu']} ({s['cpu_count']} CPUs), torch {s['versions']['torch']}.\n",
         f"Total wall time {s['total_wall_time_s']:.0f} s; CPU time of all processes {s['total_cpu_time_s']:.0f} s. "
-        f"{load_note}\n",
+        f"{load_note} On {s['jobs']} idle cores the jobs' CPU seconds would take about "
+        f"{s['idle_wall_estimate_s']:.0f} s of wall time (longest first, each on the least-loaded core; an "
+        f"estimate, not a measurement).\n",
         "## Accuracy at this budget\n",
         accuracy_table(rows),
         "Train time: the training loop's own clock; CPU time: the whole subprocess (start-up, data, training, "
@@ -471,5 +507,9 @@ def results_markdown(result: dict) -> str:
             cost_table(cost["cells"]),
             "Relative to softmax-SR at the largest measured size:\n",
             _ratio_lines(cost["key_ratios"], cost["settings"]["sizes"]) if cost["key_ratios"] else "(no softmax row)\n",
+            "Growth of CPU time per image with the stage-1 tokens (least-squares exponent over the measured sizes; "
+            "1 is linear, 2 quadratic): " + "; ".join(
+                f"{a} forward {e.get('infer', float('nan')):.2f}, training step {e.get('train', float('nan')):.2f}"
+                for a, e in cost["growth_exponents_cpu"].items()) + ".\n",
         ]
     return "\n".join(text)
