@@ -149,8 +149,9 @@ def train_command(attn: str, run_dir: Path, budget: dict, time_budget: float | N
     return cmd
 
 
-def cost_command(out: Path, cost: dict, threads: int) -> list[str]:
+def cost_command(out: Path, cost: dict, threads: int, attns: list[str]) -> list[str]:
     return [sys.executable, "-m", "laplacianformer.train.cost", "--out", str(out), "--threads", str(threads),
+            "--attns", ",".join(attns),
             "--sizes", *map(str, cost["sizes"]), "--repeats", str(cost["repeats"]),
             "--max-seconds", str(cost["max_seconds"]), "--cap-s", str(cost["cap_s"])]
 
@@ -384,7 +385,7 @@ def run_demo(out="runs/demo", attns=ATTENTIONS, *, quick: bool = False, jobs: in
         job_list.append(Job(attn, train_command(attn, out / attn, budget, time_budget), out / attn / "train.log"))
     if cost:
         _clear_run_dir(out / "cost")
-        job_list.append(Job("cost", cost_command(out / "cost", cost_cfg, budget["threads"]), out / "cost" / "cost.log"))
+        job_list.append(Job("cost", cost_command(out / "cost", cost_cfg, budget["threads"], attns), out / "cost" / "cost.log"))
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(budget["threads"]), MKL_NUM_THREADS=str(budget["threads"]))
     src = str(Path(__file__).resolve().parents[2])  # the children import this copy of the package
