@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..layers.token_mixer import ATTENTIONS
 from .cost import COST_JSON, COST_PNG, SIZES, cost_table, crossover, growth_exponents
-from .geometry import MIN_TOKENS_PER_LANDMARK, check_geometry, geometry
+from .geometry import MIN_TOKENS_PER_LANDMARK, check_geometry, geometry, in_chans_of
 from .plots import plot_steps
 
 MODEL = "laplacianformer_micro"
@@ -373,7 +373,7 @@ def run_demo(out="runs/demo", attns=ATTENTIONS, *, quick: bool = False, jobs: in
     rec = dict(model=MODEL, **budget)
     geom = geometry(rec)
     check_geometry(geom, rec)
-    in_chans = 1 if budget["data"] in ("fashion-mnist", "digits") else 3
+    in_chans = in_chans_of(rec)
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
