@@ -361,7 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     repeats=args.repeats, max_seconds=args.max_seconds, cap_s=args.cap_s, sizes=sorted(args.sizes),
                     wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0,
                     load_average_before=load0, load_average_after=os.getloadavg(), torch=torch.__version__)
-    (out / COST_JSON).write_text(json.dumps(dict(settings=settings, cells=cells, ratios=ratios(cells)), indent=1) + "\n")
+    record = dict(settings=settings, cells=cells, ratios=ratios(cells))
+    (out / COST_JSON).write_text(json.dumps(record, indent=1) + "\n")
     (out / COST_MD).write_text(cost_table(cells))
     plot_cost(cells, out / COST_PNG, title=f"{args.model} (stem stride {args.model_kwargs.get('stem_stride', 4)}), "
                                              f"batch 1, {args.threads} thread(s)")

@@ -270,11 +270,12 @@ def key_ratios(cells: list[dict], attns: list[str]) -> dict:
             size = max(both)
             a = next(c for c in ok if (c["size"], c["mode"], c["attn"]) == (size, mode, attn))
             b = next(c for c in ok if (c["size"], c["mode"], c["attn"]) == (size, mode, "softmax"))
+            def div(key):
+                return a[key] / b[key] if a.get(key) and b.get(key) else None
+
             entry[mode] = dict(
-                size=size, time=a["ms_per_image"] / b["ms_per_image"],
-                cpu_time=a["cpu_ms_per_image"] / b["cpu_ms_per_image"],
-                peak_heap=(a["peak_heap_mib"] / b["peak_heap_mib"]) if a["peak_heap_mib"] and b["peak_heap_mib"] else None,
-                activations=(a["activations_mib"] / b["activations_mib"]) if a.get("activations_mib") and b.get("activations_mib") else None,
+                size=size, time=div("ms_per_image"), cpu_time=div("cpu_ms_per_image"), peak_heap=div("peak_heap_mib"),
+                activations=div("activations_mib"),
                 crossover_time=crossover(cells, attn, mode=mode, field="ms_per_image"),
                 crossover_cpu_time=crossover(cells, attn, mode=mode, field="cpu_ms_per_image"),
                 crossover_peak_heap=crossover(cells, attn, mode=mode, field="peak_heap_mib", tol=0.01),
@@ -297,7 +298,8 @@ def _ratio_lines(ratios: dict, sizes: list[int]) -> str:
 
             act = f", activations {x(r.get('activations'))}" if r.get("activations") else ""
             lines.append(f"- {attn} / softmax-SR, {names[mode]} at {r['size']}²: CPU time {x(r['cpu_time'])}, wall "
-                         f"{x(r['time'])}, peak heap {x(r['peak_heap'])}{act}. No slower: {cross('crossover_cpu_time')} "
+                         f"{x(r['time'])}, peak heap {x(r['peak_heap'])}{act}. "
+                         f"No slower: {cross('crossover_cpu_time')} "
                          f"(CPU time), {cross('crossover_time')} (wall); no more memory: "
                          f"{cross('crossover_peak_heap')}.")
     return "\n".join(lines) + "\n"
@@ -385,7 +387,8 @@ def run_demo(out="runs/demo", attns=ATTENTIONS, *, quick: bool = False, jobs: in
         job_list.append(Job(attn, train_command(attn, out / attn, budget, time_budget), out / attn / "train.log"))
     if cost:
         _clear_run_dir(out / "cost")
-        job_list.append(Job("cost", cost_command(out / "cost", cost_cfg, budget["threads"], attns), out / "cost" / "cost.log"))
+        job_list.append(Job("cost", cost_command(out / "cost", cost_cfg, budget["threads"], attns),
+                            out / "cost" / "cost.log"))
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(budget["threads"]), MKL_NUM_THREADS=str(budget["threads"]))
     src = str(Path(__file__).resolve().parents[2])  # the children import this copy of the package
