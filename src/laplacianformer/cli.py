@@ -161,7 +161,8 @@ def _add_demo_parser(sub, specs: dict) -> None:
                    help="subprocesses at a time, each single-threaded by default (default 2: one per core)")
     p.add_argument("--quick", action="store_true",
                    help="smoke-test budget: 512 training / 256 test images, cost panel at 32 and 64 px")
-    p.add_argument("--seed", type=int, default=None, help="seed of data order and initialisation (" + default("seed") + ")")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of data order and initialisation (" + default("seed") + ")")
     p.add_argument("--lr", type=_positive_float, default=None, help="peak AdamW learning rate (" + default("lr") + ")")
     p.add_argument("--model-kwargs", type=_json_dict, default=None,
                    help="JSON object merged onto the recipe's model overrides (" + default("model_kwargs", json.dumps)

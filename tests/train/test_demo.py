@@ -89,7 +89,8 @@ def test_key_ratios_crossover_and_rows():
     cells = []
     for size, lap, soft in ((224, 2.0, 1.0), (512, 1.0, 1.0), (1024, 1.0, 4.0)):
         cells += [_cell(size, "infer", "laplacian", lap, 10.0), _cell(size, "infer", "softmax", soft, 10.05),
-                  _cell(size, "train", "laplacian", 3 * lap, 30.0, 40.0), _cell(size, "train", "softmax", 3 * soft, 20.0, 30.0)]
+                  _cell(size, "train", "laplacian", 3 * lap, 30.0, 40.0),
+                  _cell(size, "train", "softmax", 3 * soft, 20.0, 30.0)]
     r = demo.key_ratios(cells, ["laplacian", "softmax"])["laplacian"]
     assert r["infer"]["size"] == 1024 and r["infer"]["time"] == pytest.approx(0.25)
     assert r["infer"]["crossover_time"] == 512          # equal at 512, faster at 1024

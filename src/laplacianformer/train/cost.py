@@ -25,6 +25,7 @@ import argparse
 import ctypes
 import functools
 import json
+import math
 import os
 import statistics
 import sys
@@ -289,6 +290,23 @@ def crossover(cells: Sequence[dict], attn: str, base: str = "softmax", mode: str
     return None
 
 
+def growth_exponents(cells: Sequence[dict], field: str = "cpu_ms_per_image") -> dict[str, dict[str, float]]:
+    """attn -> mode -> least-squares slope of log ``field`` on log stage-1 tokens over the measured sizes
+    (1: linear in the tokens, 2: quadratic); only where at least two sizes were measured."""
+    out: dict[str, dict[str, float]] = {}
+    for attn in dict.fromkeys(c["attn"] for c in cells):
+        for mode in MODES:
+            pts = [(math.log(c["tokens_stage1"]), math.log(c[field])) for c in cells
+                   if c["attn"] == attn and c["mode"] == mode and not c.get("skipped") and c.get(field)]
+            if len(pts) < 2:
+                continue
+            mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
+            sxx = sum((p[0] - mx) ** 2 for p in pts)
+            if sxx > 0:
+                out.setdefault(attn, {})[mode] = sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+    return out
+
+
 def cost_table(cells: Sequence[dict]) -> str:
     """Markdown: one row per (size, attention); forward and training-step time and memory per image."""
     by = {(c["size"], c["attn"], c["mode"]): c for c in cells}
@@ -343,7 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     repeats=args.repeats, max_seconds=args.max_seconds, cap_s=args.cap_s, sizes=sorted(args.sizes),
                     wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0,
                     load_average_before=load0, load_average_after=os.getloadavg(), torch=torch.__version__)
-    (out / COST_JSON).write_text(json.dumps(dict(settings=settings, cells=cells, ratios=ratios(cells)), indent=1) + "\n")
+    record = dict(settings=settings, cells=cells, ratios=ratios(cells))
+    (out / COST_JSON).write_text(json.dumps(record, indent=1) + "\n")
     (out / COST_MD).write_text(cost_table(cells))
     plot_cost(cells, out / COST_PNG, title=f"{args.model} (stem stride {args.model_kwargs.get('stem_stride', 4)}), "
                                              f"batch 1, {args.threads} thread(s)")

@@ -3,8 +3,8 @@
 1. **Accuracy.** ``laplacianformer_micro`` with Laplacian, Gaussian (SOFT's bandwidth, DESIGN.md §1.4) and
    PVTv2 spatial-reduction softmax attention trains on Fashion-MNIST under the resolution rule of the
    ablation protocol (``train.geometry``, DESIGN.md §7): 28 px, stem stride 2, so stage 1 is 14×14 = 196
-   tokens ≥ 4 × 49 landmarks and the Nyström path is exercised. Recipe (``DEFAULTS``): all 60,000 training
-   images for one epoch, batch 128, AdamW lr 3e-3 with a 0.1-epoch warm-up, weight decay 0.01, no drop
+   tokens ≥ 4 × 49 landmarks and the Nyström path is exercised. Recipe (``DEFAULTS``): 40,000 training
+   images for one epoch, batch 128, AdamW lr 2e-3 with a 0.1-epoch warm-up, weight decay 0.01, no drop
    path, label smoothing, crop or flip; evaluated on all 10,000 test images.
 2. **Cost** (``train.cost``): time and peak memory per image of the three backbones at 224–1024 px
    (stem stride 4, batch 1, one thread), forward and training step, round-robin.
@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..layers.token_mixer import ATTENTIONS
-from .cost import COST_JSON, COST_PNG, SIZES, cost_table, crossover
-from .geometry import MIN_TOKENS_PER_LANDMARK, check_geometry, geometry
+from .cost import COST_JSON, COST_PNG, SIZES, cost_table, crossover, growth_exponents
+from .geometry import MIN_TOKENS_PER_LANDMARK, check_geometry, geometry, in_chans_of
 from .plots import plot_steps
 
 MODEL = "laplacianformer_micro"
@@ -273,11 +273,12 @@ def key_ratios(cells: list[dict], attns: list[str]) -> dict:
             size = max(both)
             a = next(c for c in ok if (c["size"], c["mode"], c["attn"]) == (size, mode, attn))
             b = next(c for c in ok if (c["size"], c["mode"], c["attn"]) == (size, mode, "softmax"))
+            def div(key):
+                return a[key] / b[key] if a.get(key) and b.get(key) else None
+
             entry[mode] = dict(
-                size=size, time=a["ms_per_image"] / b["ms_per_image"],
-                cpu_time=a["cpu_ms_per_image"] / b["cpu_ms_per_image"],
-                peak_heap=(a["peak_heap_mib"] / b["peak_heap_mib"]) if a["peak_heap_mib"] and b["peak_heap_mib"] else None,
-                activations=(a["activations_mib"] / b["activations_mib"]) if a.get("activations_mib") and b.get("activations_mib") else None,
+                size=size, time=div("ms_per_image"), cpu_time=div("cpu_ms_per_image"), peak_heap=div("peak_heap_mib"),
+                activations=div("activations_mib"),
                 crossover_time=crossover(cells, attn, mode=mode, field="ms_per_image"),
                 crossover_cpu_time=crossover(cells, attn, mode=mode, field="cpu_ms_per_image"),
                 crossover_peak_heap=crossover(cells, attn, mode=mode, field="peak_heap_mib", tol=0.01),
@@ -300,10 +301,46 @@ def _ratio_lines(ratios: dict, sizes: list[int]) -> str:
 
             act = f", activations {x(r.get('activations'))}" if r.get("activations") else ""
             lines.append(f"- {attn} / softmax-SR, {names[mode]} at {r['size']}²: CPU time {x(r['cpu_time'])}, wall "
-                         f"{x(r['time'])}, peak heap {x(r['peak_heap'])}{act}. No slower: {cross('crossover_cpu_time')} "
+                         f"{x(r['time'])}, peak heap {x(r['peak_heap'])}{act}. "
+                         f"No slower: {cross('crossover_cpu_time')} "
                          f"(CPU time), {cross('crossover_time')} (wall); no more memory: "
                          f"{cross('crossover_peak_heap')}.")
     return "\n".join(lines) + "\n"
+
+
+def idle_wall_estimate(cpu_seconds: list[float], jobs: int) -> float:
+    """Wall seconds the jobs would take on ``jobs`` idle cores: longest first, each to the least-loaded core
+    (what ``run_jobs`` does with the demo's order), one CPU-second per second."""
+    slots = [0.0] * max(1, jobs)
+    for c in sorted(cpu_seconds, reverse=True):
+        slots[slots.index(min(slots))] += c
+    return max(slots)
+
+
+def derive(result: dict) -> dict:
+    """Fills the fields computed from the measurements (cost ratios, crossovers, growth exponents, idle-machine
+    estimate) into ``result``; used by ``run_demo`` and by ``rerender`` on a saved results.json."""
+    s = result["settings"]
+    cpu = [r["cpu_time_s"] for r in result["rows"]]
+    if result.get("cost"):
+        c = result["cost"]
+        c["rows"] = cost_rows(c["cells"])
+        c["key_ratios"] = key_ratios(c["cells"], [r["attn"] for r in result["rows"]])
+        c["growth_exponents_cpu"] = growth_exponents(c["cells"], "cpu_ms_per_image")
+        c["growth_exponents_peak_heap"] = growth_exponents(c["cells"], "peak_heap_mib")
+        cpu.append(c["cpu_s"])
+    s["idle_wall_estimate_s"] = idle_wall_estimate(cpu, s["jobs"])
+    return result
+
+
+def rerender(out: str | Path) -> str:
+    """Recomputes the derived fields of ``out``/results.json and rewrites it and results.md (no rerun)."""
+    out = Path(out)
+    result = derive(json.loads((out / "results.json").read_text()))
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    md = results_markdown(result)
+    (out / "results.md").write_text(md)
+    return md
 
 
 def _clear_run_dir(path: Path) -> None:
@@ -341,7 +378,7 @@ def run_demo(out="runs/demo", attns=ATTENTIONS, *, quick: bool = False, jobs: in
     rec = dict(model=MODEL, **budget)
     geom = geometry(rec)
     check_geometry(geom, rec)
-    in_chans = 1 if budget["data"] in ("fashion-mnist", "digits") else 3
+    in_chans = in_chans_of(rec)
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -353,7 +390,8 @@ def run_demo(out="runs/demo", attns=ATTENTIONS, *, quick: bool = False, jobs: in
         job_list.append(Job(attn, train_command(attn, out / attn, budget, time_budget), out / attn / "train.log"))
     if cost:
         _clear_run_dir(out / "cost")
-        job_list.append(Job("cost", cost_command(out / "cost", cost_cfg, budget["threads"], order), out / "cost" / "cost.log"))
+        job_list.append(Job("cost", cost_command(out / "cost", cost_cfg, budget["threads"], order),
+                            out / "cost" / "cost.log"))
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(budget["threads"]), MKL_NUM_THREADS=str(budget["threads"]))
     src = str(Path(__file__).resolve().parents[2])  # the children import this copy of the package
@@ -390,8 +428,7 @@ def run_demo(out="runs/demo", attns=ATTENTIONS, *, quick: bool = False, jobs: in
     if cost:
         raw = json.loads((out / "cost" / COST_JSON).read_text())
         cells = raw["cells"]
-        cost_block = dict(settings=raw["settings"], rows=cost_rows(cells), cells=cells,
-                          key_ratios=key_ratios(cells, attns),
+        cost_block = dict(settings=raw["settings"], cells=cells,
                           cpu_s=next(j for j in job_list if j.name == "cost").result["cpu_s"])
         shutil.copyfile(out / "cost" / COST_PNG, out / COST_PNG)
     total_wall = time.perf_counter() - t0
@@ -415,7 +452,7 @@ def run_demo(out="runs/demo", attns=ATTENTIONS, *, quick: bool = False, jobs: in
         cpu=_cpu_model(), cpu_count=os.cpu_count(), versions=_versions(),
         date_utc=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     )
-    result = dict(settings=settings, rows=rows, cost=cost_block)
+    result = derive(dict(settings=settings, rows=rows, cost=cost_block))
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     md = results_markdown(result)
     (out / "results.md").write_text(md)
@@ -456,7 +493,9 @@ def results_markdown(result: dict) -> str:
         f"test on {rows[0].get('eval_n') if rows else '?'} images. {s['jobs']} job(s) at a time, {s['threads']} "
         f"thread(s) each, {s['cpu']} ({s['cpu_count']} CPUs), torch {s['versions']['torch']}.\n",
         f"Total wall time {s['total_wall_time_s']:.0f} s; CPU time of all processes {s['total_cpu_time_s']:.0f} s. "
-        f"{load_note}\n",
+        f"{load_note} On {s['jobs']} idle cores the jobs' CPU seconds would take about "
+        f"{s['idle_wall_estimate_s']:.0f} s of wall time (longest first, each on the least-loaded core; an "
+        f"estimate, not a measurement).\n",
         "## Accuracy at this budget\n",
         accuracy_table(rows),
         "Train time: the training loop's own clock; CPU time: the whole subprocess (start-up, data, training, "
@@ -475,5 +514,9 @@ def results_markdown(result: dict) -> str:
             cost_table(cost["cells"]),
             "Relative to softmax-SR at the largest measured size:\n",
             _ratio_lines(cost["key_ratios"], cost["settings"]["sizes"]) if cost["key_ratios"] else "(no softmax row)\n",
+            "Growth of CPU time per image with the stage-1 tokens (least-squares exponent over the measured sizes; "
+            "1 is linear, 2 quadratic): " + "; ".join(
+                f"{a} forward {e.get('infer', float('nan')):.2f}, training step {e.get('train', float('nan')):.2f}"
+                for a, e in cost["growth_exponents_cpu"].items()) + ".\n",
         ]
     return "\n".join(text)
