@@ -183,6 +183,53 @@ def _blocks(d: int) -> tuple[int, int]:
     return (32, 16) if bd <= 32 else (16, 16)
 
 
+_TL = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_INTS = {"N", "M", "D", "E", "ROWS_PER_SPLIT"}
+
+
+def _signature(kernel, ptr: str, f32_ptrs: tuple[str, ...] = ()) -> dict[str, str]:
+    """Triton types of ``kernel``'s runtime arguments: pointers ``*ptr`` (``*fp32`` for ``f32_ptrs``)."""
+    sig = {}
+    for p in kernel.params:
+        if p.is_constexpr:
+            continue
+        name = p.name
+        sig[name] = "i32" if name in _INTS else "fp32" if name == "scale" else f"*{'fp32' if name in f32_ptrs else ptr}"
+    return sig
+
+
+def _pow2s(hi: int) -> list[int]:
+    return [b for b in (16, 32, 64, 128, 256) if b <= max(16, triton.next_power_of_2(hi))]
+
+
+def aot_specialisations(d_max: int = 128, m_max: int = 128):
+    """Every (kernel, signature, constexprs, num_warps, num_stages, label) the launchers below can produce
+    for d, e <= d_max (benchmarks/triton_aot.py; docs/KERNELS.md)."""
+    for dtype, tname in _TL.items():
+        ieee = dtype == torch.float32
+        for l1 in (True, False):
+            kind = "L1" if l1 else "L2"
+            for bd in _pow2s(d_max):
+                bn, bm = _blocks(bd)
+                yield (laplace_kernel_fwd_kernel, _signature(laplace_kernel_fwd_kernel, tname),
+                       dict(L1=l1, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=bd), 4, 3,
+                       f"kernel_fwd dtype={tname} kind={kind} d={bd}")
+                meta = dict(L1=l1, HAS_V=False, IEEE=ieee, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=bd, BLOCK_E=16)
+                for k in (laplace_dx_kernel, laplace_dy_kernel):
+                    fam = "kernel_bwd_dx" if k is laplace_dx_kernel else "kernel_bwd_dy"
+                    yield (k, _signature(k, tname, ("DY_PART", "DV_PART")), meta, 4, 3,
+                           f"{fam} dtype={tname} kind={kind} d={bd} v=0")
+                for be in _pow2s(d_max):
+                    yield (laplace_matmul_fwd_kernel, _signature(laplace_matmul_fwd_kernel, tname),
+                           dict(L1=l1, IEEE=ieee, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=bd, BLOCK_E=be), 4, 3,
+                           f"matmul_fwd dtype={tname} kind={kind} d={bd} e={be}")
+                    meta = dict(L1=l1, HAS_V=True, IEEE=ieee, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=bd, BLOCK_E=be)
+                    for k in (laplace_dx_kernel, laplace_dy_kernel):
+                        fam = "matmul_bwd_dx" if k is laplace_dx_kernel else "matmul_bwd_dy"
+                        yield (k, _signature(k, tname, ("DY_PART", "DV_PART")), meta, 4, 3,
+                               f"{fam} dtype={tname} kind={kind} d={bd} e={be} v=1")
+
+
 def _splits(n: int, block_n: int) -> tuple[int, int]:
     blocks = triton.cdiv(n, block_n)
     splits = max(1, min(_SPLITS, blocks))

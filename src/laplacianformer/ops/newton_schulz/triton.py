@@ -61,6 +61,20 @@ def _block(m: int) -> int:
     return max(16, triton.next_power_of_2(m))
 
 
+def aot_specialisations(d_max: int = 128, m_max: int = 128):
+    """Every (kernel, signature, constexprs, num_warps, num_stages, label) the launchers can produce for
+    m <= m_max (benchmarks/triton_aot.py)."""
+    for tname in ("fp32", "fp16", "bf16"):
+        for block in (16, 32, 64, 128):
+            if block > max(16, triton.next_power_of_2(m_max)):
+                continue
+            warps = 4 if block <= 64 else 8
+            yield (newton_schulz_fwd_kernel, {"P": f"*{tname}", "V": f"*{tname}", "M": "i32", "iters": "i32"},
+                   dict(IEEE=tname == "fp32", BLOCK=block), warps, 3, f"ns_fwd dtype={tname} m={block}")
+            yield (implicit_grad_kernel, {"V": f"*{tname}", "G": f"*{tname}", "DW": f"*{tname}", "M": "i32"},
+                   dict(IEEE=tname == "fp32", BLOCK=block), warps, 3, f"ns_grad dtype={tname} m={block}")
+
+
 @triton_op("laplacianformer::newton_schulz_fwd", mutates_args=())
 def newton_schulz_fwd(p: torch.Tensor, iters: int) -> torch.Tensor:
     """V ≈ P^{-1} by ``iters`` Newton–Schulz steps.  p: (B, m, m) contiguous, symmetric, m <= 128."""
