@@ -89,13 +89,17 @@ def in_fast_subset(label: str) -> bool:
     return all(fields[k] in allowed for k, allowed in FAST.items() if k in fields)
 
 
-def collect(modules=MODULES, d_max: int = 128, m_max: int = 128, subset: str | None = None) -> list[tuple]:
-    """Every (kernel, signature, constexprs, num_warps, num_stages, label) of ``modules``."""
+def collect(modules=MODULES, d_max: int = 128, m_max: int = 128, subset: str | None = None,
+            match: str | None = None) -> list[tuple]:
+    """Every (kernel, signature, constexprs, num_warps, num_stages, label) of ``modules`` (in the fast
+    subset, and with every word of ``match`` in the label, when given)."""
     specs = []
     for name in modules:
         mod = importlib.import_module(name)
         for spec in mod.aot_specialisations(d_max=d_max, m_max=m_max):
             if subset == "fast" and not in_fast_subset(spec[5]):
+                continue
+            if match and not all(w in spec[5].split() or w == spec[5].split()[0] for w in match.split()):
                 continue
             specs.append(spec)
     return specs
@@ -219,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--m-max", type=int, default=128)
     ap.add_argument("--json", type=Path, default=None, help="write the rows and the summary here")
     ap.add_argument("--md", type=Path, default=None, help="write the Markdown tables here")
+    ap.add_argument("--match", default=None, help="only labels holding every word (e.g. 'matmul_fwd d=128 dtype=fp32')")
     ap.add_argument("--module", action="append", default=None, help="module to collect (default: MODULES)")
     ap.add_argument("--quiet", action="store_true", help="print only the summary")
     args = ap.parse_args(argv)
@@ -226,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     for a in archs:
         if a not in SHARED_LIMIT:
             ap.error(f"--arch: expected among {sorted(SHARED_LIMIT)}, got {a}")
-    specs = collect(args.module or MODULES, args.d_max, args.m_max, None if args.subset == "all" else args.subset)
+    specs = collect(args.module or MODULES, args.d_max, args.m_max, None if args.subset == "all" else args.subset,
+                    args.match)
     print(f"triton_aot: {len(specs)} specialisations x {len(archs)} targets", flush=True)
     rows: list[Row] = []
     t0 = time.perf_counter()

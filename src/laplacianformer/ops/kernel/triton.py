@@ -25,6 +25,19 @@ from ..layout import flatten_batch
 from ._autograd import register_kernel_autograd, register_matmul_autograd
 
 _SPLITS = 16
+CHUNK = 32
+"""Width of the feature chunks (of d, and of e in the backward): the largest slice of a row a kernel
+holds at once, so that no tile grows with d or e (docs/KERNELS.md, "Register budget")."""
+MAX_D = 128
+MAX_E = 128
+
+
+@triton.jit
+def _load_chunk(P, rows, R, C, c0, BLOCK_C: tl.constexpr):
+    """Rows ``rows`` (< R) of the row-major (R, C) matrix at P, columns c0 .. c0 + BLOCK_C (< C), in float32."""
+    cols = c0 + tl.arange(0, BLOCK_C)
+    return tl.load(P + rows[:, None] * C + cols[None, :], mask=(rows[:, None] < R) & (cols[None, :] < C),
+                   other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -36,7 +49,23 @@ def _distance_tile(x, y, L1: tl.constexpr):
 
 
 @triton.jit
-def _sign_weighted(x, y, gp, L1: tl.constexpr, AXIS: tl.constexpr):
+def _distance(Xb, Yb, rn, rm, N, M, D, L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_D: tl.constexpr, NUM_D: tl.constexpr):
+    """(BLOCK_N, BLOCK_M) distances, summed over d in NUM_D chunks of BLOCK_D (unrolled)."""
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k in tl.static_range(NUM_D):
+        acc += _distance_tile(_load_chunk(Xb, rn, N, D, k * BLOCK_D, BLOCK_D),
+                              _load_chunk(Yb, rm, M, D, k * BLOCK_D, BLOCK_D), L1)
+    return acc
+
+
+@triton.jit
+def _sign_weighted(Xb, Yb, rn, rm, N, M, D, c: tl.constexpr, gp, L1: tl.constexpr, AXIS: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """sum over AXIS of dL/dD · d dist / dx on feature chunk c: (BLOCK_N, BLOCK_D) for AXIS=1, (BLOCK_M,
+    BLOCK_D) for AXIS=0."""
+    x = _load_chunk(Xb, rn, N, D, c * BLOCK_D, BLOCK_D)
+    y = _load_chunk(Yb, rm, M, D, c * BLOCK_D, BLOCK_D)
     diff = x[:, None, :] - y[None, :, :]
     if L1:
         s = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))
@@ -46,62 +75,64 @@ def _sign_weighted(x, y, gp, L1: tl.constexpr, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _store_chunk(P, acc, rows, R, C, c0, BLOCK_C: tl.constexpr):
+    cols = c0 + tl.arange(0, BLOCK_C)
+    tl.store(P + rows[:, None] * C + cols[None, :], acc.to(P.dtype.element_ty),
+             mask=(rows[:, None] < R) & (cols[None, :] < C))
+
+
+@triton.jit
 def laplace_kernel_fwd_kernel(
     X, Y, OUT, N, M, D, scale,
-    L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
 ):
     pid_n, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rd = tl.arange(0, BLOCK_D)
-    x = tl.load(X + b * N * D + rn[:, None] * D + rd[None, :], mask=(rn[:, None] < N) & (rd[None, :] < D), other=0.0)
-    y = tl.load(Y + b * M * D + rm[:, None] * D + rd[None, :], mask=(rm[:, None] < M) & (rd[None, :] < D), other=0.0)
-    c = tl.exp(_distance_tile(x.to(tl.float32), y.to(tl.float32), L1) * scale)
-    tl.store(OUT + b * N * M + rn[:, None] * M + rm[None, :], c.to(OUT.dtype.element_ty),
-             mask=(rn[:, None] < N) & (rm[None, :] < M))
+    c = tl.exp(_distance(X + b * N * D, Y + b * M * D, rn, rm, N, M, D, L1, BLOCK_N, BLOCK_M, BLOCK_D, NUM_D) * scale)
+    _store_chunk(OUT + b * N * M, c, rn, N, M, pid_m * BLOCK_M, BLOCK_M)
 
 
 @triton.jit
 def laplace_matmul_fwd_kernel(
     X, Y, V, OUT, N, M, D, E, scale,
     L1: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     pid_n, b = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rd = tl.arange(0, BLOCK_D)
-    re = tl.arange(0, BLOCK_E)
-    x = tl.load(X + b * N * D + rn[:, None] * D + rd[None, :], mask=(rn[:, None] < N) & (rd[None, :] < D), other=0.0)
-    x = x.to(tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
     for m0 in range(0, M, BLOCK_M):
         rm = m0 + tl.arange(0, BLOCK_M)
-        y = tl.load(Y + b * M * D + rm[:, None] * D + rd[None, :], mask=(rm[:, None] < M) & (rd[None, :] < D), other=0.0)
-        v = tl.load(V + b * M * E + rm[:, None] * E + re[None, :], mask=(rm[:, None] < M) & (re[None, :] < E), other=0.0)
-        c = tl.exp(_distance_tile(x, y.to(tl.float32), L1) * scale)
+        c = tl.exp(_distance(X + b * N * D, Y + b * M * D, rn, rm, N, M, D, L1, BLOCK_N, BLOCK_M, BLOCK_D, NUM_D) * scale)
         c = tl.where(rm[None, :] < M, c, 0.0)
-        if IEEE:
-            acc += tl.dot(c, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(c, v.to(tl.float32))
-    tl.store(OUT + b * N * E + rn[:, None] * E + re[None, :], acc.to(OUT.dtype.element_ty),
-             mask=(rn[:, None] < N) & (re[None, :] < E))
+        acc += _dot(c, _load_chunk(V + b * M * E, rm, M, E, 0, BLOCK_E), IEEE)
+    _store_chunk(OUT + b * N * E, acc, rn, N, E, 0, BLOCK_E)
 
 
 @triton.jit
-def _grad_tile(G, C, V, rn, rm, re, b, N, M, E, x, y, scale, go,
-               L1: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr):
-    """dL/dD on one (BLOCK_N, BLOCK_M) tile, and the recomputed (HAS_V) or loaded C tile."""
+def _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale,
+               L1: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr, BLOCK_E: tl.constexpr,
+               NUM_E: tl.constexpr):
+    """dL/dD on one (BLOCK_N, BLOCK_M) tile, and the recomputed (HAS_V) or loaded C tile. With V,
+    dL/dC = dO Vᵀ is summed over e in NUM_E chunks of BLOCK_E."""
     mask = (rn[:, None] < N) & (rm[None, :] < M)
     if HAS_V:
-        c = tl.exp(_distance_tile(x, y, L1) * scale)
+        c = tl.exp(_distance(Xb, Yb, rn, rm, N, M, D, L1, BLOCK_N, BLOCK_M, BLOCK_D, NUM_D) * scale)
         c = tl.where(mask, c, 0.0)
-        v = tl.load(V + b * M * E + rm[:, None] * E + re[None, :], mask=(rm[:, None] < M) & (re[None, :] < E), other=0.0)
-        v = v.to(tl.float32)
-        if IEEE:
-            g = tl.dot(go, tl.trans(v), input_precision="ieee")
-        else:
-            g = tl.dot(go, tl.trans(v))
+        g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k in tl.static_range(NUM_E):
+            go = _load_chunk(GOb, rn, N, E, k * BLOCK_E, BLOCK_E)
+            v = _load_chunk(Vb, rm, M, E, k * BLOCK_E, BLOCK_E)
+            g += _dot(go, tl.trans(v), IEEE)
     else:
         offs = b * N * M + rn[:, None] * M + rm[None, :]
         c = tl.load(C + offs, mask=mask, other=0.0).to(tl.float32)
@@ -113,74 +144,141 @@ def _grad_tile(G, C, V, rn, rm, re, b, N, M, E, x, y, scale, go,
 def laplace_dx_kernel(
     X, Y, G, C, V, GO, DX, N, M, D, E, scale,
     L1: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
+    BLOCK_E: tl.constexpr, NUM_E: tl.constexpr,
 ):
+    """dX for one BLOCK_N row block, looping over M; dX is held as NUM_D (<= 4) chunks of BLOCK_D."""
     pid_n, b = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rd = tl.arange(0, BLOCK_D)
-    re = tl.arange(0, BLOCK_E)
-    xmask = (rn[:, None] < N) & (rd[None, :] < D)
-    x = tl.load(X + b * N * D + rn[:, None] * D + rd[None, :], mask=xmask, other=0.0).to(tl.float32)
-    go = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
-    if HAS_V:
-        go = tl.load(GO + b * N * E + rn[:, None] * E + re[None, :], mask=(rn[:, None] < N) & (re[None, :] < E),
-                     other=0.0).to(tl.float32)
-    dx = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    Xb, Yb = X + b * N * D, Y + b * M * D
+    Vb, GOb = V + b * M * E, GO + b * N * E
+    dx0 = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dx1 = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dx2 = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dx3 = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     for m0 in range(0, M, BLOCK_M):
         rm = m0 + tl.arange(0, BLOCK_M)
-        y = tl.load(Y + b * M * D + rm[:, None] * D + rd[None, :], mask=(rm[:, None] < M) & (rd[None, :] < D),
-                    other=0.0).to(tl.float32)
-        gp, _ = _grad_tile(G, C, V, rn, rm, re, b, N, M, E, x, y, scale, go, L1, HAS_V, IEEE)
-        dx += _sign_weighted(x, y, gp, L1, 1)
-    tl.store(DX + b * N * D + rn[:, None] * D + rd[None, :], dx.to(DX.dtype.element_ty), mask=xmask)
+        gp, _ = _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale, L1, HAS_V, IEEE,
+                           BLOCK_N, BLOCK_M, BLOCK_D, NUM_D, BLOCK_E, NUM_E)
+        dx0 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, 0, gp, L1, 1, BLOCK_D)
+        if NUM_D > 1:
+            dx1 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, 1, gp, L1, 1, BLOCK_D)
+        if NUM_D > 2:
+            dx2 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, 2, gp, L1, 1, BLOCK_D)
+            dx3 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, 3, gp, L1, 1, BLOCK_D)
+    DXb = DX + b * N * D
+    _store_chunk(DXb, dx0, rn, N, D, 0, BLOCK_D)
+    if NUM_D > 1:
+        _store_chunk(DXb, dx1, rn, N, D, BLOCK_D, BLOCK_D)
+    if NUM_D > 2:
+        _store_chunk(DXb, dx2, rn, N, D, 2 * BLOCK_D, BLOCK_D)
+        _store_chunk(DXb, dx3, rn, N, D, 3 * BLOCK_D, BLOCK_D)
 
 
 @triton.jit
 def laplace_dy_kernel(
     X, Y, G, C, V, GO, DY_PART, DV_PART, N, M, D, E, scale, ROWS_PER_SPLIT,
     L1: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
+    BLOCK_E: tl.constexpr, NUM_E: tl.constexpr,
 ):
+    """dY (and dV) of one BLOCK_M row block over one split of N, into float32 workspaces; dY is held as
+    NUM_D chunks of BLOCK_D, dV as NUM_E chunks of BLOCK_E."""
     pid_m, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     nsplit = tl.num_programs(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rd = tl.arange(0, BLOCK_D)
-    re = tl.arange(0, BLOCK_E)
-    ymask = (rm[:, None] < M) & (rd[None, :] < D)
-    y = tl.load(Y + b * M * D + rm[:, None] * D + rd[None, :], mask=ymask, other=0.0).to(tl.float32)
-    dy = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    dv = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    Xb, Yb = X + b * N * D, Y + b * M * D
+    Vb, GOb = V + b * M * E, GO + b * N * E
+    dy0 = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    dy1 = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    dy2 = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    dy3 = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    dv0 = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    dv1 = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    dv2 = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    dv3 = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
     n_lo = split * ROWS_PER_SPLIT
     for n0 in range(n_lo, n_lo + ROWS_PER_SPLIT, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
-        x = tl.load(X + b * N * D + rn[:, None] * D + rd[None, :], mask=(rn[:, None] < N) & (rd[None, :] < D),
-                    other=0.0).to(tl.float32)
-        go = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
+        gp, c = _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale, L1, HAS_V, IEEE,
+                           BLOCK_N, BLOCK_M, BLOCK_D, NUM_D, BLOCK_E, NUM_E)
+        dy0 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, 0, gp, L1, 0, BLOCK_D)
+        if NUM_D > 1:
+            dy1 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, 1, gp, L1, 0, BLOCK_D)
+        if NUM_D > 2:
+            dy2 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, 2, gp, L1, 0, BLOCK_D)
+            dy3 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, 3, gp, L1, 0, BLOCK_D)
         if HAS_V:
-            go = tl.load(GO + b * N * E + rn[:, None] * E + re[None, :], mask=(rn[:, None] < N) & (re[None, :] < E),
-                         other=0.0).to(tl.float32)
-        gp, c = _grad_tile(G, C, V, rn, rm, re, b, N, M, E, x, y, scale, go, L1, HAS_V, IEEE)
-        dy -= _sign_weighted(x, y, gp, L1, 0)
-        if HAS_V:
-            if IEEE:
-                dv += tl.dot(tl.trans(c), go, input_precision="ieee")
-            else:
-                dv += tl.dot(tl.trans(c), go)
+            ct = tl.trans(c)
+            dv0 += _dot(ct, _load_chunk(GOb, rn, N, E, 0, BLOCK_E), IEEE)
+            if NUM_E > 1:
+                dv1 += _dot(ct, _load_chunk(GOb, rn, N, E, BLOCK_E, BLOCK_E), IEEE)
+            if NUM_E > 2:
+                dv2 += _dot(ct, _load_chunk(GOb, rn, N, E, 2 * BLOCK_E, BLOCK_E), IEEE)
+                dv3 += _dot(ct, _load_chunk(GOb, rn, N, E, 3 * BLOCK_E, BLOCK_E), IEEE)
     part = b * nsplit + split
-    tl.store(DY_PART + part * M * D + rm[:, None] * D + rd[None, :], dy, mask=ymask)
+    DYb = DY_PART + part * M * D
+    _store_chunk(DYb, dy0, rm, M, D, 0, BLOCK_D)
+    if NUM_D > 1:
+        _store_chunk(DYb, dy1, rm, M, D, BLOCK_D, BLOCK_D)
+    if NUM_D > 2:
+        _store_chunk(DYb, dy2, rm, M, D, 2 * BLOCK_D, BLOCK_D)
+        _store_chunk(DYb, dy3, rm, M, D, 3 * BLOCK_D, BLOCK_D)
     if HAS_V:
-        tl.store(DV_PART + part * M * E + rm[:, None] * E + re[None, :], dv,
-                 mask=(rm[:, None] < M) & (re[None, :] < E))
+        DVb = DV_PART + part * M * E
+        _store_chunk(DVb, dv0, rm, M, E, 0, BLOCK_E)
+        if NUM_E > 1:
+            _store_chunk(DVb, dv1, rm, M, E, BLOCK_E, BLOCK_E)
+        if NUM_E > 2:
+            _store_chunk(DVb, dv2, rm, M, E, 2 * BLOCK_E, BLOCK_E)
+            _store_chunk(DVb, dv3, rm, M, E, 3 * BLOCK_E, BLOCK_E)
 
 
 def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(n))
 
 
-def _blocks(d: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_M): keep the (BLOCK_N, BLOCK_M, BLOCK_D) difference tile near 16K elements."""
-    bd = _pow2(d)
-    return (32, 16) if bd <= 32 else (16, 16)
+def _chunks(n: int) -> tuple[int, int]:
+    """(BLOCK, NUM): a feature dim n <= 128 as NUM (1, 2 or 4) chunks of BLOCK (16 or 32) columns."""
+    full = _pow2(n)
+    block = min(full, CHUNK)
+    return block, full // block
+
+
+def fwd_config(d: int) -> dict:
+    """Launch configuration of ``laplace_kernel_fwd_kernel`` for feature dim d."""
+    bd, nd = _chunks(d)
+    return dict(BLOCK_N=32, BLOCK_M=32, BLOCK_D=bd, NUM_D=nd, num_warps=8, num_stages=1)
+
+
+def matmul_fwd_config(d: int, e: int) -> dict:
+    """Launch configuration of ``laplace_matmul_fwd_kernel``: the product with V takes the whole e."""
+    bd, nd = _chunks(d)
+    return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=_pow2(e), num_warps=4, num_stages=1)
+
+
+def bwd_config(d: int, e: int | None) -> dict:
+    """Launch configuration of ``laplace_dx_kernel`` / ``laplace_dy_kernel`` (e None: no V)."""
+    bd, nd = _chunks(d)
+    be, ne = _chunks(e) if e is not None else (16, 1)
+    return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=be, NUM_E=ne, num_warps=8, num_stages=1)
+
+
+def _splits(n: int, block_n: int) -> tuple[int, int]:
+    blocks = triton.cdiv(n, block_n)
+    splits = max(1, min(_SPLITS, blocks))
+    rows = triton.cdiv(blocks, splits) * block_n
+    return triton.cdiv(n, rows), rows
+
+
+def refusal(d: int, e: int | None = None) -> str | None:
+    """Why these kernels do not serve feature dim d (and value dim e), or None (the register budget
+    checked by ``benchmarks/triton_aot.py --strict`` covers d, e <= 128)."""
+    if d > MAX_D:
+        return f"feature dim d={d} > {MAX_D} (compiled and checked for spills up to {MAX_D} only)"
+    if e is not None and e > MAX_E:
+        return f"value dim e={e} > {MAX_E} (compiled and checked for spills up to {MAX_E} only)"
+    return None
 
 
 _TL = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -191,50 +289,51 @@ def _signature(kernel, ptr: str, f32_ptrs: tuple[str, ...] = ()) -> dict[str, st
     """Triton types of ``kernel``'s runtime arguments: pointers ``*ptr`` (``*fp32`` for ``f32_ptrs``)."""
     sig = {}
     for p in kernel.params:
-        if p.is_constexpr:
-            continue
-        name = p.name
-        sig[name] = "i32" if name in _INTS else "fp32" if name == "scale" else f"*{'fp32' if name in f32_ptrs else ptr}"
+        if not p.is_constexpr:
+            name = p.name
+            sig[name] = "i32" if name in _INTS else "fp32" if name == "scale" else f"*{'fp32' if name in f32_ptrs else ptr}"
     return sig
 
 
-def _pow2s(hi: int) -> list[int]:
-    return [b for b in (16, 32, 64, 128, 256) if b <= max(16, triton.next_power_of_2(hi))]
+def _split(cfg: dict) -> tuple[dict, int, int]:
+    cfg = dict(cfg)
+    return cfg, cfg.pop("num_warps"), cfg.pop("num_stages")
 
 
-def aot_specialisations(d_max: int = 128, m_max: int = 128):
+def aot_specialisations(d_max: int = MAX_D, m_max: int = 128):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label) the launchers below can produce
-    for d, e <= d_max (benchmarks/triton_aot.py; docs/KERNELS.md)."""
+    for d, e <= d_max, from the same ``*_config`` functions (benchmarks/triton_aot.py; docs/KERNELS.md).
+    Feature dims are enumerated as powers of two (the configs depend on d and e only through
+    ``next_power_of_2``); identical specialisations are yielded once, labelled with their smallest d/e."""
+    dims = [b for b in (16, 32, 64, 128) if b <= _pow2(min(d_max, MAX_D))]
+    seen = set()
+
+    def once(kernel, sig, cfg, label):
+        meta, warps, stages = _split(cfg)
+        key = (kernel.__name__, tuple(sorted(sig.items())), tuple(sorted(meta.items())), warps, stages)
+        if key not in seen:
+            seen.add(key)
+            yield kernel, sig, meta, warps, stages, label
+
     for dtype, tname in _TL.items():
         ieee = dtype == torch.float32
         for l1 in (True, False):
             kind = "L1" if l1 else "L2"
-            for bd in _pow2s(d_max):
-                bn, bm = _blocks(bd)
-                yield (laplace_kernel_fwd_kernel, _signature(laplace_kernel_fwd_kernel, tname),
-                       dict(L1=l1, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=bd), 4, 3,
-                       f"kernel_fwd dtype={tname} kind={kind} d={bd}")
-                meta = dict(L1=l1, HAS_V=False, IEEE=ieee, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=bd, BLOCK_E=16)
-                for k in (laplace_dx_kernel, laplace_dy_kernel):
-                    fam = "kernel_bwd_dx" if k is laplace_dx_kernel else "kernel_bwd_dy"
-                    yield (k, _signature(k, tname, ("DY_PART", "DV_PART")), meta, 4, 3,
-                           f"{fam} dtype={tname} kind={kind} d={bd} v=0")
-                for be in _pow2s(d_max):
-                    yield (laplace_matmul_fwd_kernel, _signature(laplace_matmul_fwd_kernel, tname),
-                           dict(L1=l1, IEEE=ieee, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=bd, BLOCK_E=be), 4, 3,
-                           f"matmul_fwd dtype={tname} kind={kind} d={bd} e={be}")
-                    meta = dict(L1=l1, HAS_V=True, IEEE=ieee, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=bd, BLOCK_E=be)
-                    for k in (laplace_dx_kernel, laplace_dy_kernel):
-                        fam = "matmul_bwd_dx" if k is laplace_dx_kernel else "matmul_bwd_dy"
-                        yield (k, _signature(k, tname, ("DY_PART", "DV_PART")), meta, 4, 3,
-                               f"{fam} dtype={tname} kind={kind} d={bd} e={be} v=1")
-
-
-def _splits(n: int, block_n: int) -> tuple[int, int]:
-    blocks = triton.cdiv(n, block_n)
-    splits = max(1, min(_SPLITS, blocks))
-    rows = triton.cdiv(blocks, splits) * block_n
-    return triton.cdiv(n, rows), rows
+            for d in dims:
+                yield from once(laplace_kernel_fwd_kernel, _signature(laplace_kernel_fwd_kernel, tname),
+                                dict(fwd_config(d), L1=l1), f"kernel_fwd dtype={tname} kind={kind} d={d}")
+                for k, fam in ((laplace_dx_kernel, "kernel_bwd_dx"), (laplace_dy_kernel, "kernel_bwd_dy")):
+                    yield from once(k, _signature(k, tname, ("DY_PART", "DV_PART")),
+                                    dict(bwd_config(d, None), L1=l1, HAS_V=False, IEEE=ieee),
+                                    f"{fam} dtype={tname} kind={kind} d={d}")
+                for e in dims:
+                    yield from once(laplace_matmul_fwd_kernel, _signature(laplace_matmul_fwd_kernel, tname),
+                                    dict(matmul_fwd_config(d, e), L1=l1, IEEE=ieee),
+                                    f"matmul_fwd dtype={tname} kind={kind} d={d} e={e}")
+                    for k, fam in ((laplace_dx_kernel, "matmul_bwd_dx"), (laplace_dy_kernel, "matmul_bwd_dy")):
+                        yield from once(k, _signature(k, tname, ("DY_PART", "DV_PART")),
+                                        dict(bwd_config(d, e), L1=l1, HAS_V=True, IEEE=ieee),
+                                        f"{fam} dtype={tname} kind={kind} d={d} e={e}")
 
 
 @triton_op("laplacianformer::laplace_kernel_fwd", mutates_args=())
@@ -243,10 +342,9 @@ def laplace_kernel_fwd(x: torch.Tensor, y: torch.Tensor, scale: float, l1: bool)
     b, n, d = x.shape
     m = y.shape[1]
     out = torch.empty(b, n, m, dtype=x.dtype, device=x.device)
-    bn, bm = _blocks(d)
-    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), b)
-    wrap_triton(laplace_kernel_fwd_kernel)[grid](x, y, out, n, m, d, scale, L1=l1, BLOCK_N=bn, BLOCK_M=bm,
-                                                 BLOCK_D=_pow2(d))
+    cfg = fwd_config(d)
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]), b)
+    wrap_triton(laplace_kernel_fwd_kernel)[grid](x, y, out, n, m, d, scale, L1=l1, **cfg)
     return out
 
 
@@ -256,12 +354,10 @@ def laplace_matmul_fwd(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale:
     b, n, d = x.shape
     m, e = v.shape[1], v.shape[2]
     out = torch.empty(b, n, e, dtype=x.dtype, device=x.device)
-    bn, bm = _blocks(d)
-    grid = (triton.cdiv(n, bn), b)
-    wrap_triton(laplace_matmul_fwd_kernel)[grid](
-        x, y, v, out, n, m, d, e, scale, L1=l1, IEEE=v.dtype == torch.float32,
-        BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=_pow2(d), BLOCK_E=_pow2(e),
-    )
+    cfg = matmul_fwd_config(d, e)
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), b)
+    wrap_triton(laplace_matmul_fwd_kernel)[grid](x, y, v, out, n, m, d, e, scale, L1=l1,
+                                                 IEEE=v.dtype == torch.float32, **cfg)
     return out
 
 
@@ -269,14 +365,15 @@ def _backward(x, y, g, c, v, go, scale, l1):
     b, n, d = x.shape
     m = y.shape[1]
     has_v = v is not None
-    e = v.shape[2] if has_v else 16
-    bn, bm = _blocks(d)
+    e = v.shape[2] if has_v else 1
+    cfg = bwd_config(d, e if has_v else None)
+    bn, bm = cfg["BLOCK_N"], cfg["BLOCK_M"]
     ieee = (v.dtype if has_v else x.dtype) == torch.float32
     dx = torch.empty_like(x)
     dummy = x
     args = (g if g is not None else dummy, c if c is not None else dummy, v if has_v else dummy,
             go if go is not None else dummy)
-    meta = dict(L1=l1, HAS_V=has_v, IEEE=ieee, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=_pow2(d), BLOCK_E=_pow2(e))
+    meta = dict(cfg, L1=l1, HAS_V=has_v, IEEE=ieee)
     wrap_triton(laplace_dx_kernel)[(triton.cdiv(n, bn), b)](x, y, *args, dx, n, m, d, e, scale, **meta)
     splits, rows = _splits(n, bn)
     dy_part = torch.empty(b, splits, m, d, dtype=torch.float32, device=x.device)
