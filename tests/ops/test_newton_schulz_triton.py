@@ -125,3 +125,15 @@ def test_keep_best_holds_back_a_diverging_iterate(nan_empty, seeded):
     want = newton_schulz_iterate_reference(p, 60)
     assert torch.isfinite(got).all() and torch.isfinite(want).all(), f"seed {seed}"
     assert _rel(got, want) < 1e-4, f"seed {seed}: rel err {_rel(got, want):.2e}"
+
+
+def test_registry_limits_are_the_checked_ones():
+    """The Triton backends' refusals cover what benchmarks/triton_aot.py compiles and checks."""
+    pytest.importorskip("triton")
+    from laplacianformer.ops import kernel as kernel_ops
+    from laplacianformer.ops import newton_schulz as ns_ops
+    from laplacianformer.ops.kernel import triton as kt
+    from laplacianformer.ops.newton_schulz import triton as nt
+
+    assert (kernel_ops._TRITON_MAX_D, kernel_ops._TRITON_MAX_E) == (kt.MAX_D, kt.MAX_E)
+    assert ns_ops.TRITON_MAX_M == nt.MAX_M

@@ -45,8 +45,8 @@ __all__ = [
 ]
 
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TRITON_MAX_D = 128
-_TRITON_MAX_E = 256
+_TRITON_MAX_D = 128  # = triton.MAX_D, MAX_E: the range benchmarks/triton_aot.py --strict checks for spills
+_TRITON_MAX_E = 128
 
 
 def _tensors(inputs) -> list[torch.Tensor]:
@@ -94,9 +94,11 @@ def _triton_refusal(*inputs) -> str | None:
         return f"dtype {tensors[0].dtype} (the Triton kernels take float32/float16/bfloat16)"
     d = tensors[0].shape[-1]
     if d > _TRITON_MAX_D:
-        return f"feature dim d={d} > {_TRITON_MAX_D} (the (N, M, d) register tile would not fit)"
+        return (f"feature dim d={d} > {_TRITON_MAX_D} (the kernels hold at most four 32-wide chunks of a row; "
+                "compiled and checked for register spills up to d=128 only)")
     if len(tensors) > 2 and tensors[2].shape[-1] > _TRITON_MAX_E:
-        return f"value dim e={tensors[2].shape[-1]} > {_TRITON_MAX_E}"
+        return (f"value dim e={tensors[2].shape[-1]} > {_TRITON_MAX_E} (the backward holds at most four 32-wide "
+                "chunks of dV; compiled and checked for register spills up to e=128 only)")
     ok, why = _runtime.triton_available()
     return None if ok else why
 

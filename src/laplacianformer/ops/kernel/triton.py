@@ -60,12 +60,12 @@ def _distance(Xb, Yb, rn, rm, N, M, D, L1: tl.constexpr, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit
-def _sign_weighted(Xb, Yb, rn, rm, N, M, D, c: tl.constexpr, gp, L1: tl.constexpr, AXIS: tl.constexpr,
+def _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, L1: tl.constexpr, AXIS: tl.constexpr,
                    BLOCK_D: tl.constexpr):
-    """sum over AXIS of dL/dD · d dist / dx on feature chunk c: (BLOCK_N, BLOCK_D) for AXIS=1, (BLOCK_M,
-    BLOCK_D) for AXIS=0."""
-    x = _load_chunk(Xb, rn, N, D, c * BLOCK_D, BLOCK_D)
-    y = _load_chunk(Yb, rm, M, D, c * BLOCK_D, BLOCK_D)
+    """sum over AXIS of dL/dD · d dist / dx on the feature chunk d0 .. d0 + BLOCK_D: (BLOCK_N, BLOCK_D) for
+    AXIS=1, (BLOCK_M, BLOCK_D) for AXIS=0."""
+    x = _load_chunk(Xb, rn, N, D, d0, BLOCK_D)
+    y = _load_chunk(Yb, rm, M, D, d0, BLOCK_D)
     diff = x[:, None, :] - y[None, :, :]
     if L1:
         s = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))
@@ -147,8 +147,11 @@ def laplace_dx_kernel(
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
     BLOCK_E: tl.constexpr, NUM_E: tl.constexpr,
 ):
-    """dX for one BLOCK_N row block, looping over M; dX is held as NUM_D (<= 4) chunks of BLOCK_D."""
+    """dX for one BLOCK_N row block and NUM_D (<= 4) chunks of BLOCK_D features from d0 = program_id(2) ·
+    NUM_D · BLOCK_D, looping over M. With V the program takes every chunk (dL/dC needs the whole distance);
+    without, one chunk per program (grid axis 2), so no tile grows with d."""
     pid_n, b = tl.program_id(0), tl.program_id(1)
+    d0 = tl.program_id(2) * (NUM_D * BLOCK_D)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     Xb, Yb = X + b * N * D, Y + b * M * D
     Vb, GOb = V + b * M * E, GO + b * N * E
@@ -160,19 +163,19 @@ def laplace_dx_kernel(
         rm = m0 + tl.arange(0, BLOCK_M)
         gp, _ = _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale, L1, HAS_V, IEEE,
                            BLOCK_N, BLOCK_M, BLOCK_D, NUM_D, BLOCK_E, NUM_E)
-        dx0 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, 0, gp, L1, 1, BLOCK_D)
+        dx0 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, L1, 1, BLOCK_D)
         if NUM_D > 1:
-            dx1 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, 1, gp, L1, 1, BLOCK_D)
+            dx1 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + BLOCK_D, gp, L1, 1, BLOCK_D)
         if NUM_D > 2:
-            dx2 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, 2, gp, L1, 1, BLOCK_D)
-            dx3 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, 3, gp, L1, 1, BLOCK_D)
+            dx2 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 2 * BLOCK_D, gp, L1, 1, BLOCK_D)
+            dx3 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 3 * BLOCK_D, gp, L1, 1, BLOCK_D)
     DXb = DX + b * N * D
-    _store_chunk(DXb, dx0, rn, N, D, 0, BLOCK_D)
+    _store_chunk(DXb, dx0, rn, N, D, d0, BLOCK_D)
     if NUM_D > 1:
-        _store_chunk(DXb, dx1, rn, N, D, BLOCK_D, BLOCK_D)
+        _store_chunk(DXb, dx1, rn, N, D, d0 + BLOCK_D, BLOCK_D)
     if NUM_D > 2:
-        _store_chunk(DXb, dx2, rn, N, D, 2 * BLOCK_D, BLOCK_D)
-        _store_chunk(DXb, dx3, rn, N, D, 3 * BLOCK_D, BLOCK_D)
+        _store_chunk(DXb, dx2, rn, N, D, d0 + 2 * BLOCK_D, BLOCK_D)
+        _store_chunk(DXb, dx3, rn, N, D, d0 + 3 * BLOCK_D, BLOCK_D)
 
 
 @triton.jit
@@ -183,8 +186,12 @@ def laplace_dy_kernel(
     BLOCK_E: tl.constexpr, NUM_E: tl.constexpr,
 ):
     """dY (and dV) of one BLOCK_M row block over one split of N, into float32 workspaces; dY is held as
-    NUM_D chunks of BLOCK_D, dV as NUM_E chunks of BLOCK_E."""
-    pid_m, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NUM_D chunks of BLOCK_D (grid axis 2 = batch · groups + group of chunks, as in ``laplace_dx_kernel``),
+    dV as NUM_E chunks of BLOCK_E."""
+    pid_m, split = tl.program_id(0), tl.program_id(1)
+    groups = tl.cdiv(D, NUM_D * BLOCK_D)
+    b = tl.program_id(2) // groups
+    d0 = (tl.program_id(2) % groups) * (NUM_D * BLOCK_D)
     nsplit = tl.num_programs(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     Xb, Yb = X + b * N * D, Y + b * M * D
@@ -202,12 +209,12 @@ def laplace_dy_kernel(
         rn = n0 + tl.arange(0, BLOCK_N)
         gp, c = _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale, L1, HAS_V, IEEE,
                            BLOCK_N, BLOCK_M, BLOCK_D, NUM_D, BLOCK_E, NUM_E)
-        dy0 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, 0, gp, L1, 0, BLOCK_D)
+        dy0 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, L1, 0, BLOCK_D)
         if NUM_D > 1:
-            dy1 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, 1, gp, L1, 0, BLOCK_D)
+            dy1 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + BLOCK_D, gp, L1, 0, BLOCK_D)
         if NUM_D > 2:
-            dy2 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, 2, gp, L1, 0, BLOCK_D)
-            dy3 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, 3, gp, L1, 0, BLOCK_D)
+            dy2 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 2 * BLOCK_D, gp, L1, 0, BLOCK_D)
+            dy3 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 3 * BLOCK_D, gp, L1, 0, BLOCK_D)
         if HAS_V:
             ct = tl.trans(c)
             dv0 += _dot(ct, _load_chunk(GOb, rn, N, E, 0, BLOCK_E), IEEE)
@@ -218,12 +225,12 @@ def laplace_dy_kernel(
                 dv3 += _dot(ct, _load_chunk(GOb, rn, N, E, 3 * BLOCK_E, BLOCK_E), IEEE)
     part = b * nsplit + split
     DYb = DY_PART + part * M * D
-    _store_chunk(DYb, dy0, rm, M, D, 0, BLOCK_D)
+    _store_chunk(DYb, dy0, rm, M, D, d0, BLOCK_D)
     if NUM_D > 1:
-        _store_chunk(DYb, dy1, rm, M, D, BLOCK_D, BLOCK_D)
+        _store_chunk(DYb, dy1, rm, M, D, d0 + BLOCK_D, BLOCK_D)
     if NUM_D > 2:
-        _store_chunk(DYb, dy2, rm, M, D, 2 * BLOCK_D, BLOCK_D)
-        _store_chunk(DYb, dy3, rm, M, D, 3 * BLOCK_D, BLOCK_D)
+        _store_chunk(DYb, dy2, rm, M, D, d0 + 2 * BLOCK_D, BLOCK_D)
+        _store_chunk(DYb, dy3, rm, M, D, d0 + 3 * BLOCK_D, BLOCK_D)
     if HAS_V:
         DVb = DV_PART + part * M * E
         _store_chunk(DVb, dv0, rm, M, E, 0, BLOCK_E)
@@ -257,11 +264,25 @@ def matmul_fwd_config(d: int, e: int) -> dict:
     return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=_pow2(e), num_warps=4, num_stages=1)
 
 
-def bwd_config(d: int, e: int | None) -> dict:
-    """Launch configuration of ``laplace_dx_kernel`` / ``laplace_dy_kernel`` (e None: no V)."""
+_BWD_WARPS = {("dx", 64, 128): 16, ("dy", 64, 64): 16}
+"""Exceptions to 8 warps for the backward with V, keyed (kernel, d, e) with d, e powers of two: where ptxas,
+at 8 warps, caps registers at 128 and spills a few bytes (sm_80 and sm_90 swept by
+benchmarks/triton_aot.py)."""
+
+
+def bwd_config(d: int, e: int | None, kernel: str = "dx") -> dict:
+    """Launch configuration of ``laplace_dx_kernel`` (kernel "dx") / ``laplace_dy_kernel`` ("dy"); e None:
+    no V. Without V each program takes one 32-wide chunk of d (GROUPS programs along d); with V all of d
+    (the recomputed C needs the whole distance) and e in chunks of 32. 16 x 16 x BLOCK_D difference tiles."""
     bd, nd = _chunks(d)
-    be, ne = _chunks(e) if e is not None else (16, 1)
-    return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=be, NUM_E=ne, num_warps=8, num_stages=1)
+    if e is None:
+        warps = 4 if bd <= 16 else 8
+        return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=1, BLOCK_E=16, NUM_E=1, GROUPS=triton.cdiv(d, bd),
+                    num_warps=warps, num_stages=1)
+    be, ne = _chunks(e)
+    warps = 4 if bd <= 16 else _BWD_WARPS.get((kernel, _pow2(d), _pow2(e)), 8)
+    return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=be, NUM_E=ne, GROUPS=1,
+                num_warps=warps, num_stages=1)
 
 
 def _splits(n: int, block_n: int) -> tuple[int, int]:
@@ -269,16 +290,6 @@ def _splits(n: int, block_n: int) -> tuple[int, int]:
     splits = max(1, min(_SPLITS, blocks))
     rows = triton.cdiv(blocks, splits) * block_n
     return triton.cdiv(n, rows), rows
-
-
-def refusal(d: int, e: int | None = None) -> str | None:
-    """Why these kernels do not serve feature dim d (and value dim e), or None (the register budget
-    checked by ``benchmarks/triton_aot.py --strict`` covers d, e <= 128)."""
-    if d > MAX_D:
-        return f"feature dim d={d} > {MAX_D} (compiled and checked for spills up to {MAX_D} only)"
-    if e is not None and e > MAX_E:
-        return f"value dim e={e} > {MAX_E} (compiled and checked for spills up to {MAX_E} only)"
-    return None
 
 
 _TL = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -297,6 +308,7 @@ def _signature(kernel, ptr: str, f32_ptrs: tuple[str, ...] = ()) -> dict[str, st
 
 def _split(cfg: dict) -> tuple[dict, int, int]:
     cfg = dict(cfg)
+    cfg.pop("GROUPS", None)
     return cfg, cfg.pop("num_warps"), cfg.pop("num_stages")
 
 
@@ -324,7 +336,7 @@ def aot_specialisations(d_max: int = MAX_D, m_max: int = 128):
                                 dict(fwd_config(d), L1=l1), f"kernel_fwd dtype={tname} kind={kind} d={d}")
                 for k, fam in ((laplace_dx_kernel, "kernel_bwd_dx"), (laplace_dy_kernel, "kernel_bwd_dy")):
                     yield from once(k, _signature(k, tname, ("DY_PART", "DV_PART")),
-                                    dict(bwd_config(d, None), L1=l1, HAS_V=False, IEEE=ieee),
+                                    dict(bwd_config(d, None, fam[-2:]), L1=l1, HAS_V=False, IEEE=True),
                                     f"{fam} dtype={tname} kind={kind} d={d}")
                 for e in dims:
                     yield from once(laplace_matmul_fwd_kernel, _signature(laplace_matmul_fwd_kernel, tname),
@@ -332,7 +344,7 @@ def aot_specialisations(d_max: int = MAX_D, m_max: int = 128):
                                     f"matmul_fwd dtype={tname} kind={kind} d={d} e={e}")
                     for k, fam in ((laplace_dx_kernel, "matmul_bwd_dx"), (laplace_dy_kernel, "matmul_bwd_dy")):
                         yield from once(k, _signature(k, tname, ("DY_PART", "DV_PART")),
-                                        dict(bwd_config(d, e), L1=l1, HAS_V=True, IEEE=ieee),
+                                        dict(bwd_config(d, e, fam[-2:]), L1=l1, HAS_V=True, IEEE=True),
                                         f"{fam} dtype={tname} kind={kind} d={d} e={e}")
 
 
@@ -361,26 +373,31 @@ def laplace_matmul_fwd(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale:
     return out
 
 
+def _launch_meta(cfg: dict) -> tuple[dict, int]:
+    meta = dict(cfg)
+    return meta, meta.pop("GROUPS")
+
+
 def _backward(x, y, g, c, v, go, scale, l1):
     b, n, d = x.shape
     m = y.shape[1]
     has_v = v is not None
     e = v.shape[2] if has_v else 1
-    cfg = bwd_config(d, e if has_v else None)
-    bn, bm = cfg["BLOCK_N"], cfg["BLOCK_M"]
-    ieee = (v.dtype if has_v else x.dtype) == torch.float32
     dx = torch.empty_like(x)
     dummy = x
     args = (g if g is not None else dummy, c if c is not None else dummy, v if has_v else dummy,
             go if go is not None else dummy)
-    meta = dict(cfg, L1=l1, HAS_V=has_v, IEEE=ieee)
-    wrap_triton(laplace_dx_kernel)[(triton.cdiv(n, bn), b)](x, y, *args, dx, n, m, d, e, scale, **meta)
-    splits, rows = _splits(n, bn)
+    # the products with V run as float32 FMA for every input dtype (IEEE: it fits, see bwd_config)
+    meta, groups = _launch_meta(bwd_config(d, e if has_v else None, "dx"))
+    bn = meta["BLOCK_N"]
+    wrap_triton(laplace_dx_kernel)[(triton.cdiv(n, bn), b, groups)](
+        x, y, *args, dx, n, m, d, e, scale, L1=l1, HAS_V=has_v, IEEE=True, **meta)
+    meta, groups = _launch_meta(bwd_config(d, e if has_v else None, "dy"))
+    splits, rows = _splits(n, meta["BLOCK_N"])
     dy_part = torch.empty(b, splits, m, d, dtype=torch.float32, device=x.device)
     dv_part = torch.empty(b, splits, m, e, dtype=torch.float32, device=x.device) if has_v else dy_part
-    wrap_triton(laplace_dy_kernel)[(triton.cdiv(m, bm), splits, b)](
-        x, y, *args, dy_part, dv_part, n, m, d, e, scale, rows, **meta
-    )
+    wrap_triton(laplace_dy_kernel)[(triton.cdiv(m, meta["BLOCK_M"]), splits, b * groups)](
+        x, y, *args, dy_part, dv_part, n, m, d, e, scale, rows, L1=l1, HAS_V=has_v, IEEE=True, **meta)
     dy = dy_part.sum(1).to(y.dtype)
     dv = dv_part.sum(1).to(v.dtype) if has_v else None
     return dx, dy, dv
