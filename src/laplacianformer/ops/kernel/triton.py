@@ -147,11 +147,14 @@ def laplace_dx_kernel(
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
     BLOCK_E: tl.constexpr, NUM_E: tl.constexpr,
 ):
-    """dX for one BLOCK_N row block and NUM_D (<= 4) chunks of BLOCK_D features from d0 = program_id(2) ·
-    NUM_D · BLOCK_D, looping over M. With V the program takes every chunk (dL/dC needs the whole distance);
-    without, one chunk per program (grid axis 2), so no tile grows with d."""
+    """dX for one BLOCK_N row block, looping over M. With V the program takes all of d as NUM_D (<= 4)
+    chunks of BLOCK_D (dL/dC needs the whole distance); without, one chunk (NUM_D = 1) at d0 =
+    program_id(2) · BLOCK_D, so no tile grows with d."""
     pid_n, b = tl.program_id(0), tl.program_id(1)
-    d0 = tl.program_id(2) * (NUM_D * BLOCK_D)
+    if HAS_V:
+        d0 = 0
+    else:
+        d0 = tl.program_id(2) * BLOCK_D
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     Xb, Yb = X + b * N * D, Y + b * M * D
     Vb, GOb = V + b * M * E, GO + b * N * E
@@ -186,12 +189,16 @@ def laplace_dy_kernel(
     BLOCK_E: tl.constexpr, NUM_E: tl.constexpr,
 ):
     """dY (and dV) of one BLOCK_M row block over one split of N, into float32 workspaces; dY is held as
-    NUM_D chunks of BLOCK_D (grid axis 2 = batch · groups + group of chunks, as in ``laplace_dx_kernel``),
-    dV as NUM_E chunks of BLOCK_E."""
+    NUM_D chunks of BLOCK_D (without V one chunk, grid axis 2 = batch · chunks + chunk, as in
+    ``laplace_dx_kernel``), dV as NUM_E chunks of BLOCK_E."""
     pid_m, split = tl.program_id(0), tl.program_id(1)
-    groups = tl.cdiv(D, NUM_D * BLOCK_D)
-    b = tl.program_id(2) // groups
-    d0 = (tl.program_id(2) % groups) * (NUM_D * BLOCK_D)
+    if HAS_V:
+        b = tl.program_id(2)
+        d0 = 0
+    else:
+        groups = tl.cdiv(D, BLOCK_D)
+        b = tl.program_id(2) // groups
+        d0 = (tl.program_id(2) % groups) * BLOCK_D
     nsplit = tl.num_programs(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     Xb, Yb = X + b * N * D, Y + b * M * D
@@ -316,8 +323,8 @@ def aot_specialisations(d_max: int = MAX_D, m_max: int = 128):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label) the launchers below can produce
     for d, e <= d_max, from the same ``*_config`` functions (benchmarks/triton_aot.py; docs/KERNELS.md).
     Feature dims are enumerated as powers of two (the configs depend on d and e only through
-    ``next_power_of_2``); identical specialisations are yielded once, labelled with their smallest d/e."""
-    dims = [b for b in (16, 32, 64, 128) if b <= _pow2(min(d_max, MAX_D))]
+    ``next_power_of_2``); identical specialisations are yielded once, labelled with their largest d/e."""
+    dims = [b for b in (128, 64, 32, 16) if b <= _pow2(min(d_max, MAX_D))]
     seen = set()
 
     def once(kernel, sig, cfg, label):

@@ -174,7 +174,7 @@ def aot_specialisations(d_max: int = 128, m_max: int = MAX_M):
     m <= m_max, from ``config`` (benchmarks/triton_aot.py)."""
     seen = set()
     for tname in ("fp32", "fp16", "bf16"):
-        for m in (16, 32, 64, 128):
+        for m in (128, 64, 32, 16):  # identical configurations labelled with their largest m
             if m > max(16, triton.next_power_of_2(min(m_max, MAX_M))):
                 continue
             cfg = dict(config(m))
