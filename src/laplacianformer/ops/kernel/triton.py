@@ -8,10 +8,19 @@
   dY and dV are reduced over N in fixed splits into float32 workspaces and summed by a second pass
   (deterministic, no atomics). sign(0) = 0.
 
-Inputs float32/float16/bfloat16, accumulation in float32, outputs in the input dtype. Products with V
-run as float32 ``tl.dot`` (IEEE for float32 inputs, TF32 on GPU for half inputs). The host functions
-are registered with ``torch.library.triton_op`` (``laplacianformer::...``) so torch.compile traces them,
-with autograd through ``_autograd.py`` (the glue shared with ``cpu.py``). Dispatch: ``kernel/__init__.py``.
+Register budget (docs/KERNELS.md): no tile grows with d or e. The distance is summed over d in chunks of
+``CHUNK`` = 32 columns (16 × 16 × 32 or 32 × 32 × 32 difference tiles); the backward holds dX / dY / dV as
+up to four chunk accumulators; without V each backward program takes one chunk of d (a grid axis), with
+V dL/dC = dO Vᵀ is summed over e in chunks. ``benchmarks/triton_aot.py --strict`` compiles every
+specialisation (``aot_specialisations``, built from the launchers' ``*_config`` functions) for sm_80 and
+sm_90 and checks that none spills; d, e <= 128 (the registry refuses larger ones).
+
+Inputs float32/float16/bfloat16, accumulation in float32, outputs in the input dtype. Products with V in
+the forward run as float32 ``tl.dot`` (IEEE for float32 inputs, TF32 on GPU for half inputs); in the
+backward always IEEE float32 (the TF32 path needs more registers there, and costs little: the distance
+dominates). The host functions are registered with ``torch.library.triton_op`` (``laplacianformer::...``)
+so torch.compile traces them, with autograd through ``_autograd.py`` (the glue shared with ``cpu.py``).
+Dispatch: ``kernel/__init__.py``.
 """
 
 from __future__ import annotations
@@ -66,12 +75,14 @@ def _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, L1: tl.constexpr, AXIS: tl.c
     AXIS=1, (BLOCK_M, BLOCK_D) for AXIS=0."""
     x = _load_chunk(Xb, rn, N, D, d0, BLOCK_D)
     y = _load_chunk(Yb, rm, M, D, d0, BLOCK_D)
-    diff = x[:, None, :] - y[None, :, :]
     if L1:
+        diff = x[:, None, :] - y[None, :, :]
         s = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))
-    else:
-        s = 2.0 * diff
-    return tl.sum(s * gp[:, :, None], axis=AXIS)
+        return tl.sum(s * gp[:, :, None], axis=AXIS)
+    # squared L2: sum_m gp_nm · 2 (x_n - y_m) is linear in x and y, two IEEE products, no 3-D tile
+    if AXIS == 1:
+        return 2.0 * (x * tl.sum(gp, axis=1)[:, None] - tl.dot(gp, y, input_precision="ieee"))
+    return 2.0 * (tl.dot(tl.trans(gp), x, input_precision="ieee") - y * tl.sum(gp, axis=0)[:, None])
 
 
 @triton.jit
@@ -268,7 +279,8 @@ def fwd_config(d: int) -> dict:
 def matmul_fwd_config(d: int, e: int) -> dict:
     """Launch configuration of ``laplace_matmul_fwd_kernel``: the product with V takes the whole e."""
     bd, nd = _chunks(d)
-    return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=_pow2(e), num_warps=4, num_stages=1)
+    # 16 x 16 x BLOCK_D difference tiles, 32 elements per thread
+    return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=_pow2(e), num_warps=bd // 4, num_stages=1)
 
 
 _BWD_WARPS = {("dx", 64, 128): 16, ("dy", 64, 64): 16}

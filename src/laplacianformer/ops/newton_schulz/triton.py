@@ -1,16 +1,20 @@
 """Batched Newton–Schulz Triton kernels (docs/DESIGN.md §3, §6), one program per (batch, head) matrix, m <= 128.
 
 - ``newton_schulz_fwd_kernel``: P = W + eps·I (done by the caller), alpha = 1.8 / (max_i sum_j |P_ij|)^2
-  per matrix, V0 = alpha·P, then ``iters`` steps of V <- 2V - V (P V), all in registers with float32
-  accumulation; the matrix is zero-padded to a power of two >= 16 (the padding stays zero).
-- ``implicit_grad_kernel``: dL/dW = -Vᵀ G Vᵀ, the implicit backward of ``_ImplicitInverse``.
-Inputs float32/float16/bfloat16; results in the input dtype.
-
-Unlike the reference ``naive.newton_schulz_iterate_reference`` (and the C loop), this kernel measures no
-residual: it has neither the ``tol`` stop nor the keep-best safeguard, and returns the last iterate. Where
-the reference's residual keeps falling at every check (well-conditioned P, or eps > 0 as in the default
-attention) that is the reference's result to rounding; where rounding takes over (e.g. float32,
-cond(P) > 1e7, eps = 0) the reference keeps an earlier iterate and this kernel may return a diverged one.
+  per matrix, V0 = alpha·P, then ``iters`` steps of V <- 2V - V (P V) with float32 accumulation. The
+  iterates and W = P V live in a float32 scratch (3, B, m, m) that stays in L2; the products run tile by
+  tile (``config``: TILE² outputs, k in chunks of BLOCK_K), the phases of a step separated by CTA barriers,
+  so no tile grows with m (the earlier whole-matrix-in-registers version spilled ~90 KB per thread at
+  m = 128 and asked for 192 KB of shared memory).
+- Safeguard, the reference's rule (``naive.newton_schulz_iterate_reference``): the residual ||I - P V||_F
+  falls out of the W = P V phase; at every ``CHECK_EVERY``-th step and after the last one, an iterate whose
+  residual is no larger than the best checked one (V0 included) becomes the output, so a residual that
+  grows or is not finite (NaN compares false) keeps the earlier iterate. There is no ``tol`` stop (the
+  registry refuses ``tol``: the reference stops when the whole batch is within it).
+- ``implicit_grad_kernel``: dL/dW = -Vᵀ G Vᵀ, the implicit backward of ``_ImplicitInverse``, in two tiled
+  products through a float32 scratch.
+Inputs float32/float16/bfloat16; results in the input dtype. ``aot_specialisations`` lists every
+specialisation the launchers produce (``benchmarks/triton_aot.py``).
 """
 
 from __future__ import annotations
