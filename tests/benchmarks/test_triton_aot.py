@@ -50,3 +50,12 @@ def test_parse_ptxas_log():
            "544 bytes spill loads\nptxas info    : Used 255 registers, used 1 barriers\n")
     assert triton_aot.parse_ptxas_log(log) == {"registers": 255, "spill_stores": 620, "spill_loads": 544,
                                                "stack": 440}
+
+
+def test_roofline_table_is_the_committed_one():
+    from benchmarks import roofline
+
+    data = json.loads(roofline.ESTIMATE.read_text())
+    assert data["rows"] == json.loads(json.dumps(roofline.cases())), "rerun python -m benchmarks.roofline --write"
+    assert {r["kernel"] for r in data["rows"]} == {"kernel_fwd", "kernel_bwd", "ns_fwd", "ns_grad"}
+    assert all(r["est_us"] > 0 for r in data["rows"])
