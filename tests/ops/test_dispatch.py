@@ -71,8 +71,8 @@ def test_kernel_triton_size_limits(interpreter_env):
     with ops.use(kernel="triton"):
         with pytest.raises(ValueError, match=r"cannot run this kernel call: feature dim d=130 > 128"):
             laplace_kernel(wide, wide)
-        with pytest.raises(ValueError, match=r"cannot run this kernel_matmul call: value dim e=300 > 256"):
-            laplace_kernel_matmul(x, x, torch.randn(1, 10, 300))
+        with pytest.raises(ValueError, match=r"cannot run this kernel_matmul call: value dim e=200 > 128 .*spills"):
+            laplace_kernel_matmul(x, x, torch.randn(1, 10, 200))
         with pytest.raises(ValueError, match=r"cannot run this kernel call: dtype torch.float64"):
             laplace_kernel(x.double(), x.double())
 
