@@ -283,13 +283,13 @@ def matmul_fwd_config(d: int, e: int) -> dict:
     return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=_pow2(e), num_warps=bd // 4, num_stages=1)
 
 
-_BWD_WARPS = {("dx", 64, 128): 16, ("dy", 64, 64): 16}
-"""Exceptions to 8 warps for the backward with V, keyed (kernel, d, e) with d, e powers of two: where ptxas,
-at 8 warps, caps registers at 128 and spills a few bytes (sm_80 and sm_90 swept by
+_BWD_WARPS = {("dx", True, 64, 128): 16, ("dy", True, 64, 64): 16, ("dy", False, 128, 128): 16}
+"""Exceptions to 8 warps for the backward with V, keyed (kernel, L1, d, e) with d, e powers of two: where
+ptxas, at 8 warps, caps registers at 128 and spills a few bytes (sm_80 and sm_90 swept by
 benchmarks/triton_aot.py)."""
 
 
-def bwd_config(d: int, e: int | None, kernel: str = "dx") -> dict:
+def bwd_config(d: int, e: int | None, kernel: str = "dx", l1: bool = True) -> dict:
     """Launch configuration of ``laplace_dx_kernel`` (kernel "dx") / ``laplace_dy_kernel`` ("dy"); e None:
     no V. Without V each program takes one 32-wide chunk of d (GROUPS programs along d); with V all of d
     (the recomputed C needs the whole distance) and e in chunks of 32. 16 x 16 x BLOCK_D difference tiles."""
@@ -299,7 +299,7 @@ def bwd_config(d: int, e: int | None, kernel: str = "dx") -> dict:
         return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=1, BLOCK_E=16, NUM_E=1, GROUPS=triton.cdiv(d, bd),
                     num_warps=warps, num_stages=1)
     be, ne = _chunks(e)
-    warps = 4 if bd <= 16 else _BWD_WARPS.get((kernel, _pow2(d), _pow2(e)), 8)
+    warps = 4 if bd <= 16 else _BWD_WARPS.get((kernel, l1, _pow2(d), _pow2(e)), 8)
     return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=be, NUM_E=ne, GROUPS=1,
                 num_warps=warps, num_stages=1)
 
@@ -355,7 +355,7 @@ def aot_specialisations(d_max: int = MAX_D, m_max: int = 128):
                                 dict(fwd_config(d), L1=l1), f"kernel_fwd dtype={tname} kind={kind} d={d}")
                 for k, fam in ((laplace_dx_kernel, "kernel_bwd_dx"), (laplace_dy_kernel, "kernel_bwd_dy")):
                     yield from once(k, _signature(k, tname, ("DY_PART", "DV_PART")),
-                                    dict(bwd_config(d, None, fam[-2:]), L1=l1, HAS_V=False, IEEE=True),
+                                    dict(bwd_config(d, None, fam[-2:], l1), L1=l1, HAS_V=False, IEEE=True),
                                     f"{fam} dtype={tname} kind={kind} d={d}")
                 for e in dims:
                     yield from once(laplace_matmul_fwd_kernel, _signature(laplace_matmul_fwd_kernel, tname),
@@ -363,7 +363,7 @@ def aot_specialisations(d_max: int = MAX_D, m_max: int = 128):
                                     f"matmul_fwd dtype={tname} kind={kind} d={d} e={e}")
                     for k, fam in ((laplace_dx_kernel, "matmul_bwd_dx"), (laplace_dy_kernel, "matmul_bwd_dy")):
                         yield from once(k, _signature(k, tname, ("DY_PART", "DV_PART")),
-                                        dict(bwd_config(d, e, fam[-2:]), L1=l1, HAS_V=True, IEEE=True),
+                                        dict(bwd_config(d, e, fam[-2:], l1), L1=l1, HAS_V=True, IEEE=True),
                                         f"{fam} dtype={tname} kind={kind} d={d} e={e}")
 
 
@@ -407,11 +407,11 @@ def _backward(x, y, g, c, v, go, scale, l1):
     args = (g if g is not None else dummy, c if c is not None else dummy, v if has_v else dummy,
             go if go is not None else dummy)
     # the products with V run as float32 FMA for every input dtype (IEEE: it fits, see bwd_config)
-    meta, groups = _launch_meta(bwd_config(d, e if has_v else None, "dx"))
+    meta, groups = _launch_meta(bwd_config(d, e if has_v else None, "dx", l1))
     bn = meta["BLOCK_N"]
     wrap_triton(laplace_dx_kernel)[(triton.cdiv(n, bn), b, groups)](
         x, y, *args, dx, n, m, d, e, scale, L1=l1, HAS_V=has_v, IEEE=True, **meta)
-    meta, groups = _launch_meta(bwd_config(d, e if has_v else None, "dy"))
+    meta, groups = _launch_meta(bwd_config(d, e if has_v else None, "dy", l1))
     splits, rows = _splits(n, meta["BLOCK_N"])
     dy_part = torch.empty(b, splits, m, d, dtype=torch.float32, device=x.device)
     dv_part = torch.empty(b, splits, m, e, dtype=torch.float32, device=x.device) if has_v else dy_part
