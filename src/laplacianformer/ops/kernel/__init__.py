@@ -21,6 +21,9 @@ from . import native
 from .backend import BACKENDS, backend, explain_dispatch, get_backend, set_backend
 from .composite import laplace_kernel_composite, laplace_kernel_matmul_composite, pairwise_distance
 from .cpu import laplace_kernel_cpu, laplace_kernel_matmul_cpu
+from .limits import TRITON_MAX_D as _TRITON_MAX_D
+from .limits import TRITON_MAX_E as _TRITON_MAX_E
+from .limits import triton_unfit
 from .naive import laplace_kernel_matmul_naive, laplace_kernel_naive, pairwise_l1_naive, pairwise_sq_l2_naive
 
 __all__ = [
@@ -45,8 +48,6 @@ __all__ = [
 ]
 
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TRITON_MAX_D = 128  # = triton.MAX_D, MAX_E: the range benchmarks/triton_aot.py --strict checks for spills
-_TRITON_MAX_E = 128
 
 
 def _tensors(inputs) -> list[torch.Tensor]:
@@ -100,7 +101,11 @@ def _triton_refusal(*inputs) -> str | None:
         return (f"value dim e={tensors[2].shape[-1]} > {_TRITON_MAX_E} (the backward holds at most four 32-wide "
                 "chunks of dV; compiled and checked for register spills up to e=128 only)")
     ok, why = _runtime.triton_available()
-    return None if ok else why
+    if not ok:
+        return why
+    if len(tensors) > 2 and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return triton_unfit(inputs[-1] == "laplacian", d, tensors[2].shape[-1], tensors[0].dtype)
+    return None
 
 
 def _triton_auto_refusal(*inputs) -> str | None:

@@ -31,14 +31,16 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from ..layout import flatten_batch
+from .limits import TRITON_MAX_D, TRITON_MAX_E
+from .limits import triton_unfit as unfit
 from ._autograd import register_kernel_autograd, register_matmul_autograd
 
 _SPLITS = 16
 CHUNK = 32
 """Width of the feature chunks (of d, and of e in the backward): the largest slice of a row a kernel
 holds at once, so that no tile grows with d or e (docs/KERNELS.md, "Register budget")."""
-MAX_D = 128
-MAX_E = 128
+MAX_D = TRITON_MAX_D
+MAX_E = TRITON_MAX_E
 
 
 @triton.jit
@@ -361,6 +363,8 @@ def aot_specialisations(d_max: int = MAX_D, m_max: int = 128):
                     yield from once(laplace_matmul_fwd_kernel, _signature(laplace_matmul_fwd_kernel, tname),
                                     dict(matmul_fwd_config(d, e), L1=l1, IEEE=ieee),
                                     f"matmul_fwd dtype={tname} kind={kind} d={d} e={e}")
+                    if unfit(l1, d, e, dtype):  # refused by the registry: never launched
+                        continue
                     for k, fam in ((laplace_dx_kernel, "matmul_bwd_dx"), (laplace_dy_kernel, "matmul_bwd_dy")):
                         yield from once(k, _signature(k, tname, ("DY_PART", "DV_PART")),
                                         dict(bwd_config(d, e, fam[-2:], l1), L1=l1, HAS_V=True, IEEE=True),
