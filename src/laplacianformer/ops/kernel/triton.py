@@ -285,7 +285,10 @@ def matmul_fwd_config(d: int, e: int) -> dict:
     return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=_pow2(e), num_warps=bd // 4, num_stages=1)
 
 
-_BWD_WARPS = {("dx", True, 64, 128): 16, ("dy", True, 64, 64): 16, ("dy", False, 128, 128): 16}
+_BWD_WARPS = {
+    ("dx", True, 64, 128): 16, ("dy", True, 64, 64): 16,
+    ("dy", False, 64, 16): 16, ("dy", False, 64, 64): 16, ("dy", False, 32, 128): 16, ("dy", False, 128, 128): 16,
+}
 """Exceptions to 8 warps for the backward with V, keyed (kernel, L1, d, e) with d, e powers of two: where
 ptxas, at 8 warps, caps registers at 128 and spills a few bytes (sm_80 and sm_90 swept by
 benchmarks/triton_aot.py)."""
