@@ -17,14 +17,12 @@ def _pow2(n: int) -> int:
 def triton_unfit(l1: bool, d: int, e: int | None, dtype: torch.dtype) -> str | None:
     """Why no configuration of the Triton backward with V compiles without spills on both sm_80 and sm_90
     for these inputs, or None (pure Python: the registry asks it without importing Triton). The cases
-    benchmarks/triton_aot.py found, all in the squared-L2 dY kernel with V: d, e in (64, 128] with
-    float16/bfloat16 inputs (sm_80 spills 12 bytes at 16 warps and 44 at 8, sm_90 spills at 4), and d in
-    (32, 64], e in (64, 128] (sm_90 spills at 4, 8 and 16 warps). The registry refuses them when a gradient
-    may be needed (the forward alone fits); ``triton.aot_specialisations`` leaves them out."""
+    benchmarks/triton_aot.py found: the squared-L2 dY kernel with V at d in (32, 64], e in (64, 128] (sm_90
+    spills at 4, 8 and 16 warps; the backward runs in float32 for every input dtype). The registry refuses
+    it when a gradient may be needed (the forward alone fits); ``triton.aot_specialisations`` leaves it out."""
     if l1 or e is None:
         return None
-    pd, pe = _pow2(max(d, 16)), _pow2(max(e, 16))
-    if (pd, pe) == (64, 128) or ((pd, pe) == (128, 128) and dtype in (torch.float16, torch.bfloat16)):
-        return (f"gaussian kernel_matmul backward at d={d}, e={e} in {str(dtype).removeprefix('torch.')}: no "
+    if (_pow2(max(d, 16)), _pow2(max(e, 16))) == (64, 128):
+        return (f"gaussian kernel_matmul backward at d={d}, e={e}: no "
                 "launch configuration compiles without register spills on both sm_80 and sm_90")
     return None

@@ -359,6 +359,8 @@ def aot_specialisations(d_max: int = MAX_D, m_max: int = 128):
                 yield from once(laplace_kernel_fwd_kernel, _signature(laplace_kernel_fwd_kernel, tname),
                                 dict(fwd_config(d), L1=l1), f"kernel_fwd dtype={tname} kind={kind} d={d}")
                 for k, fam in ((laplace_dx_kernel, "kernel_bwd_dx"), (laplace_dy_kernel, "kernel_bwd_dy")):
+                    if dtype != torch.float32:  # the backward upcasts half inputs (_backward)
+                        continue
                     yield from once(k, _signature(k, tname, ("DY_PART", "DV_PART")),
                                     dict(bwd_config(d, None, fam[-2:], l1), L1=l1, HAS_V=False, IEEE=True),
                                     f"{fam} dtype={tname} kind={kind} d={d}")
@@ -366,7 +368,7 @@ def aot_specialisations(d_max: int = MAX_D, m_max: int = 128):
                     yield from once(laplace_matmul_fwd_kernel, _signature(laplace_matmul_fwd_kernel, tname),
                                     dict(matmul_fwd_config(d, e), L1=l1, IEEE=ieee),
                                     f"matmul_fwd dtype={tname} kind={kind} d={d} e={e}")
-                    if unfit(l1, d, e, dtype):  # refused by the registry: never launched
+                    if dtype != torch.float32 or unfit(l1, d, e, dtype):  # upcast / refused: never launched
                         continue
                     for k, fam in ((laplace_dx_kernel, "matmul_bwd_dx"), (laplace_dy_kernel, "matmul_bwd_dy")):
                         yield from once(k, _signature(k, tname, ("DY_PART", "DV_PART")),
@@ -405,6 +407,12 @@ def _launch_meta(cfg: dict) -> tuple[dict, int]:
 
 
 def _backward(x, y, g, c, v, go, scale, l1):
+    if x.dtype != torch.float32:
+        # half inputs: the float32 kernels on upcast copies (O(N·d) extra traffic against O(N·M·d) work);
+        # the half variants hit ptxas register caps on sm_90 (docs/KERNELS.md, "Register budget")
+        f = [t.float() if t is not None else None for t in (x, y, g, c, v, go)]
+        dx, dy, dv = _backward(*f, scale, l1)
+        return dx.to(x.dtype), dy.to(y.dtype), dv.to(v.dtype) if dv is not None else None
     b, n, d = x.shape
     m = y.shape[1]
     has_v = v is not None

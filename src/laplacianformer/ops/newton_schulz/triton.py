@@ -13,7 +13,8 @@
   registry refuses ``tol``: the reference stops when the whole batch is within it).
 - ``implicit_grad_kernel``: dL/dW = -Vᵀ G Vᵀ, the implicit backward of ``_ImplicitInverse``, in two tiled
   products through a float32 scratch.
-Inputs float32/float16/bfloat16; results in the input dtype. ``aot_specialisations`` lists every
+Inputs float32/float16/bfloat16 (half inputs run the float32 kernels on upcast copies: the matrices are
+small, and the half loads hit ptxas register caps on sm_90); results in the input dtype. ``aot_specialisations`` lists every
 specialisation the launchers produce (``benchmarks/triton_aot.py``).
 """
 
@@ -177,7 +178,7 @@ def aot_specialisations(d_max: int = 128, m_max: int = MAX_M):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label) the launchers can produce for
     m <= m_max, from ``config`` (benchmarks/triton_aot.py)."""
     seen = set()
-    for tname in ("fp32", "fp16", "bf16"):
+    for tname in ("fp32",):  # half inputs are upcast by the launchers
         for m in (128, 64, 32, 16):  # identical configurations labelled with their largest m
             if m > max(16, triton.next_power_of_2(min(m_max, MAX_M))):
                 continue
@@ -195,27 +196,38 @@ def aot_specialisations(d_max: int = 128, m_max: int = MAX_M):
                                           "M": "i32"}, meta, warps, stages, f"ns_grad dtype={tname} m={m}")
 
 
-@triton_op("laplacianformer::newton_schulz_fwd", mutates_args=())
-def newton_schulz_fwd(p: torch.Tensor, iters: int) -> torch.Tensor:
-    """V ≈ P^{-1}: ``iters`` Newton–Schulz steps with the reference's keep-best rule.  p: (B, m, m)
-    contiguous, symmetric, m <= 128."""
+def _newton_schulz_f32(p: torch.Tensor, iters: int) -> torch.Tensor:
     b, m, _ = p.shape
     v = torch.empty_like(p)
     work = torch.empty(3, b, m, m, dtype=torch.float32, device=p.device)
-    cfg = config(m)
-    wrap_triton(newton_schulz_fwd_kernel)[(b,)](p, v, work, m, iters, CHECK=CHECK_EVERY,
-                                                IEEE=p.dtype == torch.float32, **cfg)
+    wrap_triton(newton_schulz_fwd_kernel)[(b,)](p, v, work, m, iters, CHECK=CHECK_EVERY, IEEE=True, **config(m))
     return v
+
+
+def _implicit_grad_f32(v: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    b, m, _ = v.shape
+    dw = torch.empty_like(v)
+    work = torch.empty(b, m, m, dtype=torch.float32, device=v.device)
+    wrap_triton(implicit_grad_kernel)[(b,)](v, grad, dw, work, m, IEEE=True, **config(m))
+    return dw
+
+
+@triton_op("laplacianformer::newton_schulz_fwd", mutates_args=())
+def newton_schulz_fwd(p: torch.Tensor, iters: int) -> torch.Tensor:
+    """V ≈ P^{-1}: ``iters`` Newton–Schulz steps with the reference's keep-best rule.  p: (B, m, m)
+    contiguous, symmetric, m <= 128. Half inputs run in float32 on an upcast copy (the half loads hit
+    ptxas register caps on sm_90; the matrices are small)."""
+    if p.dtype != torch.float32:
+        return _newton_schulz_f32(p.float(), iters).to(p.dtype)
+    return _newton_schulz_f32(p, iters)
 
 
 @triton_op("laplacianformer::newton_schulz_implicit_grad", mutates_args=())
 def implicit_grad(v: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """-Vᵀ G Vᵀ.  v, grad: (B, m, m) contiguous -> (B, m, m)."""
-    b, m, _ = v.shape
-    dw = torch.empty_like(v)
-    work = torch.empty(b, m, m, dtype=torch.float32, device=v.device)
-    wrap_triton(implicit_grad_kernel)[(b,)](v, grad, dw, work, m, IEEE=v.dtype == torch.float32, **config(m))
-    return dw
+    """-Vᵀ G Vᵀ.  v, grad: (B, m, m) contiguous -> (B, m, m); half inputs in float32 as above."""
+    if v.dtype != torch.float32:
+        return _implicit_grad_f32(v.float(), grad.float()).to(v.dtype)
+    return _implicit_grad_f32(v, grad)
 
 
 def newton_schulz_iterate_triton(p: torch.Tensor, iters: int) -> torch.Tensor:
