@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # GPU check for the fused kernels (docs/KERNELS.md), for a machine with CUDA and Triton.
-# Usage: bash benchmarks/gpu_check.sh OUTDIR      (run from anywhere; at most 9.5 minutes: 150 + 130 + 150 + 140 s)
+# Usage: bash benchmarks/gpu_check.sh OUTDIR      (run from anywhere; at most 9.7 minutes: 150 + 110 + 120 + 140 + 60 s)
 #   1. the Triton tests for real on CUDA (no interpreter): kernel primitives and Newton-Schulz;
 #   2. benchmarks/kernels.py on CUDA and CPU (correctness-gated speedups, first-call compile times);
 #   3. benchmarks/attention_scaling.py on CUDA against SDPA (N = 1k ... 64k);
 #   4. benchmarks/model_throughput.py (Tiny, batch 8, 224² and 512²: the model-zoo target) and
-#      benchmarks/stage_attention.py (one attention layer per stage at 512²) on CUDA.
+#      benchmarks/stage_attention.py (one attention layer per stage at 512²) on CUDA;
+#   5. benchmarks/roofline.py --measure: each Triton kernel at the Tiny model's shapes (224² and 1024²),
+#      measured vs the H100 roofline estimate of benchmarks/results/roofline_h100.json (docs/KERNELS.md).
 # Every step writes its log and results under OUTDIR; the script exits non-zero when a step fails,
 # after running the others.
 set -uo pipefail
@@ -48,13 +50,15 @@ PY
 
 step triton_tests 150 "$py" -m pytest -q -p no:cacheprovider -m triton \
   tests/ops/test_kernel_triton.py tests/ops/test_newton_schulz_triton.py
-step kernels_bench 130 "$py" -m benchmarks.kernels --devices cuda --sizes 1024 4096 16384 65536 --naive-max-n 4096 \
+step kernels_bench 110 "$py" -m benchmarks.kernels --devices cuda --sizes 1024 4096 16384 65536 --naive-max-n 4096 \
   --check-max-n 16384 --repeats 10 --out "$out/kernels_cuda"
-step attention_scaling 150 "$py" -m benchmarks.attention_scaling --device cuda --repeats 5 \
+step attention_scaling 120 "$py" -m benchmarks.attention_scaling --device cuda --repeats 5 \
   --out "$out/attention_scaling_cuda"
 step model_throughput 100 "$py" -m benchmarks.model_throughput --device cuda --batch 8 --sizes 224 512 --repeats 10 \
   --max-seconds 20 --out "$out/model_throughput_cuda"
 step stage_attention 40 "$py" -m benchmarks.stage_attention --device cuda --batch 8 --repeats 20 \
   --out "$out/stage_attention_cuda"
+step roofline 60 "$py" -m benchmarks.roofline --measure --repeats 20 --out "$out/roofline_measured.json"
+cat "$out/roofline.log"
 echo "gpu_check: results in $out (status $status)"
 exit "$status"

@@ -49,7 +49,7 @@ def triton_runs_here() -> bool:
 def triton_interpreter():
     """run(*test_files, timeout=...) -> CompletedProcess of ``pytest -m triton`` under TRITON_INTERPRET=1."""
 
-    def run(*files: str, timeout: float = 240.0) -> subprocess.CompletedProcess:
+    def run(*files: str, timeout: float = 600.0) -> subprocess.CompletedProcess:
         env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "triton", *files]
         return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

@@ -71,8 +71,8 @@ def test_kernel_triton_size_limits(interpreter_env):
     with ops.use(kernel="triton"):
         with pytest.raises(ValueError, match=r"cannot run this kernel call: feature dim d=130 > 128"):
             laplace_kernel(wide, wide)
-        with pytest.raises(ValueError, match=r"cannot run this kernel_matmul call: value dim e=300 > 256"):
-            laplace_kernel_matmul(x, x, torch.randn(1, 10, 300))
+        with pytest.raises(ValueError, match=r"cannot run this kernel_matmul call: value dim e=200 > 128 .*spills"):
+            laplace_kernel_matmul(x, x, torch.randn(1, 10, 200))
         with pytest.raises(ValueError, match=r"cannot run this kernel call: dtype torch.float64"):
             laplace_kernel(x.double(), x.double())
 
@@ -349,7 +349,9 @@ def test_no_import_cycles_inside_ops():
     # the direction of the former wrong-way imports
     assert not any(m.startswith("laplacianformer.ops.normalization") or m.startswith("laplacianformer.ops.kernel")
                    for m in graph["laplacianformer.ops.newton_schulz"] | graph["laplacianformer.ops.newton_schulz.naive"])
-    assert graph["laplacianformer.ops.kernel.triton"] <= {"laplacianformer.ops.layout", "laplacianformer.ops.kernel._autograd"}
+    assert graph["laplacianformer.ops.kernel.triton"] <= {"laplacianformer.ops.layout", "laplacianformer.ops.kernel._autograd",
+                                                          "laplacianformer.ops.kernel.limits"}
+    assert not graph["laplacianformer.ops.kernel.limits"]  # pure Python: the registry reads it without Triton
 
 
 def test_nested_recordings_both_see_the_calls():
@@ -359,3 +361,20 @@ def test_nested_recordings_both_see_the_calls():
             laplace_kernel(x, x)
         laplace_kernel(x, x)
     assert len(inner) == 1 and len(outer) == 2 and not _runtime.is_recording()
+
+
+def test_kernel_matmul_triton_refuses_the_unfit_backward(interpreter_env):
+    """benchmarks/triton_aot.py found no spill-free configuration for one backward: the registry refuses it
+    when a gradient may be needed, and serves the forward alone."""
+    pytest.importorskip("triton")
+    from laplacianformer.ops.kernel import KERNEL_MATMUL
+
+    x = torch.randn(1, 10, 100, dtype=torch.bfloat16)
+    v = torch.randn(1, 10, 100, dtype=torch.bfloat16)
+    assert KERNEL_MATMUL.reasons(x, x, v, 4.0, "gaussian")["triton"].startswith("not chosen automatically")
+    xg = x.clone().requires_grad_()
+    why = KERNEL_MATMUL.reasons(xg, x, v, 4.0, "gaussian")["triton"]
+    assert "no launch configuration compiles without register spills" in why
+    assert KERNEL_MATMUL.reasons(xg, x, v, 4.0, "laplacian")["triton"].startswith("not chosen automatically")
+    with torch.no_grad():
+        assert KERNEL_MATMUL.reasons(xg, x, v, 4.0, "gaussian")["triton"].startswith("not chosen automatically")

@@ -33,6 +33,9 @@ from .composite import (
     pairwise_distance,
 )
 from .cpu import laplace_kernel_cpu, laplace_kernel_grad_cpu, laplace_kernel_matmul_cpu, laplace_kernel_matmul_grad_cpu
+from .limits import TRITON_MAX_D as _TRITON_MAX_D
+from .limits import TRITON_MAX_E as _TRITON_MAX_E
+from .limits import triton_unfit
 from .naive import laplace_kernel_matmul_naive, laplace_kernel_naive, pairwise_l1_naive, pairwise_sq_l2_naive
 
 __all__ = [
@@ -57,8 +60,6 @@ __all__ = [
 ]
 
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TRITON_MAX_D = 128
-_TRITON_MAX_E = 256
 
 
 def _tensors(inputs) -> list[torch.Tensor]:
@@ -106,11 +107,17 @@ def _triton_refusal(*inputs) -> str | None:
         return f"dtype {tensors[0].dtype} (the Triton kernels take float32/float16/bfloat16)"
     d = tensors[0].shape[-1]
     if d > _TRITON_MAX_D:
-        return f"feature dim d={d} > {_TRITON_MAX_D} (the (N, M, d) register tile would not fit)"
+        return (f"feature dim d={d} > {_TRITON_MAX_D} (the kernels hold at most four 32-wide chunks of a row; "
+                "compiled and checked for register spills up to d=128 only)")
     if len(tensors) > 2 and tensors[2].shape[-1] > _TRITON_MAX_E:
-        return f"value dim e={tensors[2].shape[-1]} > {_TRITON_MAX_E}"
+        return (f"value dim e={tensors[2].shape[-1]} > {_TRITON_MAX_E} (the backward holds at most four 32-wide "
+                "chunks of dV; compiled and checked for register spills up to e=128 only)")
     ok, why = _runtime.triton_available()
-    return None if ok else why
+    if not ok:
+        return why
+    if len(tensors) > 2 and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return triton_unfit(inputs[-1] == "laplacian", d, tensors[2].shape[-1], tensors[0].dtype)
+    return None
 
 
 def _triton_auto_refusal(*inputs) -> str | None:

@@ -8,10 +8,19 @@
   dY and dV are reduced over N in fixed splits into float32 workspaces and summed by a second pass
   (deterministic, no atomics). sign(0) = 0.
 
-Inputs float32/float16/bfloat16, accumulation in float32, outputs in the input dtype. Products with V
-run as float32 ``tl.dot`` (IEEE for float32 inputs, TF32 on GPU for half inputs). The host functions
-are registered with ``torch.library.triton_op`` (``laplacianformer::...``) so torch.compile traces them,
-with autograd through ``_autograd.py`` (the glue shared with ``cpu.py``). Dispatch: ``kernel/__init__.py``.
+Register budget (docs/KERNELS.md): no tile grows with d or e. The distance is summed over d in chunks of
+``CHUNK`` = 32 columns (16 × 16 × 32 or 32 × 32 × 32 difference tiles); the backward holds dX / dY / dV as
+up to four chunk accumulators; without V each backward program takes one chunk of d (a grid axis), with
+V dL/dC = dO Vᵀ is summed over e in chunks. ``benchmarks/triton_aot.py --strict`` compiles every
+specialisation (``aot_specialisations``, built from the launchers' ``*_config`` functions) for sm_80 and
+sm_90 and checks that none spills; d, e <= 128 (the registry refuses larger ones).
+
+Inputs float32/float16/bfloat16, accumulation in float32, outputs in the input dtype. Products with V in
+the forward run as float32 ``tl.dot`` (IEEE for float32 inputs, TF32 on GPU for half inputs); in the
+backward always IEEE float32 (the TF32 path needs more registers there, and costs little: the distance
+dominates). The host functions are registered with ``torch.library.triton_op`` (``laplacianformer::...``)
+so torch.compile traces them, with autograd through ``_autograd.py`` (the glue shared with ``cpu.py``).
+Dispatch: ``kernel/__init__.py``.
 """
 
 from __future__ import annotations
@@ -22,9 +31,24 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from ..layout import flatten_batch
+from .limits import TRITON_MAX_D, TRITON_MAX_E
+from .limits import triton_unfit as unfit
 from ._autograd import register_kernel_autograd, register_matmul_autograd
 
 _SPLITS = 16
+CHUNK = 32
+"""Width of the feature chunks (of d, and of e in the backward): the largest slice of a row a kernel
+holds at once, so that no tile grows with d or e (docs/KERNELS.md, "Register budget")."""
+MAX_D = TRITON_MAX_D
+MAX_E = TRITON_MAX_E
+
+
+@triton.jit
+def _load_chunk(P, rows, R, C, c0, BLOCK_C: tl.constexpr):
+    """Rows ``rows`` (< R) of the row-major (R, C) matrix at P, columns c0 .. c0 + BLOCK_C (< C), in float32."""
+    cols = c0 + tl.arange(0, BLOCK_C)
+    return tl.load(P + rows[:, None] * C + cols[None, :], mask=(rows[:, None] < R) & (cols[None, :] < C),
+                   other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -36,72 +60,92 @@ def _distance_tile(x, y, L1: tl.constexpr):
 
 
 @triton.jit
-def _sign_weighted(x, y, gp, L1: tl.constexpr, AXIS: tl.constexpr):
-    diff = x[:, None, :] - y[None, :, :]
+def _distance(Xb, Yb, rn, rm, N, M, D, L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_D: tl.constexpr, NUM_D: tl.constexpr):
+    """(BLOCK_N, BLOCK_M) distances, summed over d in NUM_D chunks of BLOCK_D (unrolled)."""
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k in tl.static_range(NUM_D):
+        acc += _distance_tile(_load_chunk(Xb, rn, N, D, k * BLOCK_D, BLOCK_D),
+                              _load_chunk(Yb, rm, M, D, k * BLOCK_D, BLOCK_D), L1)
+    return acc
+
+
+@triton.jit
+def _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, L1: tl.constexpr, AXIS: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """sum over AXIS of dL/dD · d dist / dx on the feature chunk d0 .. d0 + BLOCK_D: (BLOCK_N, BLOCK_D) for
+    AXIS=1, (BLOCK_M, BLOCK_D) for AXIS=0."""
+    x = _load_chunk(Xb, rn, N, D, d0, BLOCK_D)
+    y = _load_chunk(Yb, rm, M, D, d0, BLOCK_D)
     if L1:
+        diff = x[:, None, :] - y[None, :, :]
         s = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))
-    else:
-        s = 2.0 * diff
-    return tl.sum(s * gp[:, :, None], axis=AXIS)
+        return tl.sum(s * gp[:, :, None], axis=AXIS)
+    # squared L2: sum_m gp_nm · 2 (x_n - y_m) is linear in x and y, two IEEE products, no 3-D tile
+    if AXIS == 1:
+        return 2.0 * (x * tl.sum(gp, axis=1)[:, None] - tl.dot(gp, y, input_precision="ieee"))
+    return 2.0 * (tl.dot(tl.trans(gp), x, input_precision="ieee") - y * tl.sum(gp, axis=0)[:, None])
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _store_chunk(P, acc, rows, R, C, c0, BLOCK_C: tl.constexpr):
+    cols = c0 + tl.arange(0, BLOCK_C)
+    tl.store(P + rows[:, None] * C + cols[None, :], acc.to(P.dtype.element_ty),
+             mask=(rows[:, None] < R) & (cols[None, :] < C))
 
 
 @triton.jit
 def laplace_kernel_fwd_kernel(
     X, Y, OUT, N, M, D, scale,
-    L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
 ):
     pid_n, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rd = tl.arange(0, BLOCK_D)
-    x = tl.load(X + b * N * D + rn[:, None] * D + rd[None, :], mask=(rn[:, None] < N) & (rd[None, :] < D), other=0.0)
-    y = tl.load(Y + b * M * D + rm[:, None] * D + rd[None, :], mask=(rm[:, None] < M) & (rd[None, :] < D), other=0.0)
-    c = tl.exp(_distance_tile(x.to(tl.float32), y.to(tl.float32), L1) * scale)
-    tl.store(OUT + b * N * M + rn[:, None] * M + rm[None, :], c.to(OUT.dtype.element_ty),
-             mask=(rn[:, None] < N) & (rm[None, :] < M))
+    c = tl.exp(_distance(X + b * N * D, Y + b * M * D, rn, rm, N, M, D, L1, BLOCK_N, BLOCK_M, BLOCK_D, NUM_D) * scale)
+    _store_chunk(OUT + b * N * M, c, rn, N, M, pid_m * BLOCK_M, BLOCK_M)
 
 
 @triton.jit
 def laplace_matmul_fwd_kernel(
     X, Y, V, OUT, N, M, D, E, scale,
     L1: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     pid_n, b = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rd = tl.arange(0, BLOCK_D)
-    re = tl.arange(0, BLOCK_E)
-    x = tl.load(X + b * N * D + rn[:, None] * D + rd[None, :], mask=(rn[:, None] < N) & (rd[None, :] < D), other=0.0)
-    x = x.to(tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
     for m0 in range(0, M, BLOCK_M):
         rm = m0 + tl.arange(0, BLOCK_M)
-        y = tl.load(Y + b * M * D + rm[:, None] * D + rd[None, :], mask=(rm[:, None] < M) & (rd[None, :] < D), other=0.0)
-        v = tl.load(V + b * M * E + rm[:, None] * E + re[None, :], mask=(rm[:, None] < M) & (re[None, :] < E), other=0.0)
-        c = tl.exp(_distance_tile(x, y.to(tl.float32), L1) * scale)
+        c = tl.exp(_distance(X + b * N * D, Y + b * M * D, rn, rm, N, M, D, L1, BLOCK_N, BLOCK_M, BLOCK_D, NUM_D) * scale)
         c = tl.where(rm[None, :] < M, c, 0.0)
-        if IEEE:
-            acc += tl.dot(c, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(c, v.to(tl.float32))
-    tl.store(OUT + b * N * E + rn[:, None] * E + re[None, :], acc.to(OUT.dtype.element_ty),
-             mask=(rn[:, None] < N) & (re[None, :] < E))
+        acc += _dot(c, _load_chunk(V + b * M * E, rm, M, E, 0, BLOCK_E), IEEE)
+    _store_chunk(OUT + b * N * E, acc, rn, N, E, 0, BLOCK_E)
 
 
 @triton.jit
-def _grad_tile(G, C, V, rn, rm, re, b, N, M, E, x, y, scale, go,
-               L1: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr):
-    """dL/dD on one (BLOCK_N, BLOCK_M) tile, and the recomputed (HAS_V) or loaded C tile."""
+def _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale,
+               L1: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr, BLOCK_E: tl.constexpr,
+               NUM_E: tl.constexpr):
+    """dL/dD on one (BLOCK_N, BLOCK_M) tile, and the recomputed (HAS_V) or loaded C tile. With V,
+    dL/dC = dO Vᵀ is summed over e in NUM_E chunks of BLOCK_E."""
     mask = (rn[:, None] < N) & (rm[None, :] < M)
     if HAS_V:
-        c = tl.exp(_distance_tile(x, y, L1) * scale)
+        c = tl.exp(_distance(Xb, Yb, rn, rm, N, M, D, L1, BLOCK_N, BLOCK_M, BLOCK_D, NUM_D) * scale)
         c = tl.where(mask, c, 0.0)
-        v = tl.load(V + b * M * E + rm[:, None] * E + re[None, :], mask=(rm[:, None] < M) & (re[None, :] < E), other=0.0)
-        v = v.to(tl.float32)
-        if IEEE:
-            g = tl.dot(go, tl.trans(v), input_precision="ieee")
-        else:
-            g = tl.dot(go, tl.trans(v))
+        g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k in tl.static_range(NUM_E):
+            go = _load_chunk(GOb, rn, N, E, k * BLOCK_E, BLOCK_E)
+            v = _load_chunk(Vb, rm, M, E, k * BLOCK_E, BLOCK_E)
+            g += _dot(go, tl.trans(v), IEEE)
     else:
         offs = b * N * M + rn[:, None] * M + rm[None, :]
         c = tl.load(C + offs, mask=mask, other=0.0).to(tl.float32)
@@ -113,74 +157,156 @@ def _grad_tile(G, C, V, rn, rm, re, b, N, M, E, x, y, scale, go,
 def laplace_dx_kernel(
     X, Y, G, C, V, GO, DX, N, M, D, E, scale,
     L1: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
+    BLOCK_E: tl.constexpr, NUM_E: tl.constexpr,
 ):
+    """dX for one BLOCK_N row block, looping over M. With V the program takes all of d as NUM_D (<= 4)
+    chunks of BLOCK_D (dL/dC needs the whole distance); without, one chunk (NUM_D = 1) at d0 =
+    program_id(2) · BLOCK_D, so no tile grows with d."""
     pid_n, b = tl.program_id(0), tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rd = tl.arange(0, BLOCK_D)
-    re = tl.arange(0, BLOCK_E)
-    xmask = (rn[:, None] < N) & (rd[None, :] < D)
-    x = tl.load(X + b * N * D + rn[:, None] * D + rd[None, :], mask=xmask, other=0.0).to(tl.float32)
-    go = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
     if HAS_V:
-        go = tl.load(GO + b * N * E + rn[:, None] * E + re[None, :], mask=(rn[:, None] < N) & (re[None, :] < E),
-                     other=0.0).to(tl.float32)
-    dx = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+        d0 = 0
+    else:
+        d0 = tl.program_id(2) * BLOCK_D
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    Xb, Yb = X + b * N * D, Y + b * M * D
+    Vb, GOb = V + b * M * E, GO + b * N * E
+    dx0 = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dx1 = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dx2 = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dx3 = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     for m0 in range(0, M, BLOCK_M):
         rm = m0 + tl.arange(0, BLOCK_M)
-        y = tl.load(Y + b * M * D + rm[:, None] * D + rd[None, :], mask=(rm[:, None] < M) & (rd[None, :] < D),
-                    other=0.0).to(tl.float32)
-        gp, _ = _grad_tile(G, C, V, rn, rm, re, b, N, M, E, x, y, scale, go, L1, HAS_V, IEEE)
-        dx += _sign_weighted(x, y, gp, L1, 1)
-    tl.store(DX + b * N * D + rn[:, None] * D + rd[None, :], dx.to(DX.dtype.element_ty), mask=xmask)
+        gp, _ = _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale, L1, HAS_V, IEEE,
+                           BLOCK_N, BLOCK_M, BLOCK_D, NUM_D, BLOCK_E, NUM_E)
+        dx0 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, L1, 1, BLOCK_D)
+        if NUM_D > 1:
+            dx1 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + BLOCK_D, gp, L1, 1, BLOCK_D)
+        if NUM_D > 2:
+            dx2 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 2 * BLOCK_D, gp, L1, 1, BLOCK_D)
+            dx3 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 3 * BLOCK_D, gp, L1, 1, BLOCK_D)
+    DXb = DX + b * N * D
+    _store_chunk(DXb, dx0, rn, N, D, d0, BLOCK_D)
+    if NUM_D > 1:
+        _store_chunk(DXb, dx1, rn, N, D, d0 + BLOCK_D, BLOCK_D)
+    if NUM_D > 2:
+        _store_chunk(DXb, dx2, rn, N, D, d0 + 2 * BLOCK_D, BLOCK_D)
+        _store_chunk(DXb, dx3, rn, N, D, d0 + 3 * BLOCK_D, BLOCK_D)
 
 
 @triton.jit
 def laplace_dy_kernel(
     X, Y, G, C, V, GO, DY_PART, DV_PART, N, M, D, E, scale, ROWS_PER_SPLIT,
     L1: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
+    BLOCK_E: tl.constexpr, NUM_E: tl.constexpr,
 ):
-    pid_m, split, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """dY (and dV) of one BLOCK_M row block over one split of N, into float32 workspaces; dY is held as
+    NUM_D chunks of BLOCK_D (without V one chunk, grid axis 2 = batch · chunks + chunk, as in
+    ``laplace_dx_kernel``), dV as NUM_E chunks of BLOCK_E."""
+    pid_m, split = tl.program_id(0), tl.program_id(1)
+    if HAS_V:
+        b = tl.program_id(2)
+        d0 = 0
+    else:
+        groups = tl.cdiv(D, BLOCK_D)
+        b = tl.program_id(2) // groups
+        d0 = (tl.program_id(2) % groups) * BLOCK_D
     nsplit = tl.num_programs(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rd = tl.arange(0, BLOCK_D)
-    re = tl.arange(0, BLOCK_E)
-    ymask = (rm[:, None] < M) & (rd[None, :] < D)
-    y = tl.load(Y + b * M * D + rm[:, None] * D + rd[None, :], mask=ymask, other=0.0).to(tl.float32)
-    dy = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    dv = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    Xb, Yb = X + b * N * D, Y + b * M * D
+    Vb, GOb = V + b * M * E, GO + b * N * E
+    dy0 = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    dy1 = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    dy2 = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    dy3 = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    dv0 = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    dv1 = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    dv2 = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    dv3 = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
     n_lo = split * ROWS_PER_SPLIT
     for n0 in range(n_lo, n_lo + ROWS_PER_SPLIT, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
-        x = tl.load(X + b * N * D + rn[:, None] * D + rd[None, :], mask=(rn[:, None] < N) & (rd[None, :] < D),
-                    other=0.0).to(tl.float32)
-        go = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
+        gp, c = _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale, L1, HAS_V, IEEE,
+                           BLOCK_N, BLOCK_M, BLOCK_D, NUM_D, BLOCK_E, NUM_E)
+        dy0 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, L1, 0, BLOCK_D)
+        if NUM_D > 1:
+            dy1 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + BLOCK_D, gp, L1, 0, BLOCK_D)
+        if NUM_D > 2:
+            dy2 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 2 * BLOCK_D, gp, L1, 0, BLOCK_D)
+            dy3 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 3 * BLOCK_D, gp, L1, 0, BLOCK_D)
         if HAS_V:
-            go = tl.load(GO + b * N * E + rn[:, None] * E + re[None, :], mask=(rn[:, None] < N) & (re[None, :] < E),
-                         other=0.0).to(tl.float32)
-        gp, c = _grad_tile(G, C, V, rn, rm, re, b, N, M, E, x, y, scale, go, L1, HAS_V, IEEE)
-        dy -= _sign_weighted(x, y, gp, L1, 0)
-        if HAS_V:
-            if IEEE:
-                dv += tl.dot(tl.trans(c), go, input_precision="ieee")
-            else:
-                dv += tl.dot(tl.trans(c), go)
+            ct = tl.trans(c)
+            dv0 += _dot(ct, _load_chunk(GOb, rn, N, E, 0, BLOCK_E), IEEE)
+            if NUM_E > 1:
+                dv1 += _dot(ct, _load_chunk(GOb, rn, N, E, BLOCK_E, BLOCK_E), IEEE)
+            if NUM_E > 2:
+                dv2 += _dot(ct, _load_chunk(GOb, rn, N, E, 2 * BLOCK_E, BLOCK_E), IEEE)
+                dv3 += _dot(ct, _load_chunk(GOb, rn, N, E, 3 * BLOCK_E, BLOCK_E), IEEE)
     part = b * nsplit + split
-    tl.store(DY_PART + part * M * D + rm[:, None] * D + rd[None, :], dy, mask=ymask)
+    DYb = DY_PART + part * M * D
+    _store_chunk(DYb, dy0, rm, M, D, d0, BLOCK_D)
+    if NUM_D > 1:
+        _store_chunk(DYb, dy1, rm, M, D, d0 + BLOCK_D, BLOCK_D)
+    if NUM_D > 2:
+        _store_chunk(DYb, dy2, rm, M, D, d0 + 2 * BLOCK_D, BLOCK_D)
+        _store_chunk(DYb, dy3, rm, M, D, d0 + 3 * BLOCK_D, BLOCK_D)
     if HAS_V:
-        tl.store(DV_PART + part * M * E + rm[:, None] * E + re[None, :], dv,
-                 mask=(rm[:, None] < M) & (re[None, :] < E))
+        DVb = DV_PART + part * M * E
+        _store_chunk(DVb, dv0, rm, M, E, 0, BLOCK_E)
+        if NUM_E > 1:
+            _store_chunk(DVb, dv1, rm, M, E, BLOCK_E, BLOCK_E)
+        if NUM_E > 2:
+            _store_chunk(DVb, dv2, rm, M, E, 2 * BLOCK_E, BLOCK_E)
+            _store_chunk(DVb, dv3, rm, M, E, 3 * BLOCK_E, BLOCK_E)
 
 
 def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(n))
 
 
-def _blocks(d: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_M): keep the (BLOCK_N, BLOCK_M, BLOCK_D) difference tile near 16K elements."""
-    bd = _pow2(d)
-    return (32, 16) if bd <= 32 else (16, 16)
+def _chunks(n: int) -> tuple[int, int]:
+    """(BLOCK, NUM): a feature dim n <= 128 as NUM (1, 2 or 4) chunks of BLOCK (16 or 32) columns."""
+    full = _pow2(n)
+    block = min(full, CHUNK)
+    return block, full // block
+
+
+def fwd_config(d: int) -> dict:
+    """Launch configuration of ``laplace_kernel_fwd_kernel`` for feature dim d."""
+    bd, nd = _chunks(d)
+    return dict(BLOCK_N=32, BLOCK_M=32, BLOCK_D=bd, NUM_D=nd, num_warps=8, num_stages=1)
+
+
+def matmul_fwd_config(d: int, e: int) -> dict:
+    """Launch configuration of ``laplace_matmul_fwd_kernel``: the product with V takes the whole e."""
+    bd, nd = _chunks(d)
+    # 16 x 16 x BLOCK_D difference tiles, 32 elements per thread
+    return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=_pow2(e), num_warps=bd // 4, num_stages=1)
+
+
+_BWD_WARPS = {
+    ("dx", True, 64, 128): 16, ("dy", True, 64, 64): 16,
+    ("dy", False, 64, 16): 16, ("dy", False, 64, 64): 16, ("dy", False, 32, 128): 16, ("dy", False, 128, 128): 16,
+}
+"""Exceptions to 8 warps for the backward with V, keyed (kernel, L1, d, e) with d, e powers of two: where
+ptxas, at 8 warps, caps registers at 128 and spills a few bytes (sm_80 and sm_90 swept by
+benchmarks/triton_aot.py)."""
+
+
+def bwd_config(d: int, e: int | None, kernel: str = "dx", l1: bool = True) -> dict:
+    """Launch configuration of ``laplace_dx_kernel`` (kernel "dx") / ``laplace_dy_kernel`` ("dy"); e None:
+    no V. Without V each program takes one 32-wide chunk of d (GROUPS programs along d); with V all of d
+    (the recomputed C needs the whole distance) and e in chunks of 32. 16 x 16 x BLOCK_D difference tiles."""
+    bd, nd = _chunks(d)
+    if e is None:
+        warps = 4 if bd <= 16 else 8
+        return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=1, BLOCK_E=16, NUM_E=1, GROUPS=triton.cdiv(d, bd),
+                    num_warps=warps, num_stages=1)
+    be, ne = _chunks(e)
+    warps = 4 if bd <= 16 else _BWD_WARPS.get((kernel, l1, _pow2(d), _pow2(e)), 8)
+    return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=be, NUM_E=ne, GROUPS=1,
+                num_warps=warps, num_stages=1)
 
 
 def _splits(n: int, block_n: int) -> tuple[int, int]:
@@ -190,16 +316,75 @@ def _splits(n: int, block_n: int) -> tuple[int, int]:
     return triton.cdiv(n, rows), rows
 
 
+_TL = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_INTS = {"N", "M", "D", "E", "ROWS_PER_SPLIT"}
+
+
+def _signature(kernel, ptr: str, f32_ptrs: tuple[str, ...] = ()) -> dict[str, str]:
+    """Triton types of ``kernel``'s runtime arguments: pointers ``*ptr`` (``*fp32`` for ``f32_ptrs``)."""
+    sig = {}
+    for p in kernel.params:
+        if not p.is_constexpr:
+            name = p.name
+            sig[name] = "i32" if name in _INTS else "fp32" if name == "scale" else f"*{'fp32' if name in f32_ptrs else ptr}"
+    return sig
+
+
+def _split(cfg: dict) -> tuple[dict, int, int]:
+    cfg = dict(cfg)
+    cfg.pop("GROUPS", None)
+    return cfg, cfg.pop("num_warps"), cfg.pop("num_stages")
+
+
+def aot_specialisations(d_max: int = MAX_D, m_max: int = 128):
+    """Every (kernel, signature, constexprs, num_warps, num_stages, label) the launchers below can produce
+    for d, e <= d_max, from the same ``*_config`` functions (benchmarks/triton_aot.py; docs/KERNELS.md).
+    Feature dims are enumerated as powers of two (the configs depend on d and e only through
+    ``next_power_of_2``); identical specialisations are yielded once, labelled with their largest d/e."""
+    dims = [b for b in (128, 64, 32, 16) if b <= _pow2(min(d_max, MAX_D))]
+    seen = set()
+
+    def once(kernel, sig, cfg, label):
+        meta, warps, stages = _split(cfg)
+        key = (kernel.__name__, tuple(sorted(sig.items())), tuple(sorted(meta.items())), warps, stages)
+        if key not in seen:
+            seen.add(key)
+            yield kernel, sig, meta, warps, stages, label
+
+    for dtype, tname in _TL.items():
+        ieee = dtype == torch.float32
+        for l1 in (True, False):
+            kind = "L1" if l1 else "L2"
+            for d in dims:
+                yield from once(laplace_kernel_fwd_kernel, _signature(laplace_kernel_fwd_kernel, tname),
+                                dict(fwd_config(d), L1=l1), f"kernel_fwd dtype={tname} kind={kind} d={d}")
+                for k, fam in ((laplace_dx_kernel, "kernel_bwd_dx"), (laplace_dy_kernel, "kernel_bwd_dy")):
+                    if dtype != torch.float32:  # the backward upcasts half inputs (_backward)
+                        continue
+                    yield from once(k, _signature(k, tname, ("DY_PART", "DV_PART")),
+                                    dict(bwd_config(d, None, fam[-2:], l1), L1=l1, HAS_V=False, IEEE=True),
+                                    f"{fam} dtype={tname} kind={kind} d={d}")
+                for e in dims:
+                    yield from once(laplace_matmul_fwd_kernel, _signature(laplace_matmul_fwd_kernel, tname),
+                                    dict(matmul_fwd_config(d, e), L1=l1, IEEE=ieee),
+                                    f"matmul_fwd dtype={tname} kind={kind} d={d} e={e}")
+                    if dtype != torch.float32 or unfit(l1, d, e, dtype):  # upcast / refused: never launched
+                        continue
+                    for k, fam in ((laplace_dx_kernel, "matmul_bwd_dx"), (laplace_dy_kernel, "matmul_bwd_dy")):
+                        yield from once(k, _signature(k, tname, ("DY_PART", "DV_PART")),
+                                        dict(bwd_config(d, e, fam[-2:], l1), L1=l1, HAS_V=True, IEEE=True),
+                                        f"{fam} dtype={tname} kind={kind} d={d} e={e}")
+
+
 @triton_op("laplacianformer::laplace_kernel_fwd", mutates_args=())
 def laplace_kernel_fwd(x: torch.Tensor, y: torch.Tensor, scale: float, l1: bool) -> torch.Tensor:
     """exp(scale · D).  x: (B, N, d), y: (B, M, d) contiguous -> (B, N, M)."""
     b, n, d = x.shape
     m = y.shape[1]
     out = torch.empty(b, n, m, dtype=x.dtype, device=x.device)
-    bn, bm = _blocks(d)
-    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), b)
-    wrap_triton(laplace_kernel_fwd_kernel)[grid](x, y, out, n, m, d, scale, L1=l1, BLOCK_N=bn, BLOCK_M=bm,
-                                                 BLOCK_D=_pow2(d))
+    cfg = fwd_config(d)
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]), b)
+    wrap_triton(laplace_kernel_fwd_kernel)[grid](x, y, out, n, m, d, scale, L1=l1, **cfg)
     return out
 
 
@@ -209,34 +394,44 @@ def laplace_matmul_fwd(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale:
     b, n, d = x.shape
     m, e = v.shape[1], v.shape[2]
     out = torch.empty(b, n, e, dtype=x.dtype, device=x.device)
-    bn, bm = _blocks(d)
-    grid = (triton.cdiv(n, bn), b)
-    wrap_triton(laplace_matmul_fwd_kernel)[grid](
-        x, y, v, out, n, m, d, e, scale, L1=l1, IEEE=v.dtype == torch.float32,
-        BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=_pow2(d), BLOCK_E=_pow2(e),
-    )
+    cfg = matmul_fwd_config(d, e)
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), b)
+    wrap_triton(laplace_matmul_fwd_kernel)[grid](x, y, v, out, n, m, d, e, scale, L1=l1,
+                                                 IEEE=v.dtype == torch.float32, **cfg)
     return out
 
 
+def _launch_meta(cfg: dict) -> tuple[dict, int]:
+    meta = dict(cfg)
+    return meta, meta.pop("GROUPS")
+
+
 def _backward(x, y, g, c, v, go, scale, l1):
+    if x.dtype != torch.float32:
+        # half inputs: the float32 kernels on upcast copies (O(N·d) extra traffic against O(N·M·d) work);
+        # the half variants hit ptxas register caps on sm_90 (docs/KERNELS.md, "Register budget")
+        f = [t.float() if t is not None else None for t in (x, y, g, c, v, go)]
+        dx, dy, dv = _backward(*f, scale, l1)
+        return dx.to(x.dtype), dy.to(y.dtype), dv.to(v.dtype) if dv is not None else None
     b, n, d = x.shape
     m = y.shape[1]
     has_v = v is not None
-    e = v.shape[2] if has_v else 16
-    bn, bm = _blocks(d)
-    ieee = (v.dtype if has_v else x.dtype) == torch.float32
+    e = v.shape[2] if has_v else 1
     dx = torch.empty_like(x)
     dummy = x
     args = (g if g is not None else dummy, c if c is not None else dummy, v if has_v else dummy,
             go if go is not None else dummy)
-    meta = dict(L1=l1, HAS_V=has_v, IEEE=ieee, BLOCK_N=bn, BLOCK_M=bm, BLOCK_D=_pow2(d), BLOCK_E=_pow2(e))
-    wrap_triton(laplace_dx_kernel)[(triton.cdiv(n, bn), b)](x, y, *args, dx, n, m, d, e, scale, **meta)
-    splits, rows = _splits(n, bn)
+    # the products with V run as float32 FMA for every input dtype (IEEE: it fits, see bwd_config)
+    meta, groups = _launch_meta(bwd_config(d, e if has_v else None, "dx", l1))
+    bn = meta["BLOCK_N"]
+    wrap_triton(laplace_dx_kernel)[(triton.cdiv(n, bn), b, groups)](
+        x, y, *args, dx, n, m, d, e, scale, L1=l1, HAS_V=has_v, IEEE=True, **meta)
+    meta, groups = _launch_meta(bwd_config(d, e if has_v else None, "dy", l1))
+    splits, rows = _splits(n, meta["BLOCK_N"])
     dy_part = torch.empty(b, splits, m, d, dtype=torch.float32, device=x.device)
     dv_part = torch.empty(b, splits, m, e, dtype=torch.float32, device=x.device) if has_v else dy_part
-    wrap_triton(laplace_dy_kernel)[(triton.cdiv(m, bm), splits, b)](
-        x, y, *args, dy_part, dv_part, n, m, d, e, scale, rows, **meta
-    )
+    wrap_triton(laplace_dy_kernel)[(triton.cdiv(m, meta["BLOCK_M"]), splits, b * groups)](
+        x, y, *args, dy_part, dv_part, n, m, d, e, scale, rows, L1=l1, HAS_V=has_v, IEEE=True, **meta)
     dy = dy_part.sum(1).to(y.dtype)
     dv = dv_part.sum(1).to(v.dtype) if has_v else None
     return dx, dy, dv

@@ -9,7 +9,7 @@ of the truncated iteration; ``backward="unrolled"`` gives that one instead (alwa
 Two dispatched ops (``ops/dispatch.py``, docs/DESIGN.md §6), backends in the order automatic selection
 tries them:
 - ``newton_schulz`` (``newton_schulz_iterate(p, iters, tol, symmetric)``): ``triton`` (``triton.py``,
-  chosen automatically for CUDA tensors; m <= 128, no ``tol``; no keep-best safeguard), ``cpu`` (the C
+  chosen automatically for CUDA tensors; m <= 128, no ``tol``; the reference's keep-best rule), ``cpu`` (the C
   loop of ``native.py``: symmetric float32/float64 CPU tensors needing no gradient, outside graph capture
   and dispatch modes), ``torch`` (``naive.newton_schulz_iterate_reference``, the reference).
 - ``newton_schulz_grad`` (the implicit backward, ``implicit_grad(v, grad_v)``): ``triton``, ``torch``.
@@ -66,14 +66,16 @@ def _triton_refusal(p: torch.Tensor, *_rest) -> str | None:
     if p.dtype not in _TRITON_DTYPES:
         return f"dtype {p.dtype} (the Triton kernels take float32/float16/bfloat16)"
     if p.shape[-1] > TRITON_MAX_M:
-        return f"m={p.shape[-1]} > {TRITON_MAX_M} (one matrix per program must fit in registers)"
+        return (f"m={p.shape[-1]} > {TRITON_MAX_M} (one program per matrix, tiles through an L2-resident "
+                "scratch; compiled and checked for register spills up to m=128 only)")
     ok, why = _runtime.triton_available()
     return None if ok else why
 
 
 def _triton_solve_refusal(p: torch.Tensor, iters: int = 20, tol: float | None = None, symmetric: bool = True):
     if tol is not None:
-        return "tol given (the Triton kernel runs a fixed number of steps, no residual checks)"
+        return ("tol given (the Triton kernel runs all iters steps, keeping the best checked iterate; it has "
+                "no batch-wide early stop)")
     if not symmetric:
         return "symmetric=False (the Triton kernel starts from alpha·P, the symmetric guess)"
     return _triton_refusal(p)

@@ -1,16 +1,21 @@
 """Batched Newton–Schulz Triton kernels (docs/DESIGN.md §3, §6), one program per (batch, head) matrix, m <= 128.
 
 - ``newton_schulz_fwd_kernel``: P = W + eps·I (done by the caller), alpha = 1.8 / (max_i sum_j |P_ij|)^2
-  per matrix, V0 = alpha·P, then ``iters`` steps of V <- 2V - V (P V), all in registers with float32
-  accumulation; the matrix is zero-padded to a power of two >= 16 (the padding stays zero).
-- ``implicit_grad_kernel``: dL/dW = -Vᵀ G Vᵀ, the implicit backward of ``_ImplicitInverse``.
-Inputs float32/float16/bfloat16; results in the input dtype.
-
-Unlike the reference ``naive.newton_schulz_iterate_reference`` (and the C loop), this kernel measures no
-residual: it has neither the ``tol`` stop nor the keep-best safeguard, and returns the last iterate. Where
-the reference's residual keeps falling at every check (well-conditioned P, or eps > 0 as in the default
-attention) that is the reference's result to rounding; where rounding takes over (e.g. float32,
-cond(P) > 1e7, eps = 0) the reference keeps an earlier iterate and this kernel may return a diverged one.
+  per matrix, V0 = alpha·P, then ``iters`` steps of V <- 2V - V (P V) with float32 accumulation. The
+  iterates and W = P V live in a float32 scratch (3, B, m, m) that stays in L2; the products run tile by
+  tile (``config``: TILE² outputs, k in chunks of BLOCK_K), the phases of a step separated by CTA barriers,
+  so no tile grows with m (the earlier whole-matrix-in-registers version spilled ~90 KB per thread at
+  m = 128 and asked for 192 KB of shared memory).
+- Safeguard, the reference's rule (``naive.newton_schulz_iterate_reference``): the residual ||I - P V||_F
+  falls out of the W = P V phase; at every ``CHECK_EVERY``-th step and after the last one, an iterate whose
+  residual is no larger than the best checked one (V0 included) becomes the output, so a residual that
+  grows or is not finite (NaN compares false) keeps the earlier iterate. There is no ``tol`` stop (the
+  registry refuses ``tol``: the reference stops when the whole batch is within it).
+- ``implicit_grad_kernel``: dL/dW = -Vᵀ G Vᵀ, the implicit backward of ``_ImplicitInverse``, in two tiled
+  products through a float32 scratch.
+Inputs float32/float16/bfloat16 (half inputs run the float32 kernels on upcast copies: the matrices are
+small, and the half loads hit ptxas register caps on sm_90); results in the input dtype. ``aot_specialisations`` lists every
+specialisation the launchers produce (``benchmarks/triton_aot.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 MAX_M = 128
+CHECK_EVERY = 5
+"""Steps between residual checks: the value of ``naive.CHECK_EVERY`` (equal by a test; not imported, so
+that this module stays loadable on its own by ``benchmarks/triton_aot.py``)."""
 
 
 @triton.jit
@@ -31,60 +39,199 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def newton_schulz_fwd_kernel(P, V, M, iters, IEEE: tl.constexpr, BLOCK: tl.constexpr):
-    b = tl.program_id(0)
-    r = tl.arange(0, BLOCK)
-    mask = (r[:, None] < M) & (r[None, :] < M)
-    offs = b * M * M + r[:, None] * M + r[None, :]
-    p = tl.load(P + offs, mask=mask, other=0.0).to(tl.float32)
-    row = tl.max(tl.sum(tl.abs(p), axis=1), axis=0)
-    v = p * (1.8 / (row * row))
-    for _ in range(iters):
-        v = 2.0 * v - _dot(v, _dot(p, v, IEEE), IEEE)
-    tl.store(V + offs, v.to(V.dtype.element_ty), mask=mask)
+def _mm_tile(A, sa_r, sa_c, B, sb_r, sb_c, ri, rj, M, IEEE: tl.constexpr, TILE: tl.constexpr,
+             BLOCK_K: tl.constexpr):
+    """(A @ B)[ri, rj] for (M, M) matrices with the given row/column strides, float32, summed over k in
+    chunks of BLOCK_K read from memory (``.cg``: the operands may have been written by this program)."""
+    acc = tl.zeros((TILE, TILE), dtype=tl.float32)
+    for k0 in range(0, M, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(A + ri[:, None] * sa_r + rk[None, :] * sa_c, mask=(ri[:, None] < M) & (rk[None, :] < M),
+                    other=0.0, cache_modifier=".cg").to(tl.float32)
+        b = tl.load(B + rk[:, None] * sb_r + rj[None, :] * sb_c, mask=(rk[:, None] < M) & (rj[None, :] < M),
+                    other=0.0, cache_modifier=".cg").to(tl.float32)
+        acc += _dot(a, b, IEEE)
+    return acc
 
 
 @triton.jit
-def implicit_grad_kernel(V, G, DW, M, IEEE: tl.constexpr, BLOCK: tl.constexpr):
+def _product_residual(Pb, Vb, Wb, M, IEEE: tl.constexpr, TILE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W = P V tile by tile; returns ||I - W||_F."""
+    sq = tl.zeros((TILE, TILE), dtype=tl.float32)
+    for i0 in range(0, M, TILE):
+        ri = i0 + tl.arange(0, TILE)
+        for j0 in range(0, M, TILE):
+            rj = j0 + tl.arange(0, TILE)
+            w = _mm_tile(Pb, M, 1, Vb, M, 1, ri, rj, M, IEEE, TILE, BLOCK_K)
+            mask = (ri[:, None] < M) & (rj[None, :] < M)
+            tl.store(Wb + ri[:, None] * M + rj[None, :], w, mask=mask)
+            r = tl.where(ri[:, None] == rj[None, :], 1.0, 0.0) - w
+            sq += tl.where(mask, r * r, 0.0)
+    return tl.sqrt(tl.sum(tl.sum(sq, axis=1), axis=0))
+
+
+@triton.jit
+def _copy(SRC, DST, M, TILE: tl.constexpr):
+    for i0 in range(0, M, TILE):
+        ri = i0 + tl.arange(0, TILE)
+        for j0 in range(0, M, TILE):
+            rj = j0 + tl.arange(0, TILE)
+            offs = ri[:, None] * M + rj[None, :]
+            mask = (ri[:, None] < M) & (rj[None, :] < M)
+            v = tl.load(SRC + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(DST + offs, v.to(DST.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def newton_schulz_fwd_kernel(P, V, WORK, M, iters, CHECK: tl.constexpr, IEEE: tl.constexpr,
+                             TILE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One program per matrix. WORK: float32 (3, B, M, M) scratch (two iterates and W = P V) that stays in
+    L2; V: the best iterate so far (the output). Phases are separated by CTA barriers."""
     b = tl.program_id(0)
-    r = tl.arange(0, BLOCK)
-    mask = (r[:, None] < M) & (r[None, :] < M)
-    offs = b * M * M + r[:, None] * M + r[None, :]
-    offs_t = b * M * M + r[None, :] * M + r[:, None]
-    vt = tl.load(V + offs_t, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    dw = -_dot(_dot(vt, g, IEEE), vt, IEEE)
-    tl.store(DW + offs, dw.to(DW.dtype.element_ty), mask=mask)
+    nb = tl.num_programs(0)
+    Pb = P + b * M * M
+    Ob = V + b * M * M
+    cur = WORK + b * M * M
+    nxt = WORK + (nb + b) * M * M
+    Wb = WORK + (2 * nb + b) * M * M
+    # alpha = 1.8 / (max_i sum_j |P_ij|)^2
+    rowmax = 0.0
+    for i0 in range(0, M, TILE):
+        ri = i0 + tl.arange(0, TILE)
+        rs = tl.zeros((TILE,), dtype=tl.float32)
+        for j0 in range(0, M, TILE):
+            rj = j0 + tl.arange(0, TILE)
+            p = tl.load(Pb + ri[:, None] * M + rj[None, :], mask=(ri[:, None] < M) & (rj[None, :] < M), other=0.0)
+            rs += tl.sum(tl.abs(p.to(tl.float32)), axis=1)
+        rowmax = tl.maximum(rowmax, tl.max(rs, axis=0))
+    alpha = 1.8 / (rowmax * rowmax)
+    for i0 in range(0, M, TILE):
+        ri = i0 + tl.arange(0, TILE)
+        for j0 in range(0, M, TILE):
+            rj = j0 + tl.arange(0, TILE)
+            offs = ri[:, None] * M + rj[None, :]
+            mask = (ri[:, None] < M) & (rj[None, :] < M)
+            v0 = tl.load(Pb + offs, mask=mask, other=0.0).to(tl.float32) * alpha
+            tl.store(cur + offs, v0, mask=mask)
+            tl.store(Ob + offs, v0.to(Ob.dtype.element_ty), mask=mask)
+    tl.debug_barrier()
+    best = _product_residual(Pb, cur, Wb, M, IEEE, TILE, BLOCK_K)
+    tl.debug_barrier()
+    for step in range(iters):
+        # nxt = 2 cur - cur (P cur), W = P cur from the previous phase
+        for i0 in range(0, M, TILE):
+            ri = i0 + tl.arange(0, TILE)
+            for j0 in range(0, M, TILE):
+                rj = j0 + tl.arange(0, TILE)
+                offs = ri[:, None] * M + rj[None, :]
+                mask = (ri[:, None] < M) & (rj[None, :] < M)
+                vw = _mm_tile(cur, M, 1, Wb, M, 1, ri, rj, M, IEEE, TILE, BLOCK_K)
+                v = tl.load(cur + offs, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.store(nxt + offs, 2.0 * v - vw, mask=mask)
+        tl.debug_barrier()
+        res = _product_residual(Pb, nxt, Wb, M, IEEE, TILE, BLOCK_K)
+        tl.debug_barrier()
+        # keep-best at the reference's checks (every CHECK steps and the last): a residual that grew or
+        # is not finite (NaN compares false) keeps the earlier iterate
+        if (((step + 1) % CHECK == 0) | (step + 1 == iters)) & (res <= best):
+            _copy(nxt, Ob, M, TILE)
+            best = res
+        cur, nxt = nxt, cur
 
 
-def _block(m: int) -> int:
-    return max(16, triton.next_power_of_2(m))
+@triton.jit
+def implicit_grad_kernel(V, G, DW, WORK, M, IEEE: tl.constexpr, TILE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """dW = -(Vᵀ G) Vᵀ for one matrix per program; Vᵀ G goes through the float32 scratch WORK (B, M, M)."""
+    b = tl.program_id(0)
+    Vb = V + b * M * M
+    Gb = G + b * M * M
+    Tb = WORK + b * M * M
+    for i0 in range(0, M, TILE):
+        ri = i0 + tl.arange(0, TILE)
+        for j0 in range(0, M, TILE):
+            rj = j0 + tl.arange(0, TILE)
+            t = _mm_tile(Vb, 1, M, Gb, M, 1, ri, rj, M, IEEE, TILE, BLOCK_K)
+            tl.store(Tb + ri[:, None] * M + rj[None, :], t, mask=(ri[:, None] < M) & (rj[None, :] < M))
+    tl.debug_barrier()
+    for i0 in range(0, M, TILE):
+        ri = i0 + tl.arange(0, TILE)
+        for j0 in range(0, M, TILE):
+            rj = j0 + tl.arange(0, TILE)
+            dw = -_mm_tile(Tb, M, 1, Vb, 1, M, ri, rj, M, IEEE, TILE, BLOCK_K)
+            tl.store(DW + b * M * M + ri[:, None] * M + rj[None, :], dw.to(DW.dtype.element_ty),
+                     mask=(ri[:, None] < M) & (rj[None, :] < M))
+
+
+def config(m: int) -> dict:
+    """Launch configuration of both kernels for (m, m) matrices: output tiles of TILE² (m = 49: four
+    tiles of 32², m = 128: four of 64²), products over k in chunks of BLOCK_K read from L1/L2; sized
+    so that ``benchmarks/triton_aot.py --strict`` finds no spill on sm_80 and sm_90."""
+    block = max(16, triton.next_power_of_2(m))
+    if block <= 16:
+        return dict(TILE=16, BLOCK_K=16, num_warps=1, num_stages=1)
+    if block <= 64:
+        return dict(TILE=32, BLOCK_K=16, num_warps=4, num_stages=1)
+    return dict(TILE=64, BLOCK_K=16, num_warps=8, num_stages=1)
+
+
+def aot_specialisations(d_max: int = 128, m_max: int = MAX_M):
+    """Every (kernel, signature, constexprs, num_warps, num_stages, label) the launchers can produce for
+    m <= m_max, from ``config`` (benchmarks/triton_aot.py)."""
+    seen = set()
+    for tname in ("fp32",):  # half inputs are upcast by the launchers
+        for m in (128, 64, 32, 16):  # identical configurations labelled with their largest m
+            if m > max(16, triton.next_power_of_2(min(m_max, MAX_M))):
+                continue
+            cfg = dict(config(m))
+            warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+            key = (tname, tuple(sorted(cfg.items())), warps, stages)
+            if key in seen:
+                continue
+            seen.add(key)
+            meta = dict(cfg, IEEE=tname == "fp32")
+            yield (newton_schulz_fwd_kernel,
+                   {"P": f"*{tname}", "V": f"*{tname}", "WORK": "*fp32", "M": "i32", "iters": "i32"},
+                   dict(meta, CHECK=CHECK_EVERY), warps, stages, f"ns_fwd dtype={tname} m={m}")
+            yield (implicit_grad_kernel, {"V": f"*{tname}", "G": f"*{tname}", "DW": f"*{tname}", "WORK": "*fp32",
+                                          "M": "i32"}, meta, warps, stages, f"ns_grad dtype={tname} m={m}")
+
+
+def _newton_schulz_f32(p: torch.Tensor, iters: int) -> torch.Tensor:
+    b, m, _ = p.shape
+    v = torch.empty_like(p)
+    work = torch.empty(3, b, m, m, dtype=torch.float32, device=p.device)
+    wrap_triton(newton_schulz_fwd_kernel)[(b,)](p, v, work, m, iters, CHECK=CHECK_EVERY, IEEE=True, **config(m))
+    return v
+
+
+def _implicit_grad_f32(v: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    b, m, _ = v.shape
+    dw = torch.empty_like(v)
+    work = torch.empty(b, m, m, dtype=torch.float32, device=v.device)
+    wrap_triton(implicit_grad_kernel)[(b,)](v, grad, dw, work, m, IEEE=True, **config(m))
+    return dw
 
 
 @triton_op("laplacianformer::newton_schulz_fwd", mutates_args=())
 def newton_schulz_fwd(p: torch.Tensor, iters: int) -> torch.Tensor:
-    """V ≈ P^{-1} by ``iters`` Newton–Schulz steps.  p: (B, m, m) contiguous, symmetric, m <= 128."""
-    b, m, _ = p.shape
-    v = torch.empty_like(p)
-    wrap_triton(newton_schulz_fwd_kernel)[(b,)](
-        p, v, m, iters, IEEE=p.dtype == torch.float32, BLOCK=_block(m), num_warps=4 if m <= 64 else 8
-    )
-    return v
+    """V ≈ P^{-1}: ``iters`` Newton–Schulz steps with the reference's keep-best rule.  p: (B, m, m)
+    contiguous, symmetric, m <= 128. Half inputs run in float32 on an upcast copy (the half loads hit
+    ptxas register caps on sm_90; the matrices are small)."""
+    if p.dtype != torch.float32:
+        return _newton_schulz_f32(p.float(), iters).to(p.dtype)
+    return _newton_schulz_f32(p, iters)
 
 
 @triton_op("laplacianformer::newton_schulz_implicit_grad", mutates_args=())
 def implicit_grad(v: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """-Vᵀ G Vᵀ.  v, grad: (B, m, m) contiguous -> (B, m, m)."""
-    b, m, _ = v.shape
-    dw = torch.empty_like(v)
-    wrap_triton(implicit_grad_kernel)[(b,)](
-        v, grad, dw, m, IEEE=v.dtype == torch.float32, BLOCK=_block(m), num_warps=4 if m <= 64 else 8
-    )
-    return dw
+    """-Vᵀ G Vᵀ.  v, grad: (B, m, m) contiguous -> (B, m, m); half inputs in float32 as above."""
+    if v.dtype != torch.float32:
+        return _implicit_grad_f32(v.float(), grad.float()).to(v.dtype)
+    return _implicit_grad_f32(v, grad)
 
 
 def newton_schulz_iterate_triton(p: torch.Tensor, iters: int) -> torch.Tensor:
-    """``iters`` Newton–Schulz steps, last iterate (no keep-best safeguard, see the module docstring).
+    """``iters`` Newton–Schulz steps with the reference's check schedule and keep-best rule.
     p: (..., m, m) symmetric -> (..., m, m)."""
     m = p.shape[-1]
     return newton_schulz_fwd(p.reshape(-1, m, m).contiguous(), int(iters)).reshape(p.shape)

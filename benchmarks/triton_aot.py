@@ -1,0 +1,274 @@
+"""Ahead-of-time compile of every Triton kernel specialisation the launchers can produce, for real GPU
+targets, on a machine without a GPU (docs/KERNELS.md, "Compiling for GPUs without one").
+
+    python -m benchmarks.triton_aot [--arch 80,90] [--strict] [--subset fast] [--json PATH] [--md PATH]
+
+The specialisations come from the Triton modules themselves (``MODULES``): each defines
+``aot_specialisations(d_max=128, m_max=128)`` yielding tuples
+
+    (kernel, signature, constexprs, num_warps, num_stages, label)
+
+built by the same configuration functions its launchers call at run time. ``kernel`` is the
+``@triton.jit`` function, ``signature`` maps every non-constexpr argument name to a Triton type string
+(``"*fp32"``, ``"*bf16"``, ``"i32"``, ``"fp32"``), ``constexprs`` maps the constexpr argument names to
+their values, ``label`` is ``"<family> key=value ..."`` (keys such as ``dtype``, ``kind``, ``d``, ``e``,
+``m``, ``v``; the fast subset filters on them). Pointer arguments are compiled with 16-byte divisibility,
+as the runtime specialises them for torch allocations.
+
+Each specialisation is compiled with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``
+(the bundled ptxas, no driver). Registers and spill bytes come from ptxas' verbose log (rerun on the PTX
+when the compile was a cache hit), shared memory from the compiled metadata. Exit status: 1 when a
+compile fails; with ``--strict`` also when any specialisation spills or asks for more shared memory than
+the target's per-block limit (``SHARED_LIMIT``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+MODULES = [
+    "laplacianformer.ops.kernel.triton",
+    "laplacianformer.ops.newton_schulz.triton",
+]
+"""Modules with an ``aot_specialisations`` function; a new Triton module adds its name here."""
+
+SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+"""Largest dynamic shared memory one block may use (opt-in maximum): A100 (sm_80), H100/H200 (sm_90)."""
+
+FAST = {"dtype": {"fp32"}, "kind": {"L1"}, "d": {"64", "128"}, "m": {"64", "128"}}
+"""The fast subset (the default test run): labels whose keys, where present, take these values, and e equal
+to d: the model's path (float32 compute, L1, head dim 64, m = 49 padded to 64) and the largest shapes."""
+
+
+@dataclass
+class Row:
+    target: str
+    family: str
+    label: str
+    config: str
+    warps: int
+    stages: int
+    registers: int | None = None
+    spill_stores: int | None = None
+    spill_loads: int | None = None
+    stack: int | None = None
+    shared: int | None = None
+    shared_limit: int | None = None
+    seconds: float | None = None
+    cached: bool = False
+    error: str | None = None
+
+    @property
+    def spill(self) -> int:
+        return max(self.spill_stores or 0, self.spill_loads or 0)
+
+    def fits(self) -> bool:
+        return self.error is None and self.spill == 0 and (self.shared or 0) <= (self.shared_limit or 0)
+
+
+def _label_fields(label: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in label.split()[1:] if "=" in part)
+
+
+def in_fast_subset(label: str) -> bool:
+    fields = _label_fields(label)
+    if "e" in fields and fields["e"] != fields.get("d"):
+        return False
+    return all(fields[k] in allowed for k, allowed in FAST.items() if k in fields)
+
+
+def collect(modules=MODULES, d_max: int = 128, m_max: int = 128, subset: str | None = None,
+            match: str | None = None) -> list[tuple]:
+    """Every (kernel, signature, constexprs, num_warps, num_stages, label) of ``modules`` (in the fast
+    subset, and with every word of ``match`` in the label, when given)."""
+    specs = []
+    for name in modules:
+        mod = importlib.import_module(name)
+        for spec in mod.aot_specialisations(d_max=d_max, m_max=m_max):
+            if subset == "fast" and not in_fast_subset(spec[5]):
+                continue
+            if match and not all(w in spec[5].split() or w == spec[5].split()[0] for w in match.split()):
+                continue
+            specs.append(spec)
+    return specs
+
+
+_PTXAS_RE = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "spill_stores": re.compile(r"(\d+) bytes spill stores"),
+    "spill_loads": re.compile(r"(\d+) bytes spill loads"),
+    "stack": re.compile(r"(\d+) bytes stack frame"),
+}
+
+
+def parse_ptxas_log(log: str) -> dict[str, int]:
+    out = {}
+    for key, rx in _PTXAS_RE.items():
+        found = rx.search(log)
+        if found:
+            out[key] = int(found.group(1))
+    return out
+
+
+def _ptxas_log(ptx: str, arch: int) -> str:
+    """ptxas -v on ``ptx`` with the flags Triton uses (for a compile served from Triton's cache)."""
+    from triton import knobs
+
+    gpu = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        cmd = [knobs.nvidia.ptxas.path, "-lineinfo", "-v", "--regAllocOptLevel=2", f"--gpu-name={gpu}",
+               str(src), "-o", str(Path(tmp) / "k.o")]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+
+
+def compile_one(spec: tuple, arch: int) -> Row:
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+
+    kernel, signature, constexprs, warps, stages, label = spec
+    family = label.split()[0]
+    config = " ".join(f"{k}={v}" for k, v in constexprs.items() if k.isupper() and k.startswith(("BLOCK", "NUM", "TILE")))
+    row = Row(f"sm_{arch}", family, label, config, warps, stages, shared_limit=SHARED_LIMIT[arch])
+    sig = {}
+    for name in kernel.arg_names:
+        sig[name] = "constexpr" if name in constexprs else signature[name]
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+             if sig[name].startswith("*")}
+    src = triton.compiler.ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    buf = io.StringIO()
+    t0 = time.perf_counter()
+    try:
+        old = knobs.nvidia.dump_ptxas_log
+        knobs.nvidia.dump_ptxas_log = True
+        try:
+            with contextlib.redirect_stdout(buf):
+                compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                          options={"num_warps": warps, "num_stages": stages})
+        finally:
+            knobs.nvidia.dump_ptxas_log = old
+    except Exception as exc:  # a compile failure is a result
+        row.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        row.seconds = round(time.perf_counter() - t0, 2)
+        return row
+    row.seconds = round(time.perf_counter() - t0, 2)
+    log = buf.getvalue()
+    if "Used" not in log:  # served from Triton's cache: ptxas did not run
+        row.cached = True
+        log = _ptxas_log(compiled.asm["ptx"], arch)
+    for key, value in parse_ptxas_log(log).items():
+        setattr(row, key, value)
+    row.spill_stores = row.spill_stores or 0
+    row.spill_loads = row.spill_loads or 0
+    row.shared = int(compiled.metadata.shared)
+    return row
+
+
+def summarise(rows: list[Row]) -> list[list]:
+    """[target, family, specialisations, spilling, over shared limit, failed, max registers, max spill, max shared]."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.target, r.family), []).append(r)
+    out = []
+    for (target, family), rs in sorted(groups.items()):
+        ok = [r for r in rs if r.error is None]
+        out.append([
+            target, family, len(rs), sum(r.spill > 0 for r in ok),
+            sum((r.shared or 0) > (r.shared_limit or 0) for r in ok), len(rs) - len(ok),
+            max((r.registers or 0) for r in ok) if ok else None, max((r.spill for r in ok), default=None),
+            max(((r.shared or 0) for r in ok), default=None),
+        ])
+    return out
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+ROW_HEADER = ["target", "kernel", "config", "warps", "stages", "registers", "spill bytes", "shared bytes", "compile s"]
+SUMMARY_HEADER = ["target", "kernel family", "specialisations", "spilling", "shared > limit", "failed",
+                  "max registers", "max spill bytes", "max shared bytes"]
+
+
+def row_cells(r: Row) -> list:
+    spill = f"{r.spill_stores}/{r.spill_loads}" if r.spill else 0
+    secs = f"{r.seconds}{' (cached)' if r.cached else ''}"
+    if r.error:
+        return [r.target, r.label, r.config, r.warps, r.stages, "FAILED", r.error, "", secs]
+    return [r.target, r.label, r.config, r.warps, r.stages, r.registers, spill, r.shared, secs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", default="80,90", help="compute capabilities, comma-separated (default 80,90)")
+    ap.add_argument("--strict", action="store_true", help="also fail on any spill or shared memory over the limit")
+    ap.add_argument("--subset", choices=["all", "fast"], default="all")
+    ap.add_argument("--d-max", type=int, default=128)
+    ap.add_argument("--m-max", type=int, default=128)
+    ap.add_argument("--json", type=Path, default=None, help="write the rows and the summary here")
+    ap.add_argument("--md", type=Path, default=None, help="write the Markdown tables here")
+    ap.add_argument("--match", default=None, help="only labels holding every word (e.g. 'matmul_fwd d=128 dtype=fp32')")
+    ap.add_argument("--module", action="append", default=None, help="module to collect (default: MODULES)")
+    ap.add_argument("--quiet", action="store_true", help="print only the summary")
+    args = ap.parse_args(argv)
+    archs = [int(a) for a in args.arch.split(",") if a]
+    for a in archs:
+        if a not in SHARED_LIMIT:
+            ap.error(f"--arch: expected among {sorted(SHARED_LIMIT)}, got {a}")
+    specs = collect(args.module or MODULES, args.d_max, args.m_max, None if args.subset == "all" else args.subset,
+                    args.match)
+    print(f"triton_aot: {len(specs)} specialisations x {len(archs)} targets", flush=True)
+    rows: list[Row] = []
+    t0 = time.perf_counter()
+    for arch in archs:
+        for spec in specs:
+            r = compile_one(spec, arch)
+            rows.append(r)
+            if not args.quiet:
+                print(" | ".join(str(c) for c in row_cells(r)), flush=True)
+    summary = summarise(rows)
+    failed = [r for r in rows if r.error]
+    unfit = [r for r in rows if r.error is None and not r.fits()]
+    print()
+    print(_table(SUMMARY_HEADER, summary))
+    verdict = (f"{len(rows)} compiles in {time.perf_counter() - t0:.0f} s: {len(failed)} failed, "
+               f"{len(unfit)} spill or exceed shared memory")
+    print(verdict)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "command": "python -m benchmarks.triton_aot " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "triton": __import__("triton").__version__, "shared_limit": SHARED_LIMIT,
+            "summary_header": SUMMARY_HEADER, "summary": summary,
+            "rows": [asdict(r) for r in rows], "verdict": verdict,
+        }, indent=1) + "\n")
+    if args.md:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text("## Summary\n\n" + _table(SUMMARY_HEADER, summary) + "\n\n" + verdict + "\n\n## Every specialisation\n\n"
+                           + _table(ROW_HEADER, [row_cells(r) for r in rows]) + "\n")
+    if failed:
+        return 1
+    if args.strict and unfit:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
