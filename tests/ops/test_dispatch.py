@@ -116,7 +116,7 @@ def test_newton_schulz_triton_refused_on_cpu_without_interpreter(no_interpreter)
 
 
 def test_newton_schulz_cpu_refused_without_the_library(monkeypatch):
-    monkeypatch.setattr(ns_native, "load", lambda: None)
+    monkeypatch.setattr(ns_native.LIBRARY, "load", lambda: None)
     monkeypatch.setattr(ns_native.LIBRARY, "_error", "no C compiler (cc/gcc) on PATH")
     with ops.use(newton_schulz="cpu"), pytest.raises(ValueError, match=r"C loop unavailable \(no C compiler"):
         newton_schulz_iterate(_spd(2, 6), 20)

@@ -1,12 +1,12 @@
 """Build-at-first-use loader of the plain C sources of the CPU paths (docs/DESIGN.md §6).
 
-``CLibrary(src, signatures)`` serves ``ops/kernel/csrc/pairwise.c`` and
-``ops/newton_schulz/csrc/newton_schulz.c``. The sources have no Python or torch headers:
-``cc -O3 -march=native -fopenmp`` builds one in a few seconds into a per-user cache
-(``$LAPLACIANFORMER_CACHE`` or ``~/.cache/laplacianformer``), keyed by the source, the flags and the CPU's
-feature flags, and it is loaded with ctypes (the GIL is released during calls). Nothing is built at
-install time. When disabled (LAPLACIANFORMER_NO_NATIVE=1) or when no C compiler works, ``load()``
-returns None with the reason in ``error()`` and the callers run their PyTorch code instead.
+``CLibrary(src, signatures)`` serves ``ops/kernel/csrc/pairwise.c``, ``ops/newton_schulz/csrc/newton_schulz.c``
+and ``ops/csrc/normalization.c``; each module exports its ``load``, ``available`` and ``load_error``. The
+sources have no Python or torch headers: ``cc -O3 -march=native -fopenmp`` builds one in a few seconds
+into a per-user cache (``$LAPLACIANFORMER_CACHE`` or ``~/.cache/laplacianformer``), keyed by the source,
+the flags and the CPU's feature flags, and it is loaded with ctypes (the GIL is released during calls).
+Nothing is built at install time. When disabled (LAPLACIANFORMER_NO_NATIVE=1) or when no C compiler
+works, ``load()`` returns None with the reason in ``error()`` and the callers run their PyTorch code instead.
 """
 
 from __future__ import annotations
@@ -75,7 +75,10 @@ def build(cc: str, src: Path) -> Path:
 
 
 class CLibrary:
-    """The C source ``src`` built and loaded once, with its ctypes signatures set by ``signatures(lib)``."""
+    """The C source ``src`` built and loaded once, with its ctypes signatures set by ``signatures(lib)``.
+
+    ``available()`` is ``load() is not None``, a constant to torch.compile (which cannot trace the build);
+    it is a plain function, not a method, so that torch.compile takes it as one."""
 
     def __init__(self, src: Path, signatures: Callable[[ctypes.CDLL], None]):
         self.src = src
@@ -84,9 +87,11 @@ class CLibrary:
         self._error = ""
         self._tried = False
         self._lock = threading.Lock()
+        self.available: Callable[[], bool] = torch.compiler.assume_constant_result(lambda: self.load() is not None)
 
     def load(self) -> ctypes.CDLL | None:
-        """The compiled library, or None (see ``error()``); the first call builds it."""
+        """The compiled library, or None (see ``error()``); the first call builds it. Set
+        LAPLACIANFORMER_NO_NATIVE=1 to disable."""
         if not self._tried:
             with self._lock:
                 if not self._tried:

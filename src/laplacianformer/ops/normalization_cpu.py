@@ -40,20 +40,7 @@ def _signatures(lib: ctypes.CDLL) -> None:
 
 
 LIBRARY = CLibrary(_SRC, _signatures)
-
-
-def load() -> ctypes.CDLL | None:
-    """The compiled library, or None (see ``load_error()``). Set LAPLACIANFORMER_NO_NATIVE=1 to disable."""
-    return LIBRARY.load()
-
-
-@torch.compiler.assume_constant_result
-def available() -> bool:
-    return load() is not None
-
-
-def load_error() -> str:
-    return LIBRARY.error()
+load, available, load_error = LIBRARY.load, LIBRARY.available, LIBRARY.error
 
 
 def _stats_size(m: int, e: int) -> int:

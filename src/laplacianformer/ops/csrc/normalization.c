@@ -15,13 +15,15 @@
  * - sums over rows (mm_tn): acc (P, ldq) += Xᵀ Y over the sub-block, with a tile of RP acc rows × up to
  *   NVMAX vectors in registers while r runs over the sub-block.
  * Sums over rows go to one slot per (group, chunk) task, and the slots are added in chunk order, so the
- * result does not depend on the thread count. Both entry points return 0, or 1 when an allocation failed.
+ * result does not depend on the thread count. One allocation per call holds the slots, the per-group
+ * workspaces and each thread's scratch; both entry points return 0, or 1 when it failed.
  *
  * The second half of this file is a template: it includes itself (through __FILE__, so it must be
  * compiled by an absolute path) once per scalar type. */
 #ifndef LF_T
 
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,6 +97,23 @@ INLINE void FN(store_n_)(F *o, V v, int64_t n) {
   }
 }
 
+/* acc[r][:NV] += Σ_k X[r][k] B[k][j0 + t*W + :W] over the kn columns of X (ld ldx) and rows of B (ld ldb),
+ * for RR rows; rows past `rows` read the last row. */
+INLINE void FN(tile_acc_)(V acc[RR][NVMAX], const F *restrict x, int64_t ldx, int64_t kn, const F *restrict b,
+                          int64_t ldb, int rows, int64_t j0, const int NV) {
+  const F *xr[RR];
+  for (int r = 0; r < RR; ++r) xr[r] = x + MIN(r, rows - 1) * ldx;
+  for (int64_t kk = 0; kk < kn; ++kk) {
+    const F *bk = b + kk * ldb + j0;
+    V bv[NVMAX];
+    for (int t = 0; t < NV; ++t) bv[t] = *(const V *)(bk + t * W);
+    for (int r = 0; r < RR; ++r) {
+      const F xv = xr[r][kk];
+      for (int t = 0; t < NV; ++t) acc[r][t] += xv * bv[t];
+    }
+  }
+}
+
 /* out[r][0:q] = (Σ_k X1[r][k] B1[k][:] + Σ_k X2[r][k] B2[k][:]) * (scl ? scl[r] : 1) + (bias ? bias : 0)
  * for `rows` (<= RR) rows of the packed X1 (ld ldx1) and X2 (ld ldx2, or NULL), B1 (k1, ldb) and B2
  * (k2, ldb) packed and zero padded, NV vectors of columns from column j0; out rows of stride ldo, columns
@@ -106,29 +125,8 @@ INLINE void FN(mm_tile_)(const F *restrict x1, int64_t ldx1, int64_t k1, const F
   V acc[RR][NVMAX];
   for (int r = 0; r < RR; ++r)
     for (int t = 0; t < NV; ++t) acc[r][t] = (V){0};
-  const F *xr[RR];
-  for (int r = 0; r < RR; ++r) xr[r] = x1 + MIN(r, rows - 1) * ldx1;
-  for (int64_t kk = 0; kk < k1; ++kk) {
-    const F *bk = b1 + kk * ldb + j0;
-    V bv[NVMAX];
-    for (int t = 0; t < NV; ++t) bv[t] = *(const V *)(bk + t * W);
-    for (int r = 0; r < RR; ++r) {
-      const F xv = xr[r][kk];
-      for (int t = 0; t < NV; ++t) acc[r][t] += xv * bv[t];
-    }
-  }
-  if (x2) {
-    for (int r = 0; r < RR; ++r) xr[r] = x2 + MIN(r, rows - 1) * ldx2;
-    for (int64_t kk = 0; kk < k2; ++kk) {
-      const F *bk = b2 + kk * ldb + j0;
-      V bv[NVMAX];
-      for (int t = 0; t < NV; ++t) bv[t] = *(const V *)(bk + t * W);
-      for (int r = 0; r < RR; ++r) {
-        const F xv = xr[r][kk];
-        for (int t = 0; t < NV; ++t) acc[r][t] += xv * bv[t];
-      }
-    }
-  }
+  FN(tile_acc_)(acc, x1, ldx1, k1, b1, ldb, rows, j0, NV);
+  if (x2) FN(tile_acc_)(acc, x2, ldx2, k2, b2, ldb, rows, j0, NV);
   for (int r = 0; r < RR; ++r) {
     if (r >= rows) break;
     const F s = scl ? scl[r] : (F)1;
@@ -294,178 +292,170 @@ int FN(lf_norm_fwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
   const int64_t o_s = ldm, o_spk = o_s + (mp + 1) * ldm, o_mpk = o_spk + m * ldm, o_bias = o_mpk + m * lde;
   const int64_t szg = o_bias + lde;
   const int64_t ldx = MAX(ldm, lde), smsz = mp * ldx + 2 * ldx + 3 * m * m + m * e + 2 * m + W;
+  /* each thread's scratch (carved below), whole multiples of 64 values apart */
+  const int64_t szt = (RS * (3 * ldm + lde) + 2 * RS + smsz + 63) / 64 * 64;
   void *base = NULL;
-  F *slots = (F *)lfn_alloc(sizeof(F) * (size_t)(nslots + g * szg), &base);
+  F *slots = (F *)lfn_alloc(sizeof(F) * (size_t)(nslots + g * szg + MAX(1, threads) * szt), &base);
   if (!slots) return 1;
-  F *gws = slots + nslots;
+  F *gws = slots + nslots, *thr = gws + g * szg;
   F *slq = slots, *slk = slots + g * nchq * szq;
   const int64_t szkk = MAX(szk0, szk);
-  int failed = 0;
 #pragma omp parallel num_threads(threads)
   {
-    void *sbase = NULL;
-    F *scr = (F *)lfn_alloc(sizeof(F) * (size_t)(RS * (3 * ldm + lde) + 2 * RS + smsz), &sbase);
-    if (!scr) {
-#pragma omp atomic write
-      failed = 1;
+    F *xs = thr + omp_get_thread_num() * szt, *ts = xs + RS * ldm, *us = ts + RS * ldm;
+    F *vs = us + RS * ldm, *rs = vs + RS * lde;
+    F *sm = rs + 2 * RS; /* small per-group temporaries (acc, ksum, dbar, sfull) */
+    /* 1. pilot of each group's c rows: the mean of about 64 evenly spaced rows (shift of the covariance) */
+#pragma omp for schedule(static)
+    for (int64_t gi = 0; gi < g; ++gi) {
+      F *pilot = gws + gi * szg;
+      memset(pilot, 0, sizeof(F) * (size_t)ldm);
+      if (inj && nq > 0) {
+        const int64_t step = MAX(1, nq / 64);
+        int64_t cnt = 0;
+        for (int64_t i = 0; i < nq; i += step, ++cnt)
+          for (int64_t j = 0; j < m; ++j) pilot[j] += c[gi * scb + i * scn + j];
+        for (int64_t j = 0; j < m; ++j) pilot[j] /= (F)cnt;
+      }
     }
-#pragma omp barrier
-    if (!failed) {
-      F *xs = scr, *ts = xs + RS * ldm, *us = ts + RS * ldm, *vs = us + RS * ldm, *rs = vs + RS * lde;
-      F *sm = rs + 2 * RS; /* small per-group temporaries (acc, ksum, dbar, sfull) */
-      /* 1. pilot of each group's c rows: the mean of about 64 evenly spaced rows (shift of the covariance) */
-#pragma omp for schedule(static)
-      for (int64_t gi = 0; gi < g; ++gi) {
-        F *pilot = gws + gi * szg;
-        memset(pilot, 0, sizeof(F) * (size_t)ldm);
-        if (inj && nq > 0) {
-          const int64_t step = MAX(1, nq / 64);
-          int64_t cnt = 0;
-          for (int64_t i = 0; i < nq; i += step, ++cnt)
-            for (int64_t j = 0; j < m; ++j) pilot[j] += c[gi * scb + i * scn + j];
-          for (int64_t j = 0; j < m; ++j) pilot[j] /= (F)cnt;
-        }
-      }
-      /* 2. query chunks: Σ d dᵀ, Σ d (d = c − pilot); key chunks: Σ k */
+    /* 2. query chunks: Σ d dᵀ, Σ d (d = c − pilot); key chunks: Σ k */
 #pragma omp for schedule(dynamic)
-      for (int64_t task = 0; task < g * (nchq + nchk); ++task) {
-        if (task < g * nchq) {
-          if (!inj) continue;
-          const int64_t gi = task / nchq, lo = (task % nchq) * cq, hi = MIN(nq, lo + cq);
-          F *slot = slq + task * szq, *sd = slot + mp * ldm;
-          memset(slot, 0, sizeof(F) * (size_t)szq);
-          for (int64_t i = lo; i < hi; i += RS) {
-            const int64_t rows = MIN(RS, hi - i);
-            FN(pack_)(xs, ldm, c + gi * scb + i * scn, scn, rows, m, gws + gi * szg, NULL);
-            FN(mm_tn_)(xs, ldm, m, xs, ldm, m, rows, slot, ldm, 1);
-            for (int64_t r = 0; r < rows; ++r)
-              for (int64_t j = 0; j < m; ++j) sd[j] += xs[r * ldm + j];
-          }
-        } else {
-          const int64_t tk = task - g * nchq, gi = tk / nchk, lo = (tk % nchk) * ck, hi = MIN(nk, lo + ck);
-          F *slot = slk + tk * szkk;
-          memset(slot, 0, sizeof(F) * (size_t)szk0);
-          for (int64_t i = lo; i < hi; ++i)
-            for (int64_t j = 0; j < m; ++j) slot[j] += k[gi * skb + i * skn + j];
-        }
-      }
-      /* 3. per group: c̄, S, k̄, S' = Wᵀ S W, S W (packed S' for the key pass) */
-#pragma omp for schedule(static)
-      for (int64_t gi = 0; gi < g; ++gi) {
-        FN(stats_t) st = FN(stats_at_)(stats, gi, m, e);
-        F *pilot = gws + gi * szg, *s = pilot + o_s, *spk = pilot + o_spk;
-        F *ksum = sm, *dbar = ksum + m, *sfull = dbar + m;
-        memset(ksum, 0, sizeof(F) * (size_t)m);
-        for (int64_t ci = 0; ci < nchk; ++ci) {
-          const F *sl = slk + (gi * nchk + ci) * szkk;
-          for (int64_t j = 0; j < m; ++j) ksum[j] += sl[j];
-        }
-        for (int64_t j = 0; j < m; ++j) st.kbar[j] = nk > 0 ? ksum[j] / (F)nk : 0;
-        if (inj) {
-          FN(reduce_slots_)(s, slq, gi, nchq, szq, szq); /* (mp, ldm) upper tiles, then Σ d at s + mp*ldm */
-          const F *dsum = s + mp * ldm;
-          for (int64_t j = 0; j < m; ++j) dbar[j] = nq > 0 ? dsum[j] / (F)nq : 0;
-          for (int64_t j = 0; j < m; ++j) st.cbar[j] = pilot[j] + dbar[j];
-          /* S = D / nq − d̄ d̄ᵀ, symmetric: the upper part was accumulated (tiles from the diagonal's vector) */
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = i; j < m; ++j) {
-              const F val = (nq > 0 ? s[i * ldm + j] / (F)nq : 0) - dbar[i] * dbar[j];
-              sfull[i * m + j] = sfull[j * m + i] = val;
-            }
-          if (w) {
-            const F *wg = w + gi * swb;
-            FN(small_mm_)(m, m, m, 1, sfull, m, 0, wg, m, 0, 0, st.sw, m);       /* S W */
-            FN(small_mm_)(m, m, m, 1, wg, m, 1, st.sw, m, 0, 0, st.sp, m);       /* Wᵀ S W */
-          } else {
-            memcpy(st.sw, sfull, sizeof(F) * (size_t)(m * m));
-            memcpy(st.sp, sfull, sizeof(F) * (size_t)(m * m));
-          }
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < ldm; ++j) spk[i * ldm + j] = j < m ? st.sp[i * m + j] : 0;
-        } else {
-          memset(st.cbar, 0, sizeof(F) * (size_t)m);
-          memset(st.sp, 0, sizeof(F) * (size_t)(m * m));
-          memset(st.sw, 0, sizeof(F) * (size_t)(m * m));
-        }
-      }
-      /* 4. key chunks: t = k̃ S', s = rowsum(t ⊙ k̃), r; sums (r ⊙ k̃)ᵀ v, Σ r v, Σ v */
-#pragma omp for schedule(dynamic)
-      for (int64_t tk = 0; tk < g * nchk; ++tk) {
-        const int64_t gi = tk / nchk, lo = (tk % nchk) * ck, hi = MIN(nk, lo + ck);
-        FN(stats_t) st = FN(stats_at_)(stats, gi, m, e);
-        const F *spk = gws + gi * szg + o_spk;
-        F *slot = slk + tk * szkk, *srv = slot + mp * lde, *sv = srv + lde;
-        memset(slot, 0, sizeof(F) * (size_t)szk);
-        for (int64_t i = lo; i < hi; i += RS) {
-          const int64_t rows = MIN(RS, hi - i);
-          FN(pack_)(xs, ldm, k + gi * skb + i * skn, skn, rows, m, st.kbar, NULL);
-          FN(pack_)(vs, lde, v + gi * svb + i * svn, svn, rows, e, NULL, NULL);
-          if (inj) {
-            F *tr = t ? t + (gi * nk + i) * m : ts;
-            const int64_t ldt = t ? m : ldm;
-            FN(mm_rows_)(xs, ldm, m, spk, NULL, 0, 0, NULL, ldm, rows, NULL, NULL, tr, ldt, m);
-            for (int64_t r = 0; r < rows; ++r) {
-              F sj = 0;
-              for (int64_t j = 0; j < m; ++j) sj += tr[r * ldt + j] * xs[r * ldm + j];
-              const F rj = (F)1 / (F)sqrt((double)((sj > 0 ? sj : 0) + eps));
-              rs[r] = rj;
-              rinv[gi * nk + i + r] = rj;
-              dsc[gi * nk + i + r] = sj >= 0 ? (F)-0.5 * rj * rj * rj : 0;
-            }
-          } else {
-            for (int64_t r = 0; r < rows; ++r) rs[r] = 1;
-          }
-          for (int64_t r = 0; r < rows; ++r) {
-            F *ur = us + r * ldm;
-            const F *xr = xs + r * ldm;
-            for (int64_t j = 0; j < ldm; ++j) ur[j] = xr[j] * rs[r];
-            const F *vr = vs + r * lde;
-            for (int64_t j = 0; j < e; ++j) {
-              srv[j] += rs[r] * vr[j];
-              sv[j] += vr[j];
-            }
-          }
-          FN(mm_tn_)(us, ldm, m, vs, lde, e, rows, slot, lde, 0);
-        }
-      }
-      /* 5. per group: M', Σ r v, v̄, M = W M'; packed M and the bias v̄ − c̄ M folded into the out pass */
-#pragma omp for schedule(static)
-      for (int64_t gi = 0; gi < g; ++gi) {
-        FN(stats_t) st = FN(stats_at_)(stats, gi, m, e);
-        F *mpk = gws + gi * szg + o_mpk, *bias = gws + gi * szg + o_bias;
-        F *acc = sm;
-        FN(reduce_slots_)(acc, slk, gi, nchk, szkk, szk);
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < e; ++j) st.mk[i * e + j] = acc[i * lde + j];
-        for (int64_t j = 0; j < e; ++j) {
-          st.rvs[j] = acc[mp * lde + j];
-          st.vbar[j] = nk > 0 ? acc[mp * lde + lde + j] / (F)nk : 0;
-        }
-        if (w)
-          FN(small_mm_)(m, e, m, 1, w + gi * swb, m, 0, st.mk, e, 0, 0, st.mm, e);
-        else
-          memcpy(st.mm, st.mk, sizeof(F) * (size_t)(m * e));
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < lde; ++j) mpk[i * lde + j] = j < e ? st.mm[i * e + j] : 0;
-        for (int64_t j = 0; j < lde; ++j) bias[j] = j < e ? st.vbar[j] : 0;
-      }
-      /* 6. query chunks: out = (c − c̄) M + v̄ */
-#pragma omp for schedule(dynamic)
-      for (int64_t task = 0; task < g * nchq; ++task) {
+    for (int64_t task = 0; task < g * (nchq + nchk); ++task) {
+      if (task < g * nchq) {
+        if (!inj) continue;
         const int64_t gi = task / nchq, lo = (task % nchq) * cq, hi = MIN(nq, lo + cq);
-        FN(stats_t) st = FN(stats_at_)(stats, gi, m, e);
-        const F *mpk = gws + gi * szg + o_mpk, *bias = gws + gi * szg + o_bias;
+        F *slot = slq + task * szq, *sd = slot + mp * ldm;
+        memset(slot, 0, sizeof(F) * (size_t)szq);
         for (int64_t i = lo; i < hi; i += RS) {
           const int64_t rows = MIN(RS, hi - i);
-          FN(pack_)(xs, ldm, c + gi * scb + i * scn, scn, rows, m, inj ? st.cbar : NULL, NULL);
-          FN(mm_rows_)(xs, ldm, m, mpk, NULL, 0, 0, NULL, lde, rows, NULL, bias, out + (gi * nq + i) * e, e, e);
+          FN(pack_)(xs, ldm, c + gi * scb + i * scn, scn, rows, m, gws + gi * szg, NULL);
+          FN(mm_tn_)(xs, ldm, m, xs, ldm, m, rows, slot, ldm, 1);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < m; ++j) sd[j] += xs[r * ldm + j];
         }
+      } else {
+        const int64_t tk = task - g * nchq, gi = tk / nchk, lo = (tk % nchk) * ck, hi = MIN(nk, lo + ck);
+        F *slot = slk + tk * szkk;
+        memset(slot, 0, sizeof(F) * (size_t)szk0);
+        for (int64_t i = lo; i < hi; ++i)
+          for (int64_t j = 0; j < m; ++j) slot[j] += k[gi * skb + i * skn + j];
       }
     }
-    free(sbase);
+    /* 3. per group: c̄, S, k̄, S' = Wᵀ S W, S W (packed S' for the key pass) */
+#pragma omp for schedule(static)
+    for (int64_t gi = 0; gi < g; ++gi) {
+      FN(stats_t) st = FN(stats_at_)(stats, gi, m, e);
+      F *pilot = gws + gi * szg, *s = pilot + o_s, *spk = pilot + o_spk;
+      F *ksum = sm, *dbar = ksum + m, *sfull = dbar + m;
+      memset(ksum, 0, sizeof(F) * (size_t)m);
+      for (int64_t ci = 0; ci < nchk; ++ci) {
+        const F *sl = slk + (gi * nchk + ci) * szkk;
+        for (int64_t j = 0; j < m; ++j) ksum[j] += sl[j];
+      }
+      for (int64_t j = 0; j < m; ++j) st.kbar[j] = nk > 0 ? ksum[j] / (F)nk : 0;
+      if (inj) {
+        FN(reduce_slots_)(s, slq, gi, nchq, szq, szq); /* (mp, ldm) upper tiles, then Σ d at s + mp*ldm */
+        const F *dsum = s + mp * ldm;
+        for (int64_t j = 0; j < m; ++j) dbar[j] = nq > 0 ? dsum[j] / (F)nq : 0;
+        for (int64_t j = 0; j < m; ++j) st.cbar[j] = pilot[j] + dbar[j];
+        /* S = D / nq − d̄ d̄ᵀ, symmetric: the upper part was accumulated (tiles from the diagonal's vector) */
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = i; j < m; ++j) {
+            const F val = (nq > 0 ? s[i * ldm + j] / (F)nq : 0) - dbar[i] * dbar[j];
+            sfull[i * m + j] = sfull[j * m + i] = val;
+          }
+        if (w) {
+          const F *wg = w + gi * swb;
+          FN(small_mm_)(m, m, m, 1, sfull, m, 0, wg, m, 0, 0, st.sw, m);       /* S W */
+          FN(small_mm_)(m, m, m, 1, wg, m, 1, st.sw, m, 0, 0, st.sp, m);       /* Wᵀ S W */
+        } else {
+          memcpy(st.sw, sfull, sizeof(F) * (size_t)(m * m));
+          memcpy(st.sp, sfull, sizeof(F) * (size_t)(m * m));
+        }
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < ldm; ++j) spk[i * ldm + j] = j < m ? st.sp[i * m + j] : 0;
+      } else {
+        memset(st.cbar, 0, sizeof(F) * (size_t)m);
+        memset(st.sp, 0, sizeof(F) * (size_t)(m * m));
+        memset(st.sw, 0, sizeof(F) * (size_t)(m * m));
+      }
+    }
+    /* 4. key chunks: t = k̃ S', s = rowsum(t ⊙ k̃), r; sums (r ⊙ k̃)ᵀ v, Σ r v, Σ v */
+#pragma omp for schedule(dynamic)
+    for (int64_t tk = 0; tk < g * nchk; ++tk) {
+      const int64_t gi = tk / nchk, lo = (tk % nchk) * ck, hi = MIN(nk, lo + ck);
+      FN(stats_t) st = FN(stats_at_)(stats, gi, m, e);
+      const F *spk = gws + gi * szg + o_spk;
+      F *slot = slk + tk * szkk, *srv = slot + mp * lde, *sv = srv + lde;
+      memset(slot, 0, sizeof(F) * (size_t)szk);
+      for (int64_t i = lo; i < hi; i += RS) {
+        const int64_t rows = MIN(RS, hi - i);
+        FN(pack_)(xs, ldm, k + gi * skb + i * skn, skn, rows, m, st.kbar, NULL);
+        FN(pack_)(vs, lde, v + gi * svb + i * svn, svn, rows, e, NULL, NULL);
+        if (inj) {
+          F *tr = t ? t + (gi * nk + i) * m : ts;
+          const int64_t ldt = t ? m : ldm;
+          FN(mm_rows_)(xs, ldm, m, spk, NULL, 0, 0, NULL, ldm, rows, NULL, NULL, tr, ldt, m);
+          for (int64_t r = 0; r < rows; ++r) {
+            F sj = 0;
+            for (int64_t j = 0; j < m; ++j) sj += tr[r * ldt + j] * xs[r * ldm + j];
+            const F rj = (F)1 / (F)sqrt((double)((sj > 0 ? sj : 0) + eps));
+            rs[r] = rj;
+            rinv[gi * nk + i + r] = rj;
+            dsc[gi * nk + i + r] = sj >= 0 ? (F)-0.5 * rj * rj * rj : 0;
+          }
+        } else {
+          for (int64_t r = 0; r < rows; ++r) rs[r] = 1;
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          F *ur = us + r * ldm;
+          const F *xr = xs + r * ldm;
+          for (int64_t j = 0; j < ldm; ++j) ur[j] = xr[j] * rs[r];
+          const F *vr = vs + r * lde;
+          for (int64_t j = 0; j < e; ++j) {
+            srv[j] += rs[r] * vr[j];
+            sv[j] += vr[j];
+          }
+        }
+        FN(mm_tn_)(us, ldm, m, vs, lde, e, rows, slot, lde, 0);
+      }
+    }
+    /* 5. per group: M', Σ r v, v̄, M = W M'; packed M and the bias v̄ − c̄ M folded into the out pass */
+#pragma omp for schedule(static)
+    for (int64_t gi = 0; gi < g; ++gi) {
+      FN(stats_t) st = FN(stats_at_)(stats, gi, m, e);
+      F *mpk = gws + gi * szg + o_mpk, *bias = gws + gi * szg + o_bias;
+      F *acc = sm;
+      FN(reduce_slots_)(acc, slk, gi, nchk, szkk, szk);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < e; ++j) st.mk[i * e + j] = acc[i * lde + j];
+      for (int64_t j = 0; j < e; ++j) {
+        st.rvs[j] = acc[mp * lde + j];
+        st.vbar[j] = nk > 0 ? acc[mp * lde + lde + j] / (F)nk : 0;
+      }
+      if (w)
+        FN(small_mm_)(m, e, m, 1, w + gi * swb, m, 0, st.mk, e, 0, 0, st.mm, e);
+      else
+        memcpy(st.mm, st.mk, sizeof(F) * (size_t)(m * e));
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < lde; ++j) mpk[i * lde + j] = j < e ? st.mm[i * e + j] : 0;
+      for (int64_t j = 0; j < lde; ++j) bias[j] = j < e ? st.vbar[j] : 0;
+    }
+    /* 6. query chunks: out = (c − c̄) M + v̄ */
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < g * nchq; ++task) {
+      const int64_t gi = task / nchq, lo = (task % nchq) * cq, hi = MIN(nq, lo + cq);
+      FN(stats_t) st = FN(stats_at_)(stats, gi, m, e);
+      const F *mpk = gws + gi * szg + o_mpk, *bias = gws + gi * szg + o_bias;
+      for (int64_t i = lo; i < hi; i += RS) {
+        const int64_t rows = MIN(RS, hi - i);
+        FN(pack_)(xs, ldm, c + gi * scb + i * scn, scn, rows, m, inj ? st.cbar : NULL, NULL);
+        FN(mm_rows_)(xs, ldm, m, mpk, NULL, 0, 0, NULL, lde, rows, NULL, bias, out + (gi * nq + i) * e, e, e);
+      }
+    }
   }
   free(base);
-  return failed;
+  return 0;
 }
 
 /* Backward. grad (g, nq, e) with strides (sgb, sgn, 1); t: the forward's k̃ S' or NULL (recomputed);
@@ -483,187 +473,179 @@ int FN(lf_norm_bwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
    * (2/nq) dS packed (m, ldm), Mᵀ packed (e, ldm), dc bias (ldm), dM (m, e), dS' (m, m) */
   const int64_t szg = (m * lde + e * ldm + lde + m * ldm + ldm + m * ldm + e * ldm + ldm + m * e + m * m + W - 1) / W * W;
   const int64_t ldx = MAX(ldm, lde), smsz = mp * ldx + 2 * ldx + 3 * m * m + m * e + 2 * m + W;
+  /* each thread's scratch (carved below), whole multiples of 64 values apart */
+  const int64_t szt = (RS * (4 * ldm + lde) + 2 * RS + smsz + 63) / 64 * 64;
   void *base = NULL;
-  F *slots = (F *)lfn_alloc(sizeof(F) * (size_t)(nslots + g * szg), &base);
+  F *slots = (F *)lfn_alloc(sizeof(F) * (size_t)(nslots + g * szg + MAX(1, threads) * szt), &base);
   if (!slots) return 1;
-  F *slq = slots, *slk = slots + g * nchq * szq, *gws = slots + nslots;
-  int failed = 0;
+  F *slq = slots, *slk = slots + g * nchq * szq, *gws = slots + nslots, *thr = gws + g * szg;
 #pragma omp parallel num_threads(threads)
   {
-    void *sbase = NULL;
-    F *scr = (F *)lfn_alloc(sizeof(F) * (size_t)(RS * (4 * ldm + lde) + 2 * RS + smsz), &sbase);
-    if (!scr) {
-#pragma omp atomic write
-      failed = 1;
-    }
-#pragma omp barrier
-    if (!failed) {
-      F *xs = scr, *ys = xs + RS * ldm, *us = ys + RS * ldm, *ts = us + RS * ldm, *vs = ts + RS * ldm;
-      F *dss = vs + RS * lde, *sm = dss + 2 * RS; /* small per-group temporaries */
-      /* 1. query chunks: dM = Σ (c − c̄)ᵀ G, Σ G */
+    F *xs = thr + omp_get_thread_num() * szt, *ys = xs + RS * ldm, *us = ys + RS * ldm;
+    F *ts = us + RS * ldm, *vs = ts + RS * ldm;
+    F *dss = vs + RS * lde, *sm = dss + 2 * RS; /* small per-group temporaries */
+    /* 1. query chunks: dM = Σ (c − c̄)ᵀ G, Σ G */
 #pragma omp for schedule(dynamic)
-      for (int64_t task = 0; task < g * nchq; ++task) {
+    for (int64_t task = 0; task < g * nchq; ++task) {
+      const int64_t gi = task / nchq, lo = (task % nchq) * cq, hi = MIN(nq, lo + cq);
+      FN(stats_t) st = FN(stats_at_)((F *)stats, gi, m, e);
+      F *slot = slq + task * szq, *sg = slot + mp * lde;
+      memset(slot, 0, sizeof(F) * (size_t)szq);
+      for (int64_t i = lo; i < hi; i += RS) {
+        const int64_t rows = MIN(RS, hi - i);
+        FN(pack_)(xs, ldm, c + gi * scb + i * scn, scn, rows, m, inj ? st.cbar : NULL, NULL);
+        FN(pack_)(vs, lde, gr + gi * sgb + i * sgn, sgn, rows, e, NULL, NULL);
+        FN(mm_tn_)(xs, ldm, m, vs, lde, e, rows, slot, lde, 0);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < e; ++j) sg[j] += vs[r * lde + j];
+      }
+    }
+    /* 2. per group: dM, dM' = Wᵀ dM, Ḡ_k; packed dM', dM'ᵀ, S' */
+#pragma omp for schedule(static)
+    for (int64_t gi = 0; gi < g; ++gi) {
+      FN(stats_t) st = FN(stats_at_)((F *)stats, gi, m, e);
+      F *g0 = gws + gi * szg, *dmk = g0, *dmkt = dmk + m * lde, *gk = dmkt + e * ldm, *spk = gk + lde;
+      F *dmm = spk + m * ldm + ldm + m * ldm + e * ldm + ldm;
+      F *acc = sm, *dmp = sm + mp * ldx + 2 * ldx;
+      FN(reduce_slots_)(acc, slq, gi, nchq, szq, szq);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < e; ++j) dmm[i * e + j] = acc[i * lde + j];
+      if (w)
+        FN(small_mm_)(m, e, m, 1, w + gi * swb, m, 1, dmm, e, 0, 0, dmp, e);
+      else
+        memcpy(dmp, dmm, sizeof(F) * (size_t)(m * e));
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < lde; ++j) dmk[i * lde + j] = j < e ? dmp[i * e + j] : 0;
+      for (int64_t j = 0; j < e; ++j)
+        for (int64_t i = 0; i < ldm; ++i) dmkt[j * ldm + i] = i < m ? dmp[i * e + j] : 0;
+      for (int64_t j = 0; j < lde; ++j) gk[j] = j < e && nk > 0 ? acc[mp * lde + j] / (F)nk : 0;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < ldm; ++j) spk[i * ldm + j] = j < m ? st.sp[i * m + j] : 0;
+    }
+    /* 3. key chunks: dv = r (k̃ dM') + Ḡ_k, Y = v dM'ᵀ, ds = dsc (Y · k̃), dk̃ = r Y + 2 ds t,
+     *    sums k̃ᵀ (ds k̃) and Σ ds k̃ */
+#pragma omp for schedule(dynamic)
+    for (int64_t tk = 0; tk < g * nchk; ++tk) {
+      const int64_t gi = tk / nchk, lo = (tk % nchk) * ck, hi = MIN(nk, lo + ck);
+      FN(stats_t) st = FN(stats_at_)((F *)stats, gi, m, e);
+      const F *g0 = gws + gi * szg, *dmk = g0, *dmkt = dmk + m * lde, *gk = dmkt + e * ldm, *spk = gk + lde;
+      F *slot = slk + tk * szk, *su = slot + mp * ldm;
+      memset(slot, 0, sizeof(F) * (size_t)szk);
+      for (int64_t i = lo; i < hi; i += RS) {
+        const int64_t rows = MIN(RS, hi - i);
+        const F *ri = inj ? rinv + gi * nk + i : NULL;
+        FN(pack_)(xs, ldm, k + gi * skb + i * skn, skn, rows, m, st.kbar, NULL);
+        FN(pack_)(vs, lde, v + gi * svb + i * svn, svn, rows, e, NULL, NULL);
+        FN(mm_rows_)(xs, ldm, m, dmk, NULL, 0, 0, NULL, lde, rows, ri, gk, dv + (gi * nk + i) * e, e, e);
+        FN(mm_rows_)(vs, lde, e, dmkt, NULL, 0, 0, NULL, ldm, rows, NULL, NULL, ys, ldm, m);
+        F *dkr = dk + (gi * nk + i) * m;
+        if (!inj) {
+          for (int64_t r = 0; r < rows; ++r) memcpy(dkr + r * m, ys + r * ldm, sizeof(F) * (size_t)m);
+          continue;
+        }
+        const F *tr = t ? t + (gi * nk + i) * m : ts;
+        const int64_t ldt = t ? m : ldm;
+        if (!t) FN(mm_rows_)(xs, ldm, m, spk, NULL, 0, 0, NULL, ldm, rows, NULL, NULL, ts, ldm, m);
+        for (int64_t r = 0; r < rows; ++r) {
+          const F *yr = ys + r * ldm, *xr = xs + r * ldm, *trr = tr + r * ldt;
+          F dr = 0;
+          for (int64_t j = 0; j < m; ++j) dr += yr[j] * xr[j];
+          const F ds = dsc[gi * nk + i + r] * dr, rj = ri[r];
+          dss[r] = ds;
+          F *o = dkr + r * m; /* may alias trr (dk = t): each element is read before it is written */
+          for (int64_t j = 0; j < m; ++j) o[j] = rj * yr[j] + 2 * ds * trr[j];
+          for (int64_t j = 0; j < m; ++j) su[j] += ds * xr[j];
+        }
+        FN(pack_)(us, ldm, xs, ldm, rows, m, NULL, dss);
+        FN(mm_tn_)(us, ldm, m, xs, ldm, m, rows, slot, ldm, 1);
+      }
+    }
+    /* 4. per group: dS', Σu; dk mean; dS = W dS' Wᵀ; dW = dM M'ᵀ + 2 S W dS'; packed (2/nq) dS, Mᵀ, bias */
+#pragma omp for schedule(static)
+    for (int64_t gi = 0; gi < g; ++gi) {
+      FN(stats_t) st = FN(stats_at_)((F *)stats, gi, m, e);
+      F *g0 = gws + gi * szg, *dmk = g0, *dmkt = dmk + m * lde, *gk = dmkt + e * ldm, *spk = gk + lde;
+      F *dkm = spk + m * ldm, *dsk = dkm + ldm, *mtk = dsk + m * ldm, *dcb = mtk + e * ldm;
+      F *dmm = dcb + ldm, *dsp = dmm + m * e;
+      (void)dmk;
+      F *acc = sm, *dsf = sm + mp * ldx + 2 * ldx, *tmp = dsf + m * m;
+      memset(dkm, 0, sizeof(F) * (size_t)ldm);
+      if (inj) {
+        FN(reduce_slots_)(acc, slk, gi, nchk, szk, szk);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = i; j < m; ++j) dsp[i * m + j] = dsp[j * m + i] = acc[i * ldm + j];
+        /* mean_j dk̃_j = (Σ r v) dM'ᵀ / nk + 2 (Σ u) S' / nk */
+        const F *su = acc + mp * ldm;
+        for (int64_t j = 0; j < m; ++j) {
+          F a = 0;
+          for (int64_t l = 0; l < e; ++l) a += st.rvs[l] * dmkt[l * ldm + j];
+          for (int64_t l = 0; l < m; ++l) a += 2 * su[l] * st.sp[l * m + j];
+          dkm[j] = nk > 0 ? a / (F)nk : 0;
+        }
+        if (w) {
+          const F *wg = w + gi * swb;
+          FN(small_mm_)(m, m, m, 1, wg, m, 0, dsp, m, 0, 0, tmp, m);   /* W dS' */
+          FN(small_mm_)(m, m, m, 1, tmp, m, 0, wg, m, 1, 0, dsf, m);   /* (W dS') Wᵀ */
+        } else {
+          memcpy(dsf, dsp, sizeof(F) * (size_t)(m * m));
+        }
+      } else {
+        for (int64_t j = 0; j < m; ++j) {
+          F a = 0;
+          for (int64_t l = 0; l < e; ++l) a += st.vbar[l] * dmkt[l * ldm + j];
+          dkm[j] = a; /* inline: dk = Y − mean Y, mean Y = v̄ dM'ᵀ */
+        }
+        memset(dsf, 0, sizeof(F) * (size_t)(m * m));
+        memset(dsp, 0, sizeof(F) * (size_t)(m * m));
+      }
+      if (dw) {
+        F *dwg = dw + gi * m * m;
+        FN(small_mm_)(m, m, e, 1, dmm, e, 0, st.mk, e, 1, 0, dwg, m);          /* dM M'ᵀ */
+        if (inj) FN(small_mm_)(m, m, m, 2, st.sw, m, 0, dsp, m, 0, 1, dwg, m); /* + 2 S W dS' */
+      }
+      const F sc = nq > 0 ? (F)2 / (F)nq : 0;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < ldm; ++j) dsk[i * ldm + j] = j < m ? sc * dsf[i * m + j] : 0;
+      for (int64_t l = 0; l < e; ++l)
+        for (int64_t j = 0; j < ldm; ++j) mtk[l * ldm + j] = j < m ? st.mm[j * e + l] : 0;
+      /* dc bias: −Ḡ_q Mᵀ (injective: the mean of dc̃ removed); inline: none */
+      for (int64_t j = 0; j < ldm; ++j) {
+        F a = 0;
+        if (inj && j < m && nq > 0)
+          for (int64_t l = 0; l < e; ++l) a += gk[l] * (F)nk / (F)nq * st.mm[j * e + l];
+        dcb[j] = -a;
+      }
+    }
+    /* 5. query chunks: dc = (c − c̄) (2/nq) dS + G Mᵀ − Ḡ_q Mᵀ; key chunks: dk −= mean */
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < g * (nchq + nchk); ++task) {
+      if (task < g * nchq) {
         const int64_t gi = task / nchq, lo = (task % nchq) * cq, hi = MIN(nq, lo + cq);
         FN(stats_t) st = FN(stats_at_)((F *)stats, gi, m, e);
-        F *slot = slq + task * szq, *sg = slot + mp * lde;
-        memset(slot, 0, sizeof(F) * (size_t)szq);
+        const F *g0 = gws + gi * szg, *spk = g0 + m * lde + e * ldm + lde;
+        const F *dsk = spk + m * ldm + ldm, *mtk = dsk + m * ldm, *dcb = mtk + e * ldm;
         for (int64_t i = lo; i < hi; i += RS) {
           const int64_t rows = MIN(RS, hi - i);
-          FN(pack_)(xs, ldm, c + gi * scb + i * scn, scn, rows, m, inj ? st.cbar : NULL, NULL);
           FN(pack_)(vs, lde, gr + gi * sgb + i * sgn, sgn, rows, e, NULL, NULL);
-          FN(mm_tn_)(xs, ldm, m, vs, lde, e, rows, slot, lde, 0);
-          for (int64_t r = 0; r < rows; ++r)
-            for (int64_t j = 0; j < e; ++j) sg[j] += vs[r * lde + j];
-        }
-      }
-      /* 2. per group: dM, dM' = Wᵀ dM, Ḡ_k; packed dM', dM'ᵀ, S' */
-#pragma omp for schedule(static)
-      for (int64_t gi = 0; gi < g; ++gi) {
-        FN(stats_t) st = FN(stats_at_)((F *)stats, gi, m, e);
-        F *g0 = gws + gi * szg, *dmk = g0, *dmkt = dmk + m * lde, *gk = dmkt + e * ldm, *spk = gk + lde;
-        F *dmm = spk + m * ldm + ldm + m * ldm + e * ldm + ldm;
-        F *acc = sm, *dmp = sm + mp * ldx + 2 * ldx;
-        FN(reduce_slots_)(acc, slq, gi, nchq, szq, szq);
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < e; ++j) dmm[i * e + j] = acc[i * lde + j];
-        if (w)
-          FN(small_mm_)(m, e, m, 1, w + gi * swb, m, 1, dmm, e, 0, 0, dmp, e);
-        else
-          memcpy(dmp, dmm, sizeof(F) * (size_t)(m * e));
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < lde; ++j) dmk[i * lde + j] = j < e ? dmp[i * e + j] : 0;
-        for (int64_t j = 0; j < e; ++j)
-          for (int64_t i = 0; i < ldm; ++i) dmkt[j * ldm + i] = i < m ? dmp[i * e + j] : 0;
-        for (int64_t j = 0; j < lde; ++j) gk[j] = j < e && nk > 0 ? acc[mp * lde + j] / (F)nk : 0;
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < ldm; ++j) spk[i * ldm + j] = j < m ? st.sp[i * m + j] : 0;
-      }
-      /* 3. key chunks: dv = r (k̃ dM') + Ḡ_k, Y = v dM'ᵀ, ds = dsc (Y · k̃), dk̃ = r Y + 2 ds t,
-       *    sums k̃ᵀ (ds k̃) and Σ ds k̃ */
-#pragma omp for schedule(dynamic)
-      for (int64_t tk = 0; tk < g * nchk; ++tk) {
-        const int64_t gi = tk / nchk, lo = (tk % nchk) * ck, hi = MIN(nk, lo + ck);
-        FN(stats_t) st = FN(stats_at_)((F *)stats, gi, m, e);
-        const F *g0 = gws + gi * szg, *dmk = g0, *dmkt = dmk + m * lde, *gk = dmkt + e * ldm, *spk = gk + lde;
-        F *slot = slk + tk * szk, *su = slot + mp * ldm;
-        memset(slot, 0, sizeof(F) * (size_t)szk);
-        for (int64_t i = lo; i < hi; i += RS) {
-          const int64_t rows = MIN(RS, hi - i);
-          const F *ri = inj ? rinv + gi * nk + i : NULL;
-          FN(pack_)(xs, ldm, k + gi * skb + i * skn, skn, rows, m, st.kbar, NULL);
-          FN(pack_)(vs, lde, v + gi * svb + i * svn, svn, rows, e, NULL, NULL);
-          FN(mm_rows_)(xs, ldm, m, dmk, NULL, 0, 0, NULL, lde, rows, ri, gk, dv + (gi * nk + i) * e, e, e);
-          FN(mm_rows_)(vs, lde, e, dmkt, NULL, 0, 0, NULL, ldm, rows, NULL, NULL, ys, ldm, m);
-          F *dkr = dk + (gi * nk + i) * m;
-          if (!inj) {
-            for (int64_t r = 0; r < rows; ++r) memcpy(dkr + r * m, ys + r * ldm, sizeof(F) * (size_t)m);
-            continue;
-          }
-          const F *tr = t ? t + (gi * nk + i) * m : ts;
-          const int64_t ldt = t ? m : ldm;
-          if (!t) FN(mm_rows_)(xs, ldm, m, spk, NULL, 0, 0, NULL, ldm, rows, NULL, NULL, ts, ldm, m);
-          for (int64_t r = 0; r < rows; ++r) {
-            const F *yr = ys + r * ldm, *xr = xs + r * ldm, *trr = tr + r * ldt;
-            F dr = 0;
-            for (int64_t j = 0; j < m; ++j) dr += yr[j] * xr[j];
-            const F ds = dsc[gi * nk + i + r] * dr, rj = ri[r];
-            dss[r] = ds;
-            F *o = dkr + r * m; /* may alias trr (dk = t): each element is read before it is written */
-            for (int64_t j = 0; j < m; ++j) o[j] = rj * yr[j] + 2 * ds * trr[j];
-            for (int64_t j = 0; j < m; ++j) su[j] += ds * xr[j];
-          }
-          FN(pack_)(us, ldm, xs, ldm, rows, m, NULL, dss);
-          FN(mm_tn_)(us, ldm, m, xs, ldm, m, rows, slot, ldm, 1);
-        }
-      }
-      /* 4. per group: dS', Σu; dk mean; dS = W dS' Wᵀ; dW = dM M'ᵀ + 2 S W dS'; packed (2/nq) dS, Mᵀ, bias */
-#pragma omp for schedule(static)
-      for (int64_t gi = 0; gi < g; ++gi) {
-        FN(stats_t) st = FN(stats_at_)((F *)stats, gi, m, e);
-        F *g0 = gws + gi * szg, *dmk = g0, *dmkt = dmk + m * lde, *gk = dmkt + e * ldm, *spk = gk + lde;
-        F *dkm = spk + m * ldm, *dsk = dkm + ldm, *mtk = dsk + m * ldm, *dcb = mtk + e * ldm;
-        F *dmm = dcb + ldm, *dsp = dmm + m * e;
-        (void)dmk;
-        F *acc = sm, *dsf = sm + mp * ldx + 2 * ldx, *tmp = dsf + m * m;
-        memset(dkm, 0, sizeof(F) * (size_t)ldm);
-        if (inj) {
-          FN(reduce_slots_)(acc, slk, gi, nchk, szk, szk);
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = i; j < m; ++j) dsp[i * m + j] = dsp[j * m + i] = acc[i * ldm + j];
-          /* mean_j dk̃_j = (Σ r v) dM'ᵀ / nk + 2 (Σ u) S' / nk */
-          const F *su = acc + mp * ldm;
-          for (int64_t j = 0; j < m; ++j) {
-            F a = 0;
-            for (int64_t l = 0; l < e; ++l) a += st.rvs[l] * dmkt[l * ldm + j];
-            for (int64_t l = 0; l < m; ++l) a += 2 * su[l] * st.sp[l * m + j];
-            dkm[j] = nk > 0 ? a / (F)nk : 0;
-          }
-          if (w) {
-            const F *wg = w + gi * swb;
-            FN(small_mm_)(m, m, m, 1, wg, m, 0, dsp, m, 0, 0, tmp, m);   /* W dS' */
-            FN(small_mm_)(m, m, m, 1, tmp, m, 0, wg, m, 1, 0, dsf, m);   /* (W dS') Wᵀ */
+          if (inj) {
+            FN(pack_)(xs, ldm, c + gi * scb + i * scn, scn, rows, m, st.cbar, NULL);
+            FN(mm_rows_)(xs, ldm, m, dsk, vs, lde, e, mtk, ldm, rows, NULL, dcb, dc + (gi * nq + i) * m, m, m);
           } else {
-            memcpy(dsf, dsp, sizeof(F) * (size_t)(m * m));
+            FN(mm_rows_)(vs, lde, e, mtk, NULL, 0, 0, NULL, ldm, rows, NULL, NULL, dc + (gi * nq + i) * m, m, m);
           }
-        } else {
-          for (int64_t j = 0; j < m; ++j) {
-            F a = 0;
-            for (int64_t l = 0; l < e; ++l) a += st.vbar[l] * dmkt[l * ldm + j];
-            dkm[j] = a; /* inline: dk = Y − mean Y, mean Y = v̄ dM'ᵀ */
-          }
-          memset(dsf, 0, sizeof(F) * (size_t)(m * m));
-          memset(dsp, 0, sizeof(F) * (size_t)(m * m));
         }
-        if (dw) {
-          F *dwg = dw + gi * m * m;
-          FN(small_mm_)(m, m, e, 1, dmm, e, 0, st.mk, e, 1, 0, dwg, m);          /* dM M'ᵀ */
-          if (inj) FN(small_mm_)(m, m, m, 2, st.sw, m, 0, dsp, m, 0, 1, dwg, m); /* + 2 S W dS' */
-        }
-        const F sc = nq > 0 ? (F)2 / (F)nq : 0;
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < ldm; ++j) dsk[i * ldm + j] = j < m ? sc * dsf[i * m + j] : 0;
-        for (int64_t l = 0; l < e; ++l)
-          for (int64_t j = 0; j < ldm; ++j) mtk[l * ldm + j] = j < m ? st.mm[j * e + l] : 0;
-        /* dc bias: −Ḡ_q Mᵀ (injective: the mean of dc̃ removed); inline: none */
-        for (int64_t j = 0; j < ldm; ++j) {
-          F a = 0;
-          if (inj && j < m && nq > 0)
-            for (int64_t l = 0; l < e; ++l) a += gk[l] * (F)nk / (F)nq * st.mm[j * e + l];
-          dcb[j] = -a;
-        }
-      }
-      /* 5. query chunks: dc = (c − c̄) (2/nq) dS + G Mᵀ − Ḡ_q Mᵀ; key chunks: dk −= mean */
-#pragma omp for schedule(dynamic)
-      for (int64_t task = 0; task < g * (nchq + nchk); ++task) {
-        if (task < g * nchq) {
-          const int64_t gi = task / nchq, lo = (task % nchq) * cq, hi = MIN(nq, lo + cq);
-          FN(stats_t) st = FN(stats_at_)((F *)stats, gi, m, e);
-          const F *g0 = gws + gi * szg, *spk = g0 + m * lde + e * ldm + lde;
-          const F *dsk = spk + m * ldm + ldm, *mtk = dsk + m * ldm, *dcb = mtk + e * ldm;
-          for (int64_t i = lo; i < hi; i += RS) {
-            const int64_t rows = MIN(RS, hi - i);
-            FN(pack_)(vs, lde, gr + gi * sgb + i * sgn, sgn, rows, e, NULL, NULL);
-            if (inj) {
-              FN(pack_)(xs, ldm, c + gi * scb + i * scn, scn, rows, m, st.cbar, NULL);
-              FN(mm_rows_)(xs, ldm, m, dsk, vs, lde, e, mtk, ldm, rows, NULL, dcb, dc + (gi * nq + i) * m, m, m);
-            } else {
-              FN(mm_rows_)(vs, lde, e, mtk, NULL, 0, 0, NULL, ldm, rows, NULL, NULL, dc + (gi * nq + i) * m, m, m);
-            }
-          }
-        } else {
-          const int64_t tk = task - g * nchq, gi = tk / nchk, lo = (tk % nchk) * ck, hi = MIN(nk, lo + ck);
-          const F *dkm = gws + gi * szg + m * lde + e * ldm + lde + m * ldm;
-          for (int64_t i = lo; i < hi; ++i) {
-            F *o = dk + (gi * nk + i) * m;
-            for (int64_t j = 0; j < m; ++j) o[j] -= dkm[j];
-          }
+      } else {
+        const int64_t tk = task - g * nchq, gi = tk / nchk, lo = (tk % nchk) * ck, hi = MIN(nk, lo + ck);
+        const F *dkm = gws + gi * szg + m * lde + e * ldm + lde + m * ldm;
+        for (int64_t i = lo; i < hi; ++i) {
+          F *o = dk + (gi * nk + i) * m;
+          for (int64_t j = 0; j < m; ++j) o[j] -= dkm[j];
         }
       }
     }
-    free(sbase);
   }
   free(base);
-  return failed;
+  return 0;
 }
 
 #undef F

@@ -28,22 +28,7 @@ def _signatures(lib: ctypes.CDLL) -> None:
 
 
 LIBRARY = CLibrary(_SRC, _signatures)
-
-
-def load() -> ctypes.CDLL | None:
-    """The compiled library, or None (see ``load_error()``). Set LAPLACIANFORMER_NO_NATIVE=1 to disable."""
-    return LIBRARY.load()
-
-
-@torch.compiler.assume_constant_result
-def available() -> bool:
-    """``load() is not None``; a constant to torch.compile (which cannot trace the build)."""
-    return load() is not None
-
-
-def load_error() -> str:
-    """Why ``load()`` returned None ('' when it did not)."""
-    return LIBRARY.error()
+load, available, load_error = LIBRARY.load, LIBRARY.available, LIBRARY.error
 
 
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
@@ -69,32 +54,35 @@ def _grad_chunks(b: int, n: int) -> tuple[int, int]:
     return max(1, -(-n // rows)), rows
 
 
+def _launch(
+    name: str, x: torch.Tensor, y: torch.Tensor, buffers: tuple, tiling: tuple, scale: float, l1: bool
+) -> None:
+    """One call of ``lf_<name>_<f32|f64>``: x (B, N, d) and y (B, M, d) with their batch and row strides (each
+    copied only when its last dimension is not contiguous), then ``buffers``, the sizes B, N, M, d,
+    ``tiling``, scale, l1 and the thread count for the B·N·M·d work (``load()`` must not be None)."""
+    x, y = last_dim_contiguous(x), last_dim_contiguous(y)
+    b, n, d = x.shape
+    m = y.shape[1]
+    _check(getattr(load(), f"lf_{name}_{_SUFFIX[x.dtype]}")(
+        _ptr(x), x.stride(0), x.stride(1), _ptr(y), y.stride(0), y.stride(1), *buffers,
+        b, n, m, d, *tiling, scale, int(l1), threads_for_work(b * n * m * d),
+    ))
+
+
 def pairwise_distance_native(
     x: torch.Tensor, y: torch.Tensor, l1: bool, scale: float = 1.0, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """scale · D (B, N, M) for x (B, N, d), y (B, M, d) of one float dtype (into ``out``, a contiguous
     (B, N, M) tensor, when given). x and y may have any batch and row strides; they are copied only when
     their last dimension is not contiguous."""
-    lib = load()
-    x, y = last_dim_contiguous(x), last_dim_contiguous(y)
-    b, n, d = x.shape
-    m = y.shape[1]
     if out is None:
-        out = torch.empty(b, n, m, dtype=x.dtype)
-    _check(getattr(lib, f"lf_dist_{_SUFFIX[x.dtype]}")(
-        _ptr(x), x.stride(0), x.stride(1), _ptr(y), y.stride(0), y.stride(1), _ptr(out),
-        b, n, m, d, scale, int(l1), threads_for_work(b * n * m * d),
-    ))
+        out = torch.empty(x.shape[0], x.shape[1], y.shape[1], dtype=x.dtype)
+    _launch("dist", x, y, (_ptr(out),), (), scale, l1)
     return out
 
 
 def pairwise_distance_grad_native(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    g: torch.Tensor,
-    c: torch.Tensor | None,
-    scale: float,
-    l1: bool,
+    x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, c: torch.Tensor | None, scale: float, l1: bool,
     dx: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dX (B, N, d), dY (B, M, d)) for dL/dD = g · c · scale (g, c: contiguous (B, N, M); c None means 1).
@@ -102,19 +90,12 @@ def pairwise_distance_grad_native(
     One dtype. x and y may have any batch and row strides (copied only when their last dimension is not
     contiguous); dX is written into ``dx`` when given (any batch and row strides, last dimension
     contiguous), else into a new contiguous tensor; dY is contiguous."""
-    lib = load()
-    x, y = last_dim_contiguous(x), last_dim_contiguous(y)
     b, n, d = x.shape
-    m = y.shape[1]
     if dx is None:
         dx = torch.empty(b, n, d, dtype=x.dtype)
     elif dx.stride(2) != 1 and d > 1:
         raise ValueError("dx: the last dimension must be contiguous")
-    dy = torch.empty(b, m, d, dtype=x.dtype)
-    chunks, rows = _grad_chunks(b, n)
-    _check(getattr(lib, f"lf_grad_{_SUFFIX[x.dtype]}")(
-        _ptr(x), x.stride(0), x.stride(1), _ptr(y), y.stride(0), y.stride(1), _ptr(g),
-        None if c is None else _ptr(c), _ptr(dx), dx.stride(0), dx.stride(1), _ptr(dy),
-        b, n, m, d, chunks, rows, scale, int(l1), threads_for_work(b * n * m * d),
-    ))
+    dy = torch.empty(b, y.shape[1], d, dtype=x.dtype)
+    buffers = (_ptr(g), None if c is None else _ptr(c), _ptr(dx), dx.stride(0), dx.stride(1), _ptr(dy))
+    _launch("grad", x, y, buffers, _grad_chunks(b, n), scale, l1)
     return dx, dy

@@ -27,22 +27,7 @@ def _signatures(lib: ctypes.CDLL) -> None:
 
 
 LIBRARY = CLibrary(_SRC, _signatures)
-
-
-def load() -> ctypes.CDLL | None:
-    """The compiled library, or None (see ``load_error()``). Set LAPLACIANFORMER_NO_NATIVE=1 to disable."""
-    return LIBRARY.load()
-
-
-@torch.compiler.assume_constant_result
-def available() -> bool:
-    """``load() is not None``; a constant to torch.compile (which cannot trace the build)."""
-    return load() is not None
-
-
-def load_error() -> str:
-    """Why ``load()`` returned None ('' when it did not)."""
-    return LIBRARY.error()
+load, available, load_error = LIBRARY.load, LIBRARY.available, LIBRARY.error
 
 
 def threads_for(g: int, m: int, iters: int) -> int:

@@ -39,14 +39,22 @@
 #ifndef RF
 #define RF (VBYTES == 64 ? 4 : 3) /* forward rows per block */
 #endif
-#ifndef TF
-#define TF (VBYTES == 64 ? 4 : 3) /* forward column tiles per block */
+#ifndef TF /* forward column tiles per block (a literal: LF_SPECS pastes it) */
+#if VBYTES == 64
+#define TF 4
+#else
+#define TF 3
+#endif
 #endif
 #ifndef RB
 #define RB (VBYTES == 64 ? 4 : 3) /* backward rows per block */
 #endif
-#ifndef DV
-#define DV (VBYTES == 64 ? 4 : 2) /* backward vectors of d per pass */
+#ifndef DV /* backward vectors of d per pass (a literal: LF_SPECS pastes it) */
+#if VBYTES == 64
+#define DV 4
+#else
+#define DV 2
+#endif
 #endif
 #ifndef JC
 #define JC 128 /* backward columns of dL/dD formed at a time */
@@ -56,6 +64,14 @@
 #define CAT(a, b) CAT_(a, b)
 #define INLINE static inline __attribute__((always_inline))
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* DEF(n, 0) DEF(n, 1) for n = 1 .. N (a literal, at most 4): the specialisations of a tile function by
+ * count (column tiles or vectors of d) and distance (l1 = 0, 1). */
+#define LF_SPECS_1(DEF) DEF(1, 0) DEF(1, 1)
+#define LF_SPECS_2(DEF) LF_SPECS_1(DEF) DEF(2, 0) DEF(2, 1)
+#define LF_SPECS_3(DEF) LF_SPECS_2(DEF) DEF(3, 0) DEF(3, 1)
+#define LF_SPECS_4(DEF) LF_SPECS_3(DEF) DEF(4, 0) DEF(4, 1)
+#define LF_SPECS(N, DEF) CAT(LF_SPECS_, N)(DEF)
 
 /* A buffer of `bytes` bytes aligned to 64; *base is what to free. */
 static void *lf_alloc(size_t bytes, void **base) {
@@ -183,13 +199,7 @@ INLINE void FN(dist_tile_)(const F *restrict x, int64_t sxn, int rows, const F *
   static void FN(dt_##NT##_##L##_)(LF_DT_ARGS) {                                                 \
     FN(dist_tile_)(x, sxn, rows, yt, mp, d, out, m, j0, scale, L, NT);                           \
   }
-LF_DT_DEF(1, 0) LF_DT_DEF(1, 1) LF_DT_DEF(2, 0) LF_DT_DEF(2, 1)
-#if TF >= 3
-LF_DT_DEF(3, 0) LF_DT_DEF(3, 1)
-#endif
-#if TF >= 4
-LF_DT_DEF(4, 0) LF_DT_DEF(4, 1)
-#endif
+LF_SPECS(TF, LF_DT_DEF)
 
 /* D between one row of x and one row of y, vectorised over d. */
 INLINE F FN(dist_pair_)(const F *restrict x, const F *restrict y, int64_t d, const int l1) {
@@ -345,16 +355,7 @@ INLINE void FN(grad_block_)(const F *restrict x, int64_t sxn, int rows, const F 
   static void FN(gb_##NV##_##L##_)(LF_GB_ARGS) {                                                 \
     FN(grad_block_)(x, sxn, rows, yp, dp, g, c, m, scale, dx, sdn, dys, L, NV);                  \
   }
-LF_GB_DEF(1, 0) LF_GB_DEF(1, 1)
-#if DV >= 2
-LF_GB_DEF(2, 0) LF_GB_DEF(2, 1)
-#endif
-#if DV >= 3
-LF_GB_DEF(3, 0) LF_GB_DEF(3, 1)
-#endif
-#if DV >= 4
-LF_GB_DEF(4, 0) LF_GB_DEF(4, 1)
-#endif
+LF_SPECS(DV, LF_GB_DEF)
 
 int FN(lf_grad_)(const F *x, int64_t sxb, int64_t sxn, const F *y, int64_t syb, int64_t sym, const F *g,
                  const F *c, F *dx, int64_t sdb, int64_t sdn, F *dy, int64_t b, int64_t n, int64_t m,
