@@ -369,9 +369,11 @@ def test_kernel_matmul_triton_refuses_the_unfit_backward(interpreter_env):
     pytest.importorskip("triton")
     from laplacianformer.ops.kernel import KERNEL_MATMUL
 
-    x = torch.randn(1, 10, 100, dtype=torch.bfloat16)
+    x = torch.randn(1, 10, 50, dtype=torch.bfloat16)  # d in (32, 64], e in (64, 128]: ops/kernel/limits.py
     v = torch.randn(1, 10, 100, dtype=torch.bfloat16)
     assert KERNEL_MATMUL.reasons(x, x, v, 4.0, "gaussian")["triton"].startswith("not chosen automatically")
+    wide = torch.randn(1, 10, 100, dtype=torch.bfloat16, requires_grad=True)  # d = 100 fits since the d chunks
+    assert KERNEL_MATMUL.reasons(wide, wide, v, 4.0, "gaussian")["triton"].startswith("not chosen automatically")
     xg = x.clone().requires_grad_()
     why = KERNEL_MATMUL.reasons(xg, x, v, 4.0, "gaussian")["triton"]
     assert "no launch configuration compiles without register spills" in why
