@@ -56,7 +56,7 @@ class DataSplits:
 
 def resize_uint8(images: np.ndarray, img_size: int) -> torch.Tensor:
     """(N, H, W) uint8 -> (N, 1, S, S) uint8, bilinear (upsampling for the 28/8-px sets)."""
-    x = torch.from_numpy(np.ascontiguousarray(images)).unsqueeze(1)
+    x = torch.from_numpy(np.require(images, requirements=("C", "W"))).unsqueeze(1)  # read-only buffers: copied
     if x.shape[-1] == img_size and x.shape[-2] == img_size:
         return x.clone()
     out = []
