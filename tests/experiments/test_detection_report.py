@@ -1,0 +1,75 @@
+"""experiments.detection_report: grouping by backbone, paired CIs against a hand-worked example, files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from laplacianformer.experiments import detection_report as dr
+
+
+def _run(root, name, attn, seed, ap, ap50, *, finished=True, segm=None):
+    d = root / name
+    d.mkdir()
+    kwargs = {} if attn == "laplacian" else {"attn": attn}
+    (d / "train_config.json").write_text(json.dumps(
+        {"detector": "retinanet", "backbone": "laplacianformer_tiny", "backbone_kwargs": kwargs, "seed": seed}))
+    val = {"bbox": {"AP": ap / 2, "AP50": ap50 / 2}}
+    (d / "history.json").write_text(json.dumps({"epochs": [
+        {"step": 500, "train_time_s": 60.0, "cpu_time_s": 100.0, "val": val},
+        {"step": 900, "train_time_s": 60.0, "cpu_time_s": 100.0, "val": {"bbox": {"AP": ap, "AP50": ap50}}}]}))
+    if finished:
+        metrics = {"bbox": {"AP": ap, "AP50": ap50, "AP75": ap / 2}, "images": 1000}
+        if segm is not None:
+            metrics["segm"] = {"AP": segm, "AP50": segm, "AP75": segm}
+        (d / "eval_val.json").write_text(json.dumps(metrics))
+
+
+def test_groups_paired_ci_and_files(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    # Laplacian AP 0.50 / 0.52 / 0.54; SR-softmax 0.48 / 0.51 / 0.50: differences 0.02, 0.01, 0.04
+    for seed, (lap, sr) in enumerate([(0.50, 0.48), (0.52, 0.51), (0.54, 0.50)]):
+        _run(runs, f"retinanet-laplacian-s{seed}", "laplacian", seed, lap, 0.8)
+        _run(runs, f"retinanet-srsoftmax-s{seed}", "softmax", seed, sr, 0.8)
+    _run(runs, "retinanet-gaussian-s0", "gaussian", 0, 0.4, 0.7, finished=False)
+    result = dr.report(runs, tmp_path / "out")
+
+    assert result["unfinished"] == ["retinanet-gaussian-s0"]
+    groups = result["summary"]["groups"]
+    lap = groups["retinanet / laplacianformer_tiny / laplacian"]
+    assert lap["n"] == 3 and lap["seeds"] == [0, 1, 2]
+    assert lap["bbox"]["AP"]["mean"] == pytest.approx(0.52)
+    assert lap["bbox"]["AP"]["std"] == pytest.approx(0.02)
+    assert lap["train_time_s"]["mean"] == pytest.approx(120.0)
+    (ap,) = [c for c in result["summary"]["paired"] if c["metric"] == "bbox AP"]
+    # hand-worked: d = 0.02, 0.01, 0.04; mean 0.07/3; sd = sqrt(((-1/3)^2 + (-4/3)^2 + (5/3)^2) / 2) * 0.01
+    # = 0.0152753; t(0.975, 2) = 4.302653; half = 4.302653 * 0.0152753 / sqrt(3) = 0.0379460
+    assert ap["n"] == 3 and ap["mean_delta"] == pytest.approx(0.0233333, abs=1e-6)
+    assert ap["ci95"] == pytest.approx([0.0233333 - 0.0379460, 0.0233333 + 0.0379460], abs=1e-6)
+    md = (tmp_path / "out" / "fashionscenes.md").read_text()
+    assert "52.0 ± 2.0" in md and "[-1.5, +6.1]" in md and "Unfinished" in md
+    assert (tmp_path / "out" / "ap_curves.png").stat().st_size > 0
+    assert json.loads((tmp_path / "out" / "fashionscenes.json").read_text())["finished"][0]["curve"][1]["step"] == 900
+
+
+def test_single_seed_and_segm(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _run(runs, "maskrcnn-laplacian-s0", "laplacian", 0, 0.3, 0.6, segm=0.25)
+    result = dr.report(runs, tmp_path / "out")
+    (g,) = result["summary"]["groups"].values()
+    assert g["segm"]["AP"]["mean"] == pytest.approx(0.25) and g["bbox"]["AP"]["std"] is None
+    assert result["summary"]["paired"] == []
+
+
+def test_bad_input_names_the_file(tmp_path, capsys):
+    assert dr.main(["--runs", str(tmp_path / "missing")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _run(runs, "r", "laplacian", 0, 0.3, 0.6)
+    (runs / "r" / "eval_val.json").write_text("{trunc")
+    assert dr.main(["--runs", str(runs), "--out", str(tmp_path / "o")]) == 2
+    assert "eval_val.json: not a readable JSON file" in capsys.readouterr().err
