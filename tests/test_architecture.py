@@ -32,6 +32,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "ops": set(),
     "checkpoint": set(),
     "data": set(),
+    "cmdline": set(),  # argparse value types of the command lines
     # modules (nn.Module building blocks); baselines use the layers' TokenAttention shell
     "layers": {"ops"},
     "baselines": {"ops", "layers"},
@@ -41,10 +42,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "hub": _BELOW_HUB | {"checkpoint"},
     # applications; experiments may run training, train and detection do not import each other
     "train": _BELOW_HUB | {"hub", "checkpoint", "data"},
-    "detection": _BELOW_HUB | {"hub", "checkpoint", "data", "train"},
+    "detection": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "cmdline"},
     "experiments": _BELOW_HUB | {"hub", "checkpoint", "data", "train"},
     # the command line sits on top
-    "cli": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "detection", "experiments"},
+    "cli": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "detection", "experiments", "cmdline"},
     # the facade re-exports the library part only (keeps `import laplacianformer` light)
     ROOT_UNIT: _BELOW_HUB | {"hub", "checkpoint"},
     "__main__": {"cli"},

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .cmdline import json_object, nonneg_float, positive_float, positive_int, run_main
+
 PROG = "laplacianformer"
 
 
@@ -28,44 +30,7 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(message)
 
 
-def _json_dict(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"lam\": 2.0}}' ({e.msg})")
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object such as '{\"lam\": 2.0}'")
-    return value
-
-
-_json_dict.__name__ = "JSON object"
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
-    return v
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    v = _nonneg_float(text)
-    if v == 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
-    return v
+_json_dict = json_object('{"lam": 2.0}')
 
 
 _BOOL = argparse.BooleanOptionalAction
@@ -83,39 +48,39 @@ def _flag_specs() -> dict[str, dict]:
                               help='JSON object passed to every attention layer, e.g. \'{"lam": 2.0, "iters": 10}\''),
         "--model-kwargs": dict(type=_json_dict, help='JSON object of model overrides, e.g. \'{"stem_stride": 4}\''),
         "--data": dict(help="fashion-mnist (default), digits, or an ImageFolder directory"),
-        "--img-size": dict(type=_positive_int, help="square input size in pixels (default 32)"),
+        "--img-size": dict(type=positive_int, help="square input size in pixels (default 32)"),
         "--in-chans": dict(type=int, help="1 or 3 (default: from the data)"),
-        "--train-subset": dict(type=_positive_int, help="use a seeded subset of N training images"),
-        "--test-subset": dict(type=_positive_int, help="use a seeded subset of N test images"),
-        "--epochs": dict(type=_positive_int),
-        "--batch-size": dict(type=_positive_int),
-        "--eval-batch-size": dict(type=_positive_int),
-        "--lr": dict(type=_positive_float, help="peak AdamW learning rate (default 1e-3)"),
-        "--min-lr": dict(type=_nonneg_float),
-        "--weight-decay": dict(type=_nonneg_float),
-        "--warmup-epochs": dict(type=_nonneg_float),
-        "--label-smoothing": dict(type=_nonneg_float),
-        "--mixup": dict(type=_nonneg_float, help="mixup alpha (0: off)"),
-        "--cutmix": dict(type=_nonneg_float, help="CutMix alpha (0: off)"),
+        "--train-subset": dict(type=positive_int, help="use a seeded subset of N training images"),
+        "--test-subset": dict(type=positive_int, help="use a seeded subset of N test images"),
+        "--epochs": dict(type=positive_int),
+        "--batch-size": dict(type=positive_int),
+        "--eval-batch-size": dict(type=positive_int),
+        "--lr": dict(type=positive_float, help="peak AdamW learning rate (default 1e-3)"),
+        "--min-lr": dict(type=nonneg_float),
+        "--weight-decay": dict(type=nonneg_float),
+        "--warmup-epochs": dict(type=nonneg_float),
+        "--label-smoothing": dict(type=nonneg_float),
+        "--mixup": dict(type=nonneg_float, help="mixup alpha (0: off)"),
+        "--cutmix": dict(type=nonneg_float, help="CutMix alpha (0: off)"),
         "--randaugment": dict(action=_BOOL),
         "--random-crop": dict(action=_BOOL),
         "--hflip": dict(action=_BOOL),
-        "--drop-path": dict(type=_nonneg_float),
-        "--clip-grad": dict(type=_positive_float),
+        "--drop-path": dict(type=nonneg_float),
+        "--clip-grad": dict(type=positive_float),
         "--ema": dict(action=_BOOL),
-        "--ema-decay": dict(type=_nonneg_float),
+        "--ema-decay": dict(type=nonneg_float),
         "--amp": dict(choices=AMP_MODES),
         "--seed": dict(type=int),
         "--num-workers": dict(type=int),
-        "--max-steps": dict(type=_positive_int, help="stop after N optimiser steps in total"),
-        "--time-budget": dict(type=_positive_float, help="stop after this many seconds"),
-        "--save-every-steps": dict(type=_positive_int, help="also checkpoint every N steps"),
+        "--max-steps": dict(type=positive_int, help="stop after N optimiser steps in total"),
+        "--time-budget": dict(type=positive_float, help="stop after this many seconds"),
+        "--save-every-steps": dict(type=positive_int, help="also checkpoint every N steps"),
         "--progress": dict(action=_BOOL, help="tqdm bars on a terminal (default on); without a terminal or with "
                                                  "--no-progress: one line per epoch on stderr"),
-        "--log-every": dict(type=_positive_int, help="also print a progress line every N optimiser steps"),
+        "--log-every": dict(type=positive_int, help="also print a progress line every N optimiser steps"),
         "--verify-images": dict(action=_BOOL, help="decode every image of a folder before training (default on)"),
         "--device": dict(help="auto (default), cpu, cuda, cuda:N"),
-        "--threads": dict(type=_positive_int, help="torch.set_num_threads"),
+        "--threads": dict(type=positive_int, help="torch.set_num_threads"),
     }
 
 
@@ -157,13 +122,13 @@ def _add_demo_parser(sub, specs: dict) -> None:
                    help="also copy results.json, results.md, curves.png and cost.png into DIR (e.g. docs/demo)")
     p.add_argument("--attns", type=_attns, default=list(specs["--attn"]["choices"]),
                    help=f"comma-separated attentions (default {','.join(specs['--attn']['choices'])})")
-    p.add_argument("--jobs", type=_positive_int, default=2,
+    p.add_argument("--jobs", type=positive_int, default=2,
                    help="subprocesses at a time, each single-threaded by default (default 2: one per core)")
     p.add_argument("--quick", action="store_true",
                    help="smoke-test budget: 512 training / 256 test images, cost panel at 32 and 64 px")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of data order and initialisation (" + default("seed") + ")")
-    p.add_argument("--lr", type=_positive_float, default=None, help="peak AdamW learning rate (" + default("lr") + ")")
+    p.add_argument("--lr", type=positive_float, default=None, help="peak AdamW learning rate (" + default("lr") + ")")
     p.add_argument("--model-kwargs", type=_json_dict, default=None,
                    help="JSON object merged onto the recipe's model overrides (" + default("model_kwargs", json.dumps)
                         + "); stage 1 must keep >= 4 tokens per landmark")
@@ -175,7 +140,7 @@ def _add_demo_parser(sub, specs: dict) -> None:
     _add_flags(p, specs, None, "--time-budget",
                time_budget=dict(help="seconds per training (safety stop; default none)"))
     _add_flags(p, specs, "fashion-mnist", "--data", data=dict(help="data set (default fashion-mnist)"))
-    p.add_argument("--cost-sizes", type=_positive_int, nargs="+", default=None,
+    p.add_argument("--cost-sizes", type=positive_int, nargs="+", default=None,
                    help=f"image sides of the cost panel (default {' '.join(map(str, COST['sizes']))}; "
                         f"--quick {' '.join(map(str, COST_QUICK['sizes']))})")
     p.add_argument("--no-cost", dest="cost", action="store_false", help="skip the cost panel")
@@ -217,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="parameters, FLOPs and per-stage shapes of a model; --dispatch: backends")
     p.add_argument("model", nargs="?", help="e.g. laplacianformer_tiny")
-    p.add_argument("--img-size", type=_positive_int, default=224)
+    p.add_argument("--img-size", type=positive_int, default=224)
     p.add_argument("--dispatch", action="store_true",
                    help="print each op's backend decision for laplacian_attention at --shape (no model needed)")
     p.add_argument("--shape", default="1,2,3136,32", help="B,H,N,d of q, k and v (default 1,2,3136,32)")
@@ -481,30 +446,18 @@ def _user_error_types():
     return (UserError, DataError, CheckpointError, ValueError, TypeError, FloatingPointError, OSError)
 
 
+def _run(argv: list[str]) -> int:
+    rest = argv[1:] if argv[:1] == ["--debug"] else argv
+    if rest and rest[0] in FORWARDED:
+        return cmd_forward(rest[0], rest[1:])
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    handler = {"train": cmd_train, "eval": cmd_eval, "info": cmd_info, "bench": cmd_bench,
+               "demo": cmd_demo, "data": cmd_data, "detect": cmd_detect}[args.command]
+    return handler(args)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
-    try:
-        rest = argv[1:] if argv[:1] == ["--debug"] else argv
-        if rest and rest[0] in FORWARDED:
-            return cmd_forward(rest[0], rest[1:])
-        parser = build_parser()
-        args = parser.parse_args([a for a in argv if a != "--debug"])
-        handler = {"train": cmd_train, "eval": cmd_eval, "info": cmd_info, "bench": cmd_bench,
-                   "demo": cmd_demo, "data": cmd_data, "detect": cmd_detect}[args.command]
-        return handler(args)
-    except _user_error_types() as e:
-        if debug:
-            raise
-        print(f"{PROG}: error: {_flag_error(e)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return 1
+    return run_main(PROG, argv, _run, _user_error_types(), _flag_error)
 
 
 if __name__ == "__main__":

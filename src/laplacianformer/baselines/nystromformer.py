@@ -111,11 +111,8 @@ def nystrom_attention(
     return (out if mask is None else out.masked_fill(pad, 0.0)).to(v.dtype)
 
 
-def nystrom_attention_dense(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None
-) -> torch.Tensor:
-    """The matrix Nyströmformer approximates: softmax attention, materialised densely."""
-    return softmax_attention_naive(q, k, v, scale=scale)
+# the matrix Nyströmformer approximates: softmax attention, materialised densely
+nystrom_attention_dense = softmax_attention_naive
 
 
 class NystromAttention(TokenAttention):

@@ -115,11 +115,8 @@ def performer_attention(
     return (out if mask is None else out.masked_fill(pad, 0.0)).to(v.dtype)
 
 
-def performer_attention_dense(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None
-) -> torch.Tensor:
-    """What FAVOR+ estimates (M -> infinity): softmax attention, materialised densely."""
-    return softmax_attention_naive(q, k, v, scale=scale)
+# what FAVOR+ estimates (M -> infinity): softmax attention, materialised densely
+performer_attention_dense = softmax_attention_naive
 
 
 class PerformerAttention(TokenAttention):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import json
 import math
 import numbers
@@ -229,7 +230,8 @@ def render_scene(
     Returns (uint8 (size, size) image, items), items bottom to top, each a dict with ``mask`` bool
     (size, size) (visible pixels), ``label`` (0..9), ``index`` (into ``images``), ``area`` (visible
     pixels), ``full_area`` (pixels before occlusion), ``bbox`` (x, y, w, h) ints and ``counts``
-    (uncompressed RLE). Arguments are not validated here (``make_scenes`` does it).
+    (uncompressed RLE). Arguments are not validated here (``make_scenes`` does it); their defaults are
+    those of ``make_scenes`` and the CLI (``scene_defaults``).
     """
     canvas = _draw_background(rng, size)
     owner = np.zeros((size, size), dtype=np.int32)  # 0 = background, k = item k (1-based), top-most
@@ -292,6 +294,12 @@ def render_scene(
             "counts": _runs_from_positions((cols + x).astype(np.int64) * size + rows + y, size * size),
         })
     return canvas.astype(np.uint8), items
+
+
+def scene_defaults() -> dict:
+    """The keywords of ``render_scene`` (how a scene is drawn) with their defaults."""
+    params = inspect.signature(render_scene).parameters.values()
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
 
 
 def _annotation(item: dict, ann_id: int, image_id: int, source_split: str) -> dict:
@@ -377,24 +385,18 @@ def _save_png(img: np.ndarray, path: Path) -> None:
 
 def make_scenes(
     out_dir: str | Path,
-    size: int = 256,
+    *,
     train: int = 4000,
     val: int = 1000,
     seed: int = 0,
-    min_items: int = 1,
-    max_items: int = 8,
-    min_scale: float = 1.0,
-    max_scale: float = 4.0,
-    max_overlap: float = 0.3,
     progress: bool = True,
-    *,
-    min_area: int = 32,
-    threshold: int = 24,
     data_root: str | Path | None = None,
     overwrite: bool = False,
+    **options,
 ) -> dict:
     """Writes FashionScenes to ``out_dir`` (layout in the module docstring); returns a summary dict
-    {"out_dir", "train": {"images", "annotations"}, "val": {...}, "seconds"}.
+    {"out_dir", "train": {"images", "annotations"}, "val": {...}, "seconds"}. ``options`` are the keywords of
+    ``render_scene`` (size, min_items, max_items, min_scale, max_scale, max_overlap, min_area, threshold).
 
     size: scene side in px (128..1024). train / val: number of scenes per split. seed: master seed.
     min_items..max_items: items drawn per scene (placements that fail MAX_ATTEMPTS times are skipped,
@@ -405,8 +407,12 @@ def make_scenes(
     part of the item's mask. data_root: Fashion-MNIST directory (default: the usual search path).
     overwrite: replace existing train/, val/ and annotations/ under out_dir instead of refusing.
     """
-    o = validate_options(size, train, val, seed, min_items, max_items, min_scale, max_scale, max_overlap,
-                         min_area, threshold)
+    defaults = scene_defaults()
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise TypeError(f"make_scenes() got an unexpected keyword argument {unknown[0]!r}")
+    o = validate_options(train=train, val=val, seed=seed, **{**defaults, **options})
+    scene = {k: o[k] for k in defaults}
     out = Path(out_dir)
     parts = [out / "train", out / "val", out / "annotations"]
     existing = [p for p in parts if p.exists()]
@@ -431,11 +437,7 @@ def make_scenes(
             coco_images, anns = [], []
             bar.set_postfix_str(split, refresh=False)
             for i in range(n):
-                img, items = render_scene(
-                    images, labels, scene_rng(o["seed"], split, i), size=o["size"],
-                    min_items=o["min_items"], max_items=o["max_items"], min_scale=o["min_scale"],
-                    max_scale=o["max_scale"], max_overlap=o["max_overlap"], min_area=o["min_area"],
-                    threshold=o["threshold"])
+                img, items = render_scene(images, labels, scene_rng(o["seed"], split, i), **scene)
                 name = f"{i:06d}.png"
                 _save_png(img, img_dir / name)
                 image_id = i + 1
@@ -468,37 +470,34 @@ def make_scenes(
 # ----------------------------------------------------------------------------------------------------
 
 
+_OPTION_HELP = {  # option -> help, in --help order; the type and default are those of make_scenes / render_scene
+    "size": "side of every scene in pixels, 128..1024",
+    "train": "number of train scenes, items from Fashion-MNIST's training file",
+    "val": "number of val scenes, items from Fashion-MNIST's test file",
+    "seed": "master seed; the same seed and options give the same files",
+    "min_items": "fewest items drawn per scene, 0..64",
+    "max_items": f"most items drawn per scene, min-items..64; an item with no valid placement after {MAX_ATTEMPTS} "
+                 "tries is skipped",
+    "min_scale": "smallest item scale, >= 0.25: a 28-px item becomes 28*scale px",
+    "max_scale": "largest item scale; 28*max-scale must fit in --size",
+    "max_overlap": "0..1: a new item may lie on earlier items with at most this fraction of its mask, and every "
+                   "item keeps at least (1 - max-overlap) of its mask visible",
+    "min_area": "smallest visible mask in pixels an item may have",
+    "threshold": "item intensity 1..255 from which a pixel belongs to its mask",
+}
+
+
 def add_scenes_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the FashionScenes options to ``parser`` (for ``laplacianformer data scenes``); returns it."""
     p = parser
     p.add_argument("--out", required=True, metavar="DIR",
                    help="output directory; receives train/, val/ (PNG, 8-bit grayscale) and "
                         "annotations/instances_{train,val}.json (COCO)")
-    p.add_argument("--size", type=int, default=256,
-                   help="side of every scene in pixels, 128..1024 (default: %(default)s)")
-    p.add_argument("--train", type=int, default=4000,
-                   help="number of train scenes, items from Fashion-MNIST's training file (default: %(default)s)")
-    p.add_argument("--val", type=int, default=1000,
-                   help="number of val scenes, items from Fashion-MNIST's test file (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="master seed; the same seed and options give the same files (default: %(default)s)")
-    p.add_argument("--min-items", type=int, default=1,
-                   help="fewest items drawn per scene, 0..64 (default: %(default)s)")
-    p.add_argument("--max-items", type=int, default=8,
-                   help="most items drawn per scene, min-items..64; an item with no valid placement after "
-                        f"{MAX_ATTEMPTS} tries is skipped (default: %(default)s)")
-    p.add_argument("--min-scale", type=float, default=1.0,
-                   help="smallest item scale, >= 0.25: a 28-px item becomes 28*scale px (default: %(default)s)")
-    p.add_argument("--max-scale", type=float, default=4.0,
-                   help="largest item scale; 28*max-scale must fit in --size (default: %(default)s)")
-    p.add_argument("--max-overlap", type=float, default=0.3,
-                   help="0..1: a new item may lie on earlier items with at most this fraction of its mask, "
-                        "and every item keeps at least (1 - max-overlap) of its mask visible "
-                        "(default: %(default)s)")
-    p.add_argument("--min-area", type=int, default=32,
-                   help="smallest visible mask in pixels an item may have (default: %(default)s)")
-    p.add_argument("--threshold", type=int, default=24,
-                   help="item intensity 1..255 from which a pixel belongs to its mask (default: %(default)s)")
+    params = inspect.signature(make_scenes).parameters
+    defaults = {**{k: params[k].default for k in ("train", "val", "seed")}, **scene_defaults()}
+    for name, text in _OPTION_HELP.items():
+        p.add_argument("--" + name.replace("_", "-"), type=type(defaults[name]), default=defaults[name],
+                       help=text + " (default: %(default)s)")
     p.add_argument("--data-root", default=None, metavar="DIR",
                    help="Fashion-MNIST directory (default: $LAPLACIANFORMER_DATA, then the usual locations)")
     p.add_argument("--overwrite", action="store_true",
@@ -508,22 +507,15 @@ def add_scenes_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     return p
 
 
-_FLAGS = ("size", "train", "val", "seed", "min_items", "max_items", "min_scale", "max_scale", "max_overlap",
-          "min_area", "threshold", "out_dir")
-
-
 def run_scenes(args: argparse.Namespace) -> int:
     """Runs ``make_scenes`` from parsed ``add_scenes_arguments`` options; prints a one-line summary and
     returns 0. A bad option raises ValueError starting with its flag ('--size: expected ...')."""
     try:
-        s = make_scenes(args.out, size=args.size, train=args.train, val=args.val, seed=args.seed,
-                        min_items=args.min_items, max_items=args.max_items, min_scale=args.min_scale,
-                        max_scale=args.max_scale, max_overlap=args.max_overlap, progress=args.progress,
-                        min_area=args.min_area, threshold=args.threshold, data_root=args.data_root,
-                        overwrite=args.overwrite)
+        s = make_scenes(args.out, progress=args.progress, data_root=args.data_root, overwrite=args.overwrite,
+                        **{name: getattr(args, name) for name in _OPTION_HELP})
     except ValueError as e:
         head, sep, rest = str(e).partition(":")
-        if sep and head in _FLAGS:
+        if sep and (head in _OPTION_HELP or head == "out_dir"):
             flag = "--out" if head == "out_dir" else "--" + head.replace("_", "-")
             raise ValueError(f"{flag}:{rest}") from None
         raise

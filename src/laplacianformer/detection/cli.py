@@ -16,53 +16,12 @@ import signal
 import sys
 from pathlib import Path
 
+from ..cmdline import json_object, nonneg_float, nonneg_int, positive_float, positive_int, run_main
+
 PROG = "laplacianformer detect"
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
-    return v
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
-
-
-def _float(lo: float, strict: bool):
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not (v > lo if strict else v >= lo) or v == float("inf"):
-            raise argparse.ArgumentTypeError(f"expected a finite number {'>' if strict else '>='} {lo:g}, got {text}")
-        return v
-    parse.__name__ = "number"
-    return parse
-
-
-def _json_object(text: str) -> dict:
-    try:
-        v = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"attn\": \"gaussian\"}}' ({e.msg})") from None
-    if not isinstance(v, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object such as '{\"attn\": \"gaussian\"}'")
-    return v
-
-
-_json_object.__name__ = "JSON object"
+_json_object = json_object('{"attn": "gaussian"}')
 
 
 def _add_train(sub) -> None:
@@ -82,30 +41,30 @@ def _add_train(sub) -> None:
                    help='JSON object for create_model, e.g. \'{"attn": "gaussian"}\' or \'{"attn": "softmax"}\'')
     p.add_argument("--detector-kwargs", type=_json_object, default=S,
                    help='JSON object for torchvision RetinaNet/MaskRCNN, e.g. \'{"box_batch_size_per_image": 128}\'')
-    p.add_argument("--img-size", type=_positive_int, default=S, help="long image side after resizing (default 256)")
-    p.add_argument("--fpn-channels", type=_positive_int, default=S, help="FPN width (default 256)")
-    p.add_argument("--epochs", type=_positive_int, default=S, help="default 12")
-    p.add_argument("--max-steps", type=_positive_int, default=S, help="stop after K optimiser steps (the schedule ends there)")
-    p.add_argument("--batch-size", type=_positive_int, default=S, help="images per step and rank (default 8)")
-    p.add_argument("--eval-batch-size", type=_positive_int, default=S)
-    p.add_argument("--lr", type=_float(0, True), default=S, help="peak AdamW learning rate (default 2e-4)")
-    p.add_argument("--min-lr", type=_float(0, False), default=S)
-    p.add_argument("--weight-decay", type=_float(0, False), default=S)
-    p.add_argument("--warmup-steps", type=_nonneg_int, default=S, help="linear warm-up (default 100, at most half the run)")
-    p.add_argument("--clip-grad", type=_float(0, True), default=S, help="clip the gradient norm (default off)")
-    p.add_argument("--score-thresh", type=_float(0, False), default=S,
+    p.add_argument("--img-size", type=positive_int, default=S, help="long image side after resizing (default 256)")
+    p.add_argument("--fpn-channels", type=positive_int, default=S, help="FPN width (default 256)")
+    p.add_argument("--epochs", type=positive_int, default=S, help="default 12")
+    p.add_argument("--max-steps", type=positive_int, default=S, help="stop after K optimiser steps (the schedule ends there)")
+    p.add_argument("--batch-size", type=positive_int, default=S, help="images per step and rank (default 8)")
+    p.add_argument("--eval-batch-size", type=positive_int, default=S)
+    p.add_argument("--lr", type=positive_float, default=S, help="peak AdamW learning rate (default 2e-4)")
+    p.add_argument("--min-lr", type=nonneg_float, default=S)
+    p.add_argument("--weight-decay", type=nonneg_float, default=S)
+    p.add_argument("--warmup-steps", type=nonneg_int, default=S, help="linear warm-up (default 100, at most half the run)")
+    p.add_argument("--clip-grad", type=positive_float, default=S, help="clip the gradient norm (default off)")
+    p.add_argument("--score-thresh", type=nonneg_float, default=S,
                    help="keep detections scoring at least this for evaluation (default 0.05, torchvision's)")
     p.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=S, help="random horizontal flips (default on)")
     p.add_argument("--amp", choices=AMP_MODES, default=S)
     p.add_argument("--seed", type=int, default=S)
     p.add_argument("--train-split", default=S, help="default train (real COCO: train2017)")
     p.add_argument("--val-split", default=S, help="default val (real COCO: val2017)")
-    p.add_argument("--train-subset", type=_positive_int, default=S, help="first N training images only")
-    p.add_argument("--val-subset", type=_positive_int, default=S, help="first N val images only")
-    p.add_argument("--eval-every", type=_nonneg_int, default=S, help="evaluate every N epochs (0: never; default 1)")
-    p.add_argument("--save-every-steps", type=_positive_int, default=S, help="also checkpoint every N steps")
-    p.add_argument("--workers", type=_nonneg_int, default=S, help="DataLoader worker processes (default 0)")
-    p.add_argument("--threads", type=_positive_int, default=S, help="torch.set_num_threads")
+    p.add_argument("--train-subset", type=positive_int, default=S, help="first N training images only")
+    p.add_argument("--val-subset", type=positive_int, default=S, help="first N val images only")
+    p.add_argument("--eval-every", type=nonneg_int, default=S, help="evaluate every N epochs (0: never; default 1)")
+    p.add_argument("--save-every-steps", type=positive_int, default=S, help="also checkpoint every N steps")
+    p.add_argument("--workers", type=nonneg_int, default=S, help="DataLoader worker processes (default 0)")
+    p.add_argument("--threads", type=positive_int, default=S, help="torch.set_num_threads")
     p.add_argument("--device", default=S, help="auto (default), cpu, cuda")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=S,
                    help="tqdm bars on a terminal (default on); a line per epoch is always printed")
@@ -119,13 +78,13 @@ def _add_eval(sub) -> None:
     p.add_argument("--run", help="run directory of 'detect train'")
     p.add_argument("--data", help="COCO-layout folder (default: the run's --data)")
     p.add_argument("--split", help="split to evaluate (default: the run's val split)")
-    p.add_argument("--subset", type=_positive_int, help="first N images of the split only")
+    p.add_argument("--subset", type=positive_int, help="first N images of the split only")
     p.add_argument("--predictions", help="a COCO results JSON (image_id, category_id, bbox, score[, segmentation])")
     p.add_argument("--annotations", help="the instances JSON the predictions refer to")
     p.add_argument("--json", help="write the metrics here (default with --run: RUN/eval_<split>.json)")
     p.add_argument("--save-results", help="with --run: also write the detections as a COCO results JSON")
-    p.add_argument("--batch-size", type=_positive_int, default=4)
-    p.add_argument("--threads", type=_positive_int)
+    p.add_argument("--batch-size", type=positive_int, default=4)
+    p.add_argument("--threads", type=positive_int)
     p.add_argument("--device", default="auto")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
     p.set_defaults(handler=cmd_eval)
@@ -138,8 +97,8 @@ def _add_predict(sub) -> None:
     p.add_argument("--run", required=True, help="run directory of 'detect train'")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (any mode PIL reads; grayscale -> RGB)")
     p.add_argument("--out", required=True, help="output directory for <stem>.png and predictions.json")
-    p.add_argument("--score-threshold", type=_float(0, False), default=0.5)
-    p.add_argument("--threads", type=_positive_int)
+    p.add_argument("--score-threshold", type=nonneg_float, default=0.5)
+    p.add_argument("--threads", type=positive_int)
     p.add_argument("--device", default="auto")
     p.set_defaults(handler=cmd_predict)
 
@@ -291,19 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m laplacianformer.detection {train,eval,predict} ...`` (same as ``laplacianformer detect ...``)."""
     from ..checkpoint import CheckpointError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
-    args = build_parser().parse_args(["detect", *argv])
-    try:
-        return run_detect(args)
-    except (CheckpointError, ValueError, TypeError, OSError, FloatingPointError) as e:
-        if debug:
-            raise
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    def run(argv: list[str]) -> int:
+        return run_detect(build_parser().parse_args(["detect", *(a for a in argv if a != "--debug")]))
+
+    return run_main(PROG, argv, run, (CheckpointError, ValueError, TypeError, OSError, FloatingPointError))

@@ -138,6 +138,20 @@ def _check_segmentation(where: str, seg, h: int, w: int) -> None:
     raise AnnotationError(f"{where}: segmentation: expected a list of polygons or an RLE object, got {type(seg).__name__}")
 
 
+def _entries(data: dict, key: str, path: Path, what: str):
+    """(where, entry) for each entry of the list ``data[key]``, checked to be an object with an integer 'id'
+    not seen before; ``where`` ('<path>: <what> id <id>') starts the entry's error messages."""
+    seen: set[int] = set()
+    for i, entry in enumerate(data[key]):
+        if not isinstance(entry, dict) or not _int_id(entry.get("id")):
+            raise AnnotationError(f"{path}: {key}[{i}]: expected an object with an integer 'id'")
+        where = f"{path}: {what} id {entry['id']}"
+        if entry["id"] in seen:
+            raise AnnotationError(f"{where}: duplicate id")
+        seen.add(entry["id"])
+        yield where, entry
+
+
 def validate_coco(data, path: Path, image_dir: Path | None = None, *, check_files: bool = True) -> dict:
     """Check a parsed COCO dict (see the module docstring); returns it with ``area``/``iscrowd`` filled."""
     if not isinstance(data, dict):
@@ -150,21 +164,12 @@ def validate_coco(data, path: Path, image_dir: Path | None = None, *, check_file
     if not data["categories"]:
         raise AnnotationError(f"{path}: 'categories' is empty")
     cats: set[int] = set()
-    for i, c in enumerate(data["categories"]):
-        if not isinstance(c, dict) or not _int_id(c.get("id")):
-            raise AnnotationError(f"{path}: categories[{i}]: expected an object with an integer 'id'")
-        if c["id"] in cats:
-            raise AnnotationError(f"{path}: category id {c['id']}: duplicate id")
+    for where, c in _entries(data, "categories", path, "category"):
         if c["id"] <= 0:
-            raise AnnotationError(f"{path}: category id {c['id']}: ids must be >= 1 (0 is the background)")
+            raise AnnotationError(f"{where}: ids must be >= 1 (0 is the background)")
         cats.add(c["id"])
     sizes: dict[int, tuple[int, int]] = {}
-    for i, img in enumerate(data["images"]):
-        if not isinstance(img, dict) or not _int_id(img.get("id")):
-            raise AnnotationError(f"{path}: images[{i}]: expected an object with an integer 'id'")
-        where = f"{path}: image id {img['id']}"
-        if img["id"] in sizes:
-            raise AnnotationError(f"{where}: duplicate id")
+    for where, img in _entries(data, "images", path, "image"):
         if not isinstance(img.get("file_name"), str) or not img["file_name"]:
             raise AnnotationError(f"{where}: missing 'file_name'")
         w, h = img.get("width"), img.get("height")
@@ -173,14 +178,7 @@ def validate_coco(data, path: Path, image_dir: Path | None = None, *, check_file
         if check_files and image_dir is not None and not (image_dir / img["file_name"]).is_file():
             raise AnnotationError(f"{where}: image file {image_dir / img['file_name']} does not exist")
         sizes[img["id"]] = (h, w)
-    seen: set[int] = set()
-    for i, ann in enumerate(data["annotations"]):
-        if not isinstance(ann, dict) or not _int_id(ann.get("id")):
-            raise AnnotationError(f"{path}: annotations[{i}]: expected an object with an integer 'id'")
-        where = f"{path}: annotation id {ann['id']}"
-        if ann["id"] in seen:
-            raise AnnotationError(f"{where}: duplicate id")
-        seen.add(ann["id"])
+    for where, ann in _entries(data, "annotations", path, "annotation"):
         if ann.get("image_id") not in sizes:
             raise AnnotationError(f"{where}: image_id {ann.get('image_id')!r} is not in 'images'")
         if ann.get("category_id") not in cats:
@@ -240,6 +238,27 @@ def decode_mask(seg, h: int, w: int) -> np.ndarray:
         return mask_utils.decode(rle).astype(np.uint8)
 
 
+def read_rgb(file: Path, where: str = ""):
+    """The PIL RGB image of any file PIL reads (grayscale, palette -> RGB); AnnotationError naming ``file``
+    (after ``where``, when given) if it is missing or unreadable."""
+    from PIL import Image, UnidentifiedImageError
+
+    head = f"{where}: " if where else ""
+    try:
+        with Image.open(file) as im:
+            return im.convert("RGB")
+    except FileNotFoundError:
+        raise AnnotationError(f"{head}image file {file} does not exist") from None
+    except (UnidentifiedImageError, OSError) as e:
+        raise AnnotationError(f"{head}cannot read {file} ({e})") from None
+
+
+def image_tensor(rgb) -> torch.Tensor:
+    """(3, H, W) float32 in [0, 1] of a PIL RGB image."""
+    arr = np.asarray(rgb, dtype=np.uint8)
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
+
+
 def flip_decision(seed: int, epoch: int, index: int) -> bool:
     """Whether image ``index`` is flipped in ``epoch``: a fixed function of (seed, epoch, index), no global RNG."""
     return bool(np.random.default_rng([seed, epoch, index]).random() < 0.5)
@@ -271,24 +290,15 @@ class CocoDetection(torch.utils.data.Dataset):
         self.epoch = int(epoch)
 
     def load_image(self, i: int) -> torch.Tensor:
-        from PIL import Image, UnidentifiedImageError
-
         info = self.coco.images[i]
         file = self.coco.image_dir / info["file_name"]
-        try:
-            with Image.open(file) as im:
-                im = im.convert("RGB")
-        except FileNotFoundError:
-            raise AnnotationError(f"{self.coco.path}: image id {info['id']}: image file {file} does not exist") from None
-        except (UnidentifiedImageError, OSError) as e:
-            raise AnnotationError(f"{self.coco.path}: image id {info['id']}: cannot read {file} ({e})") from None
+        im = read_rgb(file, f"{self.coco.path}: image id {info['id']}")
         if im.size != (info["width"], info["height"]):
             raise AnnotationError(
                 f"{self.coco.path}: image id {info['id']}: {file} is {im.size[0]} x {im.size[1]}, "
                 f"the annotations say {info['width']} x {info['height']}"
             )
-        arr = np.asarray(im, dtype=np.uint8)
-        return torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
+        return image_tensor(im)
 
     def target(self, i: int) -> dict:
         info = self.coco.images[i]

@@ -27,9 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import signal
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -37,8 +35,9 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import CheckpointError, load_checkpoint, read_metadata, save_weights
-from ..train.distributed import DistInfo, barrier, broadcast_object, cleanup, init_distributed
+from ..train.distributed import barrier, broadcast_object, cleanup, init_device
 from ..train.evaluate import autocast_context
+from ..train.interrupt import StopFlag
 from ..train.schedule import lr_at
 from ..train.state import capture_rng, restore_rng, seed_everything
 from .builders import DETECTORS, REFERENCE_BACKBONES, build_detector
@@ -239,27 +238,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-class _StopFlag:
-    """SIGINT/SIGTERM set ``signum``; the loop checkpoints at the next step boundary (main thread only)."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._old = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        self.signum = signum
-
-    def __exit__(self, *exc) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-
 # ----------------------------------------------------------------------------------------------------
 # Trainer
 # ----------------------------------------------------------------------------------------------------
@@ -275,10 +253,7 @@ class DetectionTrainer:
         self._prev_threads = torch.get_num_threads()
         if config.threads:
             torch.set_num_threads(config.threads)
-        self.dist: DistInfo = init_distributed(self.device)
-        if self.device.type == "cuda" and self.dist.enabled:
-            self.device = torch.device("cuda", self.dist.local_rank)
-            torch.cuda.set_device(self.device)
+        self.device, self.dist = init_device(self.device)
         self.is_main = self.dist.is_main
         seed_everything(config.seed)
 
@@ -469,7 +444,7 @@ class DetectionTrainer:
         start = time.perf_counter()
         interrupted = None
         gen = torch.Generator().manual_seed(cfg.seed)  # the DataLoader draws its base seed here, not from the global RNG
-        with _StopFlag() as stop:
+        with StopFlag() as stop:
             while self.global_step < self.total_steps and self.epoch < cfg.epochs:
                 batches = self._batches(self.epoch)
                 self.train_data.set_epoch(self.epoch)
@@ -501,9 +476,8 @@ class DetectionTrainer:
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.1e}", refresh=False)
-                    signum = broadcast_object(stop.signum, self.dist) if self.dist.enabled else stop.signum
-                    if signum is not None:
-                        interrupted = signal.Signals(signum).name
+                    interrupted = stop.received(self.dist)
+                    if interrupted:
                         break
                     if self.global_step >= self.total_steps:
                         break

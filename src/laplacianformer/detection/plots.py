@@ -8,14 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from ..train.plots import pyplot, save_figure
 
 
 def _smooth(ys: list[float], k: int) -> list[float]:
@@ -30,7 +23,7 @@ def _smooth(ys: list[float], k: int) -> list[float]:
 
 def plot_losses(history: dict, path: str | Path, title: str = "") -> Path:
     """Total and component losses against the step (raw, and a running mean over ~1/50 of the run)."""
-    plt = _plt()
+    plt = pyplot()
     steps = history.get("steps", [])
     fig, (ax, ax_lr) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1]})
     if steps:
@@ -48,17 +41,12 @@ def plot_losses(history: dict, path: str | Path, title: str = "") -> Path:
     ax.legend(fontsize=7)
     ax_lr.set(xlabel="step", ylabel="learning rate", title="schedule")
     ax_lr.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, title, dpi=110)
 
 
 def plot_ap(history: dict, path: str | Path, title: str = "") -> Path:
     """Val AP and AP50 (bbox, and segm when present) against the epoch."""
-    plt = _plt()
+    plt = pyplot()
     rows = [r for r in history.get("epochs", []) if r.get("val")]
     fig, ax = plt.subplots(figsize=(6, 4))
     for t, style in (("bbox", "-"), ("segm", "--")):
@@ -74,9 +62,4 @@ def plot_ap(history: dict, path: str | Path, title: str = "") -> Path:
         ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "no evaluation yet", ha="center", va="center", transform=ax.transAxes)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, title, dpi=110, fontsize=9)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .coco import AnnotationError
+from .coco import image_tensor, read_rgb
 
 PALETTE = [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
            (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128), (170, 110, 40)]
@@ -21,17 +21,8 @@ PALETTE = [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 13
 
 def read_image(path: Path) -> tuple[torch.Tensor, "object"]:
     """(image (3, H, W) float in [0, 1], the PIL RGB image) of any file PIL reads (grayscale -> RGB)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as im:
-            rgb = im.convert("RGB")
-    except FileNotFoundError:
-        raise AnnotationError(f"{path}: no such image file") from None
-    except (UnidentifiedImageError, OSError) as e:
-        raise AnnotationError(f"{path}: cannot read the image ({e})") from None
-    arr = np.asarray(rgb, dtype=np.uint8)
-    return torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0), rgb
+    rgb = read_rgb(path)
+    return image_tensor(rgb), rgb
 
 
 def draw(rgb, output: dict, categories: list[dict], score_threshold: float):

@@ -43,6 +43,16 @@ def init_distributed(device: torch.device) -> DistInfo:
     return DistInfo(rank, world, local, True)
 
 
+def init_device(device: torch.device) -> tuple[torch.device, DistInfo]:
+    """``init_distributed(device)``; with several ranks on CUDA, the device becomes this rank's GPU
+    (``cuda:LOCAL_RANK``, made current)."""
+    info = init_distributed(device)
+    if device.type == "cuda" and info.enabled:
+        device = torch.device("cuda", info.local_rank)
+        torch.cuda.set_device(device)
+    return device, info
+
+
 def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """Sum of ``t`` over ranks (in place; identity without a process group)."""
     if info.enabled:

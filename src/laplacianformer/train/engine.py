@@ -28,9 +28,7 @@ import json
 import math
 import os
 import resource
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -48,9 +46,10 @@ from ..models import create_model
 from .augment import mix_batch, normalize, rand_augment, random_crop_flip
 from .batches import epoch_indices, iterate, steps_per_epoch
 from .config import TrainConfig, resolve_data
-from .distributed import DistInfo, barrier, broadcast_object, cleanup, init_distributed
+from .distributed import barrier, broadcast_object, cleanup, init_device
 from .ema import ModelEma
 from .evaluate import autocast_context, evaluate
+from .interrupt import StopFlag
 from .plots import plot_curves
 from .runlog import StepLog, write_epochs
 from .schedule import lr_at
@@ -173,27 +172,6 @@ def load_model_state(model: nn.Module, state: dict, where: str) -> None:
     model.load_state_dict(state)
 
 
-class _StopFlag:
-    """SIGINT/SIGTERM handler that only records the signal; the loop acts at the next step boundary."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._old: dict[int, object] = {}
-
-    def __enter__(self) -> "_StopFlag":
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        self.signum = signum
-
-    def __exit__(self, *exc) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-
 class Trainer:
     """Holds the model, optimiser, data and run directory of one training run.
 
@@ -229,11 +207,7 @@ class Trainer:
         self._prev_threads = torch.get_num_threads()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.device = resolve_device(cfg.device)
-        self.dist = init_distributed(self.device)
-        if self.device.type == "cuda" and self.dist.enabled:
-            self.device = torch.device("cuda", self.dist.local_rank)
-            torch.cuda.set_device(self.device)
+        self.device, self.dist = init_device(resolve_device(cfg.device))
         seed_everything(cfg.seed)
         self.splits = splits or build_datasets(
             cfg.data, cfg.img_size, in_chans=cfg.in_chans, train_subset=cfg.train_subset,
@@ -469,7 +443,7 @@ class Trainer:
         from tqdm.auto import tqdm
 
         try:
-            with _StopFlag() as stop:
+            with StopFlag() as stop:
                 while self.epoch < cfg.epochs and self.global_step < self.total_steps and interrupted is None:
                     idx = epoch_indices(len(self.splits.train), epoch=self.epoch, seed=cfg.seed,
                                         rank=self.dist.rank, world=self.dist.world_size)
@@ -502,11 +476,9 @@ class Trainer:
                             mark = (now, self.images_seen)
                             self._say(f"epoch {self.epoch + 1}/{cfg.epochs}  step {self.global_step}/"
                                       f"{self.total_steps}  loss {loss:.4f}  lr {lr:.2e}  {rate:.1f} img/s")
-                        signum = broadcast_object(stop.signum, self.dist)
+                        interrupted = stop.received(self.dist)
                         over_time = cfg.time_budget is not None and time.perf_counter() - start_wall > cfg.time_budget
                         over_time = bool(broadcast_object(over_time, self.dist))
-                        if signum is not None:
-                            interrupted = signal.Signals(signum).name
                         if cfg.save_every_steps and self.global_step % cfg.save_every_steps == 0 \
                                 and self.step_in_epoch < n_steps:
                             self._account(t0)

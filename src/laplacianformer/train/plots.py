@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _plt():
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -14,9 +15,20 @@ def _plt():
     return plt
 
 
+def save_figure(fig, path: str | Path, title: str = "", dpi: int = 120, **title_kw) -> Path:
+    """Titles ``fig`` (when ``title``; ``title_kw`` to ``suptitle``), lays it out, writes it to ``path`` and
+    closes it; returns ``Path(path)``."""
+    if title:
+        fig.suptitle(title, **title_kw)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return Path(path)
+
+
 def plot_curves(histories: dict[str, list[dict]], path: str | Path, title: str = "") -> Path:
     """Train/test loss and test top-1 against epoch, one line per named history (epoch rows of a run)."""
-    plt = _plt()
+    plt = pyplot()
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     for name, rows in histories.items():
         ep = [r["epoch"] for r in rows]
@@ -32,19 +44,14 @@ def plot_curves(histories: dict[str, list[dict]], path: str | Path, title: str =
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, title)
 
 
 def plot_confusion(confusion: list[list[int]], classes, path: str | Path, title: str = "") -> Path:
     """Row-normalised confusion matrix (rows: true class, columns: prediction) with counts in the cells."""
     import numpy as np
 
-    plt = _plt()
+    plt = pyplot()
     cm = np.asarray(confusion, dtype=float)
     norm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
     k = len(classes)
@@ -58,17 +65,14 @@ def plot_confusion(confusion: list[list[int]], classes, path: str | Path, title:
             for j in range(k):
                 ax.text(j, i, int(cm[i, j]), ha="center", va="center", fontsize=6,
                         color="white" if norm[i, j] > 0.5 else "black")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def plot_cost(cells: list[dict], path: str | Path, title: str = "") -> Path:
     """Log–log panels against image side: forward and training-step ms per image, peak heap MiB (forward
     solid, training step dashed) and autograd-saved activation MiB; one colour per attention
     (cells of ``train.cost.measure_cost``; skipped cells are left out)."""
-    plt = _plt()
+    plt = pyplot()
     attns = list(dict.fromkeys(c["attn"] for c in cells))
     colour = {a: f"C{i}" for i, a in enumerate(attns)}
     panels = [("forward: ms / image (— wall, ·· CPU)", [("infer", "ms_per_image", "-"),
@@ -93,19 +97,14 @@ def plot_cost(cells: list[dict], path: str | Path, title: str = "") -> Path:
         ax.set(xlabel="image side (px)", title=ylabel)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, title)
 
 
 def plot_steps(runs: dict[str, dict], path: str | Path, title: str = "", smooth: int = 25) -> Path:
     """Training loss and batch top-1 against images seen (moving average over ``smooth`` steps), with each
     run's final test top-1 as a marker. ``runs``: name -> {"steps": [log.jsonl rows], "top1": float | None,
     "batch_size": int}."""
-    plt = _plt()
+    plt = pyplot()
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
 
     def avg(xs):
@@ -133,9 +132,4 @@ def plot_steps(runs: dict[str, dict], path: str | Path, title: str = "", smooth:
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, title)
