@@ -78,12 +78,5 @@ done
 run "maskrcnn-laplacian-s0" "$MASK_STEPS" --detector maskrcnn --seed 0 --val-subset 100 \
     --detector-kwargs '{"box_batch_size_per_image": 128, "rpn_post_nms_top_n_train": 1000}'
 
-echo "full-val results (bbox AP / AP50; segm AP for Mask R-CNN):"
-for f in "$RUNS"/*/eval_val.json; do
-    "$PY" - "$f" <<'EOF'
-import json, sys
-m = json.load(open(sys.argv[1]))
-segm = f"  segm AP {m['segm']['AP']:.3f}" if "segm" in m else ""
-print(f"{sys.argv[1].split('/')[-2]:32s} AP {m['bbox']['AP']:.3f}  AP50 {m['bbox']['AP50']:.3f}{segm}")
-EOF
-done
+echo "full-val results (bbox AP / AP50 per backbone, paired differences; results/detection/fashionscenes.md)"
+"$PY" -m laplacianformer.experiments.detection_report --runs "$RUNS" --out "${REPORT:-results/detection}"
