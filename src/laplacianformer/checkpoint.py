@@ -345,6 +345,12 @@ def _load_safetensors(path: Path, map_location) -> dict[str, torch.Tensor]:
         header, start = _safetensors_sections(data)
     except ValueError as exc:
         raise CheckpointError(f"checkpoint: {path}: wrong format: not a safetensors file: {exc}") from None
+    ends = [info.get("data_offsets", [0, 0])[1] for key, info in header.items()
+            if key != "__metadata__" and isinstance(info, dict) and isinstance(info.get("data_offsets"), list)]
+    size = max((e for e in ends if isinstance(e, int)), default=0)
+    if len(data) - start < size:
+        raise CheckpointError(f"checkpoint: {path}: truncated: the header describes {size} bytes of tensor data, "
+                              f"the file holds {len(data) - start}")
     expected = (header.get("__metadata__") or {}).get(_SHA_KEY)
     if expected is not None and hashlib.sha256(memoryview(data)[start:]).hexdigest() != expected:
         raise CheckpointError(f"checkpoint: {path}: hash mismatch (SHA-256 of the tensor data differs from the header)")
