@@ -260,10 +260,14 @@ def save_weights(
             seen.add(storage)
         tensors[key] = tensor
     data = save(tensors, metadata=dict(meta))
-    _, start = _safetensors_sections(data)
-    digest = hashlib.sha256(memoryview(data)[start:]).hexdigest()
-    data = save(tensors, metadata={**meta, _SHA_KEY: digest})
-    return _atomic_write(Path(path), [data], keep_previous)
+    header, start = _safetensors_sections(data)
+    body = memoryview(data)[start:]
+    # the hash goes into the header; tensor offsets are relative to the data section, which stays as it is
+    # (serialised once: a training state is several times the model's size)
+    header["__metadata__"] = {**meta, _SHA_KEY: hashlib.sha256(body).hexdigest()}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data section stays 8-byte aligned, as safetensors writes it
+    return _atomic_write(Path(path), [struct.pack("<Q", len(text)) + text, body], keep_previous)
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
