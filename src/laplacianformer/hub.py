@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 from .checkpoint import CheckpointError, load_checkpoint, load_training_state, previous_path, save_weights

@@ -41,9 +41,9 @@ from ..checkpoint import (
 )
 from ..hub import CHECKPOINT_NAME, WEIGHTS_NAME
 from ..train.distributed import barrier, broadcast_object, cleanup, init_device, resolve_device
+from ..train.engine import param_groups
 from ..train.evaluate import autocast_context
 from ..train.interrupt import StopFlag
-from ..train.engine import param_groups
 from ..train.schedule import lr_at
 from ..train.state import capture_rng, restore_rng, seed_everything
 from .builders import DETECTORS, REFERENCE_BACKBONES, build_detector
