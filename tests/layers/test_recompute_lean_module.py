@@ -131,7 +131,7 @@ def test_model_recompute_gradients_equal():
     plain = create_model("laplacianformer_micro", num_classes=3).double()
     lean = create_model("laplacianformer_micro", num_classes=3, attn_kwargs=dict(recompute=True)).double()
     lean.load_state_dict(plain.state_dict())
-    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     grads = []
     for net in (plain, lean):
         net.train()
@@ -142,3 +142,20 @@ def test_model_recompute_gradients_equal():
     assert any("runs 'lean'" in r for r in runs) and any("runs 'checkpoint'" in r for r in runs), runs
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, **TOL)
+
+
+def test_model_recompute_inside_grad_checkpointing():
+    """recompute=True inside timm-style block checkpointing (set_grad_checkpointing): the lean Function is
+    rerun by the outer checkpoint and the gradients still equal those of the plain model."""
+    from laplacianformer.models import create_model
+
+    torch.manual_seed(1)
+    plain = create_model("laplacianformer_micro", num_classes=3).double().train()
+    lean = create_model("laplacianformer_micro", num_classes=3, attn_kwargs=dict(recompute=True)).double().train()
+    lean.load_state_dict(plain.state_dict())
+    lean.set_grad_checkpointing(True)
+    x = torch.randn(1, 3, 32, 32, dtype=torch.float64)
+    want = torch.autograd.grad(plain(x).square().sum(), list(plain.parameters()))
+    got = torch.autograd.grad(lean(x).square().sum(), list(lean.parameters()))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL)
