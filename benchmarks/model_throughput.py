@@ -45,7 +45,8 @@ from laplacianformer.train.cost import build_net, make_call, round_robin, traini
 VARIANTS = {
     "laplacian": dict(attn="laplacian"),
     "laplacian-recompute": dict(attn="laplacian", attn_kwargs=dict(recompute=True)),
-    "laplacian-checkpoint": dict(attn="laplacian", attn_kwargs=dict(recompute=True), runtime=dict(recompute="checkpoint")),
+    "laplacian-checkpoint": dict(attn="laplacian", attn_kwargs=dict(recompute=True),
+                                 runtime=dict(recompute="checkpoint")),
     "gaussian": dict(attn="gaussian"),
     "softmax": dict(attn="softmax"),
 }
@@ -119,7 +120,8 @@ def run(args) -> list[dict]:
             t = timings[attn]
             rows.append(dict(
                 model=args.model, attn=attn, size=size, batch=args.batch, mode=mode, median_ms=t["median_ms"],
-                iqr_ms=t["iqr_ms"], cpu_ms=t["cpu_ms"], repeats=t["repeats"], images_per_s=args.batch * 1e3 / t["median_ms"],
+                iqr_ms=t["iqr_ms"], cpu_ms=t["cpu_ms"], repeats=t["repeats"],
+                images_per_s=args.batch * 1e3 / t["median_ms"],
                 peak_mb=mem, heap_mb=heap[attn], activations_mb=saved,
             ))
     return rows
@@ -155,7 +157,8 @@ def recompute_ratios(rows: list[dict]) -> list[dict]:
             continue
         out.append(dict(
             size=size, mode=mode, attn=attn, time_vs_none=r["median_ms"] / base["median_ms"],
-            cpu_time_vs_none=div(r.get("cpu_ms"), base.get("cpu_ms")), memory_vs_none=div(r["peak_mb"], base["peak_mb"]),
+            cpu_time_vs_none=div(r.get("cpu_ms"), base.get("cpu_ms")),
+            memory_vs_none=div(r["peak_mb"], base["peak_mb"]),
             heap_vs_none=div(r.get("heap_mb"), base.get("heap_mb")),
             activations_vs_none=div(r.get("activations_mb"), base.get("activations_mb")),
         ))

@@ -74,7 +74,8 @@ def test_module_keeps_no_token_by_landmark_tensor():
     token_bytes, nm_bytes, stat_bytes = n * c * 4, heads * n * m * 4, 2 * heads * n * 4
     x = torch.randn(1, n, c)
     kept_by = {}
-    for label, recompute, choice in (("plain", False, "auto"), ("lean", True, "lean"), ("checkpoint", True, "checkpoint")):
+    variants = (("plain", False, "auto"), ("lean", True, "lean"), ("checkpoint", True, "checkpoint"))
+    for label, recompute, choice in variants:
         torch.manual_seed(0)
         attn = LaplacianAttention(c, heads, landmarks=(4, 4), recompute=recompute)
         skip = {p.untyped_storage().data_ptr() for p in attn.parameters()}

@@ -132,12 +132,13 @@ def test_second_backward_and_float32(seeded):
     plain = _plain(*single, 2, hw=(6, 6), landmarks=(2, 2))
     assert lean.dtype == torch.float32
     torch.testing.assert_close(lean, plain)
-    for a, b in zip(torch.autograd.grad(lean, single, probe.float()), torch.autograd.grad(plain, single, probe.float())):
+    got = torch.autograd.grad(lean, single, probe.float())
+    for a, b in zip(got, torch.autograd.grad(plain, single, probe.float())):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 def _saved(fn):
-    """The tensors autograd keeps for the backward of ``fn()``: {storage pointer: (numel of the largest view, bytes)}."""
+    """The tensors autograd keeps for the backward of ``fn()``: {storage pointer: (largest view's numel, bytes)}."""
     kept = {}
 
     def pack(t):
@@ -200,7 +201,8 @@ def test_normalization_saving_forms_equal_autograd(seeded):
                 if b is None:
                     assert a is None or a.abs().max() == 0
                 else:
-                    torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12, msg=lambda s: f"{backend} {norm} d{label}: {s}")
+                    torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12,
+                                               msg=lambda s: f"{backend} {norm} d{label}: {s}")
 
 
 def test_recompute_op_refusals_and_forcing():

@@ -23,6 +23,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from ..ops.dispatch import explain
 from ..ops.recompute import recompute_attention
 from ..ops.validation import check_head_split, check_hw, check_key_padding_mask, reject_attn_mask

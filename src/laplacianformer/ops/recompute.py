@@ -212,7 +212,8 @@ def laplacian_attention_recompute(
     check_float_tensor("x", x)
     check_float_tensor("v", v)
     if x.dim() != 3 or v.dim() != 4 or v.shape[0] != x.shape[0] or v.shape[2] != x.shape[1] or v.shape[1] != num_heads:
-        raise ValueError(f"x, v: expected (B, N, C) and (B, {num_heads}, N, e), got {tuple(x.shape)} and {tuple(v.shape)}")
+        raise ValueError(f"x, v: expected (B, N, C) and (B, {num_heads}, N, e), "
+                         f"got {tuple(x.shape)} and {tuple(v.shape)}")
     if q_weight.dim() != 2 or q_weight.shape[1] != x.shape[2] or q_weight.shape[0] % num_heads:
         raise ValueError(f"q_weight: expected (H·d, {x.shape[2]}) with H = {num_heads}, got {tuple(q_weight.shape)}")
     if k_weight is not None and k_weight.shape != q_weight.shape:
