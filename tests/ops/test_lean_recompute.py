@@ -256,3 +256,16 @@ def test_triton_under_interpreter(triton_interpreter):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     summary = proc.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "failed" not in summary and "error" not in summary, proc.stdout[-2000:]
+
+
+def test_recompute_options_take_the_operator_defaults_and_refuse_unknown_names():
+    import inspect
+
+    from laplacianformer.ops import laplacian_attention
+    from laplacianformer.ops.recompute import OPERATOR_OPTIONS, operator_options
+
+    params = inspect.signature(laplacian_attention).parameters
+    assert operator_options({}) == {name: params[name].default for name in OPERATOR_OPTIONS}
+    assert operator_options({"lam": 2.0})["lam"] == 2.0
+    with pytest.raises(TypeError, match="lamda"):
+        operator_options({"lamda": 2.0})

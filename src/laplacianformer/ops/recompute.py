@@ -29,6 +29,7 @@ is checkpointed.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +38,7 @@ from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from . import _runtime
-from .attention import _compute_dtype, check_settings, landmarks_of, padded_inputs
+from .attention import _compute_dtype, check_settings, landmarks_of, laplacian_attention, padded_inputs
 from .dispatch import Backend, Op
 from .kernel import KERNEL, KERNEL_MATMUL, laplace_kernel
 from .newton_schulz import regularised_inverse
@@ -183,17 +184,8 @@ def laplacian_attention_recompute(
     *,
     num_heads: int,
     hw: tuple[int, int] | None = None,
-    landmarks=(7, 7),
-    lam: float | None = None,
-    qk_scale: float | None = None,
-    norm: str = "injective",
-    solver: str = "newton_schulz",
-    iters: int = 20,
-    ns_eps: float = 0.01,
-    norm_eps: float = 1e-6,
-    kernel: str = "laplacian",
-    ns_backward: str = "implicit",
     key_padding_mask: torch.Tensor | None = None,
+    **options,
 ) -> torch.Tensor:
     """``laplacian_attention`` of the heads of the projections of x, with the lean recompute (module docstring).
 
@@ -202,13 +194,15 @@ def laplacian_attention_recompute(
         q_weight, q_bias: the query projection (H·d, C) and (H·d,) or None; k_weight, k_bias: the key
             projection, or k_weight None for K = Q (``tie_qk``).
         num_heads: H; the head dim is d = q_weight.shape[0] / H.
-        hw, landmarks, lam, qk_scale, norm, solver, iters, ns_eps, norm_eps, kernel, ns_backward,
-        key_padding_mask: as for ``laplacian_attention``; the landmarks must resolve to pooled ones (the exact
-            kernel has no N×m factors to recompute: ValueError).
+        hw, key_padding_mask: as for ``laplacian_attention``.
+        options: the operator settings ``landmarks, lam, qk_scale, norm, solver, iters, ns_eps, norm_eps, kernel,
+            ns_backward``, with ``laplacian_attention``'s defaults (read from its signature: one place); the
+            landmarks must resolve to pooled ones (the exact kernel has no N×m factors to recompute: ValueError).
 
     Returns (B, H, N, e) in v's dtype: the values of ``laplacian_attention(q, k, v, ...)`` and, to round-off,
     its gradients for x, v and the projection parameters; first order only (a double backward raises).
     """
+    o = operator_options(options)
     check_float_tensor("x", x)
     check_float_tensor("v", v)
     if x.dim() != 3 or v.dim() != 4 or v.shape[0] != x.shape[0] or v.shape[2] != x.shape[1] or v.shape[1] != num_heads:
@@ -222,18 +216,33 @@ def laplacian_attention_recompute(
         raise ValueError("k_bias: given without k_weight (K = Q takes the query projection)")
     n = x.shape[1]
     hw = check_hw(hw, n)
-    grid = resolve_landmarks(landmarks, hw, n)
+    grid = resolve_landmarks(o["landmarks"], hw, n)
     if grid is None:
         raise ValueError("landmarks: the lean recompute needs pooled landmarks (the exact kernel keeps N×N "
                          "matrices; use laplacian_attention, checkpointed)")
     mask = check_key_padding_mask(key_padding_mask, x.shape[0], n)
     head_dim = q_weight.shape[0] // num_heads
-    lam = check_settings(head_dim, hw, grid, mask, lam, qk_scale, norm, solver, iters, ns_eps, norm_eps, kernel,
-                         ns_backward)
-    cfg = _Settings(num_heads, hw, grid, float(lam), kernel, norm, float(norm_eps), solver, int(iters), float(ns_eps),
-                    ns_backward, _compute_dtype(x.dtype))
+    lam = check_settings(head_dim, hw, grid, mask, o["lam"], o["qk_scale"], o["norm"], o["solver"], o["iters"],
+                         o["ns_eps"], o["norm_eps"], o["kernel"], o["ns_backward"])
+    cfg = _Settings(num_heads, hw, grid, float(lam), o["kernel"], o["norm"], float(o["norm_eps"]), o["solver"],
+                    int(o["iters"]), float(o["ns_eps"]), o["ns_backward"], _compute_dtype(x.dtype))
     with torch.autocast(device_type=x.device.type, enabled=False):
         return _LeanAttention.apply(x, v, q_weight, q_bias, k_weight, k_bias, mask, cfg)
+
+
+OPERATOR_OPTIONS = ("landmarks", "lam", "qk_scale", "norm", "solver", "iters", "ns_eps", "norm_eps", "kernel",
+                    "ns_backward")
+
+
+def operator_options(options: dict) -> dict:
+    """``options`` completed with ``laplacian_attention``'s own defaults (its signature is the one place they
+    are written); a name that is not an operator setting raises TypeError naming it."""
+    unknown = sorted(set(options) - set(OPERATOR_OPTIONS))
+    if unknown:
+        raise TypeError(f"laplacian_attention_recompute: unexpected keyword argument(s) {unknown}; "
+                        f"operator settings are {list(OPERATOR_OPTIONS)}")
+    params = inspect.signature(laplacian_attention).parameters
+    return {name: options.get(name, params[name].default) for name in OPERATOR_OPTIONS}
 
 
 def lean_refusal(x: torch.Tensor, hw: tuple[int, int] | None, landmarks,
