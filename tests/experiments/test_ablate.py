@@ -378,3 +378,31 @@ def test_same_protocol_ignores_new_default_flags_and_display_fields_but_not_resu
     assert not same_protocol(base, {**base, "recipe": {**base["recipe"], "lr": 1.0}})
     assert not same_protocol({**base, "recipe": {**base["recipe"], "ema": True}}, older)  # new flag, not at its default
     assert not same_protocol(base, {**base, "img_size": 32})
+
+
+def test_results_page_section_is_generated_from_the_files(tmp_path, quick_protocol):
+    from laplacianformer.experiments import results_page
+
+    results = tmp_path / "results"
+    levels = {0.5: 0.80, 1.0: 0.81, 2.0: 0.82, 4.0: 0.84, 8.0: 0.79}
+    record = ablate.run_ablation(get_ablation("lambda"), **_kw(results, quick_protocol, seeds=[0, 1, 2],
+                                                               labels=["lam=1", "lam=4"],
+                                                               train_fn=Synthetic(levels, spread=0.001)))
+    ablate.write_report(record, results)
+    (results / "tie_qk.json").write_text(json.dumps({"ablation": "tie_qk", "cells": {}}))  # legacy: no protocol
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    page = docs / "RESULTS.md"
+    page.write_text(f"# prose kept\n\n{results_page.BEGIN}\nold text\n{results_page.END}\n\n## after\n")
+    assert results_page.rewrite(page, results) is True
+    text = page.read_text()
+    assert text.startswith("# prose kept\n") and text.endswith("\n## after\n") and "old text" not in text
+    assert ("| [`lambda`](#ablation-lambda) | SMOKE TEST, not a result; INCOMPLETE: 6 of 15 cells | 6 of 15 | 0, 1, 2 "
+            "| undecided |") in text
+    assert "| `tie_qk` | not run under this protocol yet |" in text  # the legacy file is not quoted
+    assert "| lam=4 (default) | 3 |" in text and "![lambda](../results/lambda.png)" in text
+    assert "| λ = 4 is the best of {0.5, 1, 2, 4, 8} | `lambda` | **undecided** |" in text
+    assert results_page.rewrite(page, results) is False  # idempotent
+    page.write_text("no markers\n")
+    with pytest.raises(ValueError, match="^page: .*RESULTS.md must hold the markers"):
+        results_page.rewrite(page, results)
