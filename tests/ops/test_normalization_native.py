@@ -226,18 +226,88 @@ def test_triton_half_inputs(seeded):
     assert ((out.double().cpu() - ref).norm() / ref.norm()).item() < 5e-3
 
 
-def test_triton_aot_specialisations_cover_the_launchers():
-    triton = pytest.importorskip("triton")  # noqa: F841
+@pytest.mark.triton
+@needs_triton
+def test_triton_launches_are_among_the_aot_specialisations(seeded, monkeypatch):
+    """Every launch configuration of a forward + backward (both norms, with and without t, float32 and
+    float64, m and e between powers of two) is one that ``aot_specialisations`` enumerates."""
     from laplacianformer.ops import normalization_triton as nt
 
-    specs = list(nt.aot_specialisations(d_max=64, m_max=64))
+    launched = []
+    real = nt._launch
+
+    def record(spec):
+        launched.append(spec)
+        return real(spec)
+
+    monkeypatch.setattr(nt, "_launch", record)
+    for dtype, (m, e), norm in ((torch.float32, (49, 33), "injective"), (torch.float32, (5, 40), "inline"),
+                                (torch.float64, (20, 17), "injective")):
+        c, k, v, w = _factors(seeded, (2,), 11, 13, m, e, True, dtype, DEVICE)
+        with use(normalization="triton"):
+            normalize_nystrom(c, k, v, norm, w_inv=w).sum().backward()
+            with torch.no_grad():
+                normalize_nystrom(c, k, v, norm)
+
+    def key(spec):
+        meta, opts = real(spec)
+        return tuple(sorted((n, str(x)) for n, x in meta.items())), opts["num_warps"], opts["num_stages"]
+
+    enumerated = {(tuple(sorted((n, str(x)) for n, x in meta.items())), warps, stages)
+                  for _, _, meta, warps, stages, _ in nt.aot_specialisations()}
+    assert len(launched) > 20 and all(key(s) in enumerated for s in launched), [s for s in launched if key(s) not in enumerated]
+
+
+def test_triton_aot_specialisations_cover_the_launchers():
+    pytest.importorskip("triton")
+    from laplacianformer.ops import normalization_triton as nt
+    from laplacianformer.ops.normalization_limits import TRITON_MAX_DIM
+
+    specs = list(nt.aot_specialisations())
     labels = [s[-1] for s in specs]
     assert len(labels) == len(set(labels))
-    assert any("key_bwd dtype=fp32 m=64 e=32" in x for x in labels)
+    assert {x.split()[0] for x in labels} == {"norm_gram", "norm_key_fwd", "norm_key_bwd", "norm_rows"}
+    fields = [dict(w.split("=") for w in x.split()[1:]) for x in labels]
+    assert {f["dtype"] for f in fields} == {"fp32", "fp16", "bf16", "fp64"}
+    assert max(int(f["m"]) for f in fields) == max(int(f["e"]) for f in fields) == TRITON_MAX_DIM
+    # the model's call (m = 49 landmarks, head dim 64, float32) is the launcher's configuration
+    model = [s for s in specs if s[-1] == "norm_key_bwd dtype=fp32 m=64 e=64 inj=1 has_t=1"]
+    meta, opts = nt._launch(nt.key_bwd_spec(49, 64, torch.float32, True, True))
+    assert len(model) == 1 and model[0][2] == meta and model[0][3:5] == (opts["num_warps"], opts["num_stages"])
     for kernel, sig, constexprs, warps, stages, label in specs:
         params = [p.name for p in kernel.params]
         assert set(sig) | set(constexprs) == set(params), label
-        assert warps in (4, 8) and stages == 3
+        assert warps in (4, 8) and stages in (1, 3), label
+    small = list(nt.aot_specialisations(d_max=32, m_max=16))
+    assert small and all(s[-1].split()[2] == "m=16" and s[-1].split()[3] in ("e=16", "e=32") for s in small)
+
+
+def test_triton_refuses_m_or_e_beyond_the_compiled_range(monkeypatch):
+    """Beyond TRITON_MAX_DIM the registry's Triton refusal gives the reason, "auto" takes the next backend,
+    forcing Triton raises it, and so does the launcher itself."""
+    from laplacianformer.ops import _runtime
+    from laplacianformer.ops.normalization_limits import TRITON_MAX_DIM, triton_unfit
+
+    monkeypatch.setattr(_runtime, "triton_interpreted", lambda: True)  # CPU tensors pass the device check
+    big = TRITON_MAX_DIM + 1
+    c, v = torch.rand(2, 20, 16), torch.rand(2, 20, 8)
+    c_big, v_big = torch.rand(2, 20, big), torch.rand(2, 20, big)
+    refusal = NORMALIZATION.by_name["triton"].refusal
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        assert refusal(c.to(dtype), c.to(dtype), v.to(dtype), "injective", 1e-6, None) in (
+            None, _runtime.triton_available()[1])
+        assert triton_unfit(dtype, TRITON_MAX_DIM, TRITON_MAX_DIM) is None
+    why = refusal(c, c, v_big, "injective", 1e-6, None)
+    assert why == triton_unfit(torch.float32, 16, big) and f"e={big}" in why and f"<= {TRITON_MAX_DIM}" in why
+    assert f"m={big}" in refusal(c_big, c_big, v, "inline", 1e-6, None)
+    assert NORMALIZATION.select(c, c, v_big, "injective", 1e-6, None).name != "triton"
+    with use(normalization="triton"), pytest.raises(ValueError, match=f"e={big}"):
+        normalize_nystrom(c, c, v_big, "injective")
+    if _runtime.triton_available()[0]:
+        from laplacianformer.ops.normalization_triton import normalize_triton
+
+        with pytest.raises(ValueError, match=f"m={big}"):
+            normalize_triton(c_big, c_big, v, "injective", 1e-6, None)
 
 
 def test_triton_suite_under_interpreter(triton_interpreter):

@@ -57,6 +57,12 @@ def _dot(a, b, ACC: tl.constexpr):
 
 
 @triton.jit
+def _vector(P, cols, C):
+    """Entries ``cols`` (< C) of the vector at P, 0 beyond."""
+    return tl.load(P + cols, mask=cols < C, other=0.0)
+
+
+@triton.jit
 def _tile(P, rn, rmask, cols, C, ACC: tl.constexpr):
     """Rows ``rn`` (where ``rmask``) of the row-major (·, C) matrix at P, columns ``cols`` (< C), as ACC; 0
     outside."""
@@ -72,10 +78,27 @@ def _centred(P, mean, rn, rmask, cols, C, ACC: tl.constexpr):
 
 
 @triton.jit
-def _square(P, r0, R, c0, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr):
-    """The (BLOCK_R, BLOCK_C) tile at (r0, c0) of the row-major (R, C) matrix at P, 0 outside."""
-    rows = r0 + tl.arange(0, BLOCK_R)
-    return _tile(P, rows, rows < R, c0 + tl.arange(0, BLOCK_C), C, ACC)
+def _matrix(P, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr):
+    """The row-major (R, C) matrix at P as a (BLOCK_R, BLOCK_C) tile, 0 outside."""
+    rows = tl.arange(0, BLOCK_R)
+    return _tile(P, rows, rows < R, tl.arange(0, BLOCK_C), C, ACC)
+
+
+@triton.jit
+def _store(P, value, rn, rmask, cols, C):
+    """``value`` into rows ``rn`` (where ``rmask``), columns ``cols`` (< C) of the row-major (·, C) matrix at P."""
+    tl.store(P + rn[:, None] * C + cols[None, :], value.to(P.dtype.element_ty), mask=rmask[:, None] & (cols[None, :] < C))
+
+
+@triton.jit
+def _row_block(X, XBAR, N, C, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr):
+    """A row pass's block: its rows of the g-th (N, C) matrix at X minus the g-th mean at XBAR, with the
+    row indices, their mask and the column indices (program ids: row block, g)."""
+    pid, g = tl.program_id(0), tl.program_id(1)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rn < N
+    cols = tl.arange(0, BLOCK_C)
+    return _centred(X + g * N * C, _vector(XBAR + g * C, cols, C), rn, rmask, cols, C, ACC), rn, rmask, cols
 
 
 @triton.jit
@@ -87,8 +110,8 @@ def gram_kernel(X, XBAR, S, Y, YBAR, PART, YSUM, SYSUM, N, P, Q, rows_per_split,
     split, g = tl.program_id(0), tl.program_id(1)
     rp = tl.arange(0, BLOCK_P)
     rq = tl.arange(0, BLOCK_Q)
-    xbar = tl.load(XBAR + g * P + rp, mask=rp < P, other=0.0)
-    ybar = tl.load(YBAR + g * Q + rq, mask=rq < Q, other=0.0)
+    xbar = _vector(XBAR + g * P, rp, P)
+    ybar = _vector(YBAR + g * Q, rq, Q)
     acc = tl.zeros((BLOCK_P, BLOCK_Q), dtype=ACC)
     ysum = tl.zeros((BLOCK_Q,), dtype=ACC)
     sysum = tl.zeros((BLOCK_Q,), dtype=ACC)
@@ -107,7 +130,7 @@ def gram_kernel(X, XBAR, S, Y, YBAR, PART, YSUM, SYSUM, N, P, Q, rows_per_split,
             sysum += tl.sum(y * s[:, None], axis=0)
         acc += _dot(tl.trans(x), y, ACC)
     base = g * SPLITS + split
-    tl.store(PART + base * P * Q + rp[:, None] * Q + rq[None, :], acc, mask=(rp[:, None] < P) & (rq[None, :] < Q))
+    _store(PART + base * P * Q, acc, rp, rp < P, rq, Q)
     tl.store(YSUM + base * Q + rq, ysum, mask=rq < Q)
     if SCALE:
         tl.store(SYSUM + base * Q + rq, sysum, mask=rq < Q)
@@ -116,17 +139,13 @@ def gram_kernel(X, XBAR, S, Y, YBAR, PART, YSUM, SYSUM, N, P, Q, rows_per_split,
 @triton.jit
 def key_fwd_kernel(K, KBAR, SP, T, RINV, DSC, NK, M, eps,
                    SAVE_T: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
-    pid, g = tl.program_id(0), tl.program_id(1)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rn < NK
-    rm = tl.arange(0, BLOCK_M)
-    kbar = tl.load(KBAR + g * M + rm, mask=rm < M, other=0.0)
-    x = _centred(K + g * NK * M, kbar, rn, rmask, rm, M, ACC)
-    t = _dot(x, _square(SP + g * M * M, 0, M, 0, M, BLOCK_M, BLOCK_M, ACC), ACC)
+    g = tl.program_id(1)
+    x, rn, rmask, rm = _row_block(K, KBAR, NK, M, BLOCK_N, BLOCK_M, ACC)
+    t = _dot(x, _matrix(SP + g * M * M, M, M, BLOCK_M, BLOCK_M, ACC), ACC)
     s = tl.sum(t * x, axis=1)
     r = 1.0 / tl.sqrt(tl.maximum(s, 0.0) + eps)
     if SAVE_T:
-        tl.store(T + g * NK * M + rn[:, None] * M + rm[None, :], t, mask=rmask[:, None] & (rm[None, :] < M))
+        _store(T + g * NK * M, t, rn, rmask, rm, M)
     tl.store(RINV + g * NK + rn, r, mask=rmask)
     tl.store(DSC + g * NK + rn, tl.where(s >= 0.0, -0.5 * r * r * r, 0.0), mask=rmask)
 
@@ -135,37 +154,25 @@ def key_fwd_kernel(K, KBAR, SP, T, RINV, DSC, NK, M, eps,
 def rows_kernel(X, XBAR, B1, Y, B2, BIAS, OUT, N, K1, K2, Q,
                 HAS_Y: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K1: tl.constexpr,
                 BLOCK_K2: tl.constexpr, BLOCK_Q: tl.constexpr):
-    pid, g = tl.program_id(0), tl.program_id(1)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rn < N
-    rk = tl.arange(0, BLOCK_K1)
-    rq = tl.arange(0, BLOCK_Q)
-    xbar = tl.load(XBAR + g * K1 + rk, mask=rk < K1, other=0.0)
-    x = _centred(X + g * N * K1, xbar, rn, rmask, rk, K1, ACC)
-    acc = _dot(x, _square(B1 + g * K1 * Q, 0, K1, 0, Q, BLOCK_K1, BLOCK_Q, ACC), ACC)
+    g = tl.program_id(1)
+    x, rn, rmask, _ = _row_block(X, XBAR, N, K1, BLOCK_N, BLOCK_K1, ACC)
+    acc = _dot(x, _matrix(B1 + g * K1 * Q, K1, Q, BLOCK_K1, BLOCK_Q, ACC), ACC)
     if HAS_Y:
         y = _tile(Y + g * N * K2, rn, rmask, tl.arange(0, BLOCK_K2), K2, ACC)
-        acc += _dot(y, _square(B2 + g * K2 * Q, 0, K2, 0, Q, BLOCK_K2, BLOCK_Q, ACC), ACC)
-    bias = tl.load(BIAS + g * Q + rq, mask=rq < Q, other=0.0)
-    acc += bias[None, :]
-    tl.store(OUT + g * N * Q + rn[:, None] * Q + rq[None, :], acc.to(OUT.dtype.element_ty),
-             mask=rmask[:, None] & (rq[None, :] < Q))
+        acc += _dot(y, _matrix(B2 + g * K2 * Q, K2, Q, BLOCK_K2, BLOCK_Q, ACC), ACC)
+    rq = tl.arange(0, BLOCK_Q)
+    _store(OUT + g * N * Q, acc + _vector(BIAS + g * Q, rq, Q)[None, :], rn, rmask, rq, Q)
 
 
 @triton.jit
 def key_bwd_kernel(K, KBAR, V, SP, DMK, GK, RINV, DSC, T, DK, DV, DS, NK, M, E,
                    INJ: tl.constexpr, HAS_T: tl.constexpr, ACC: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
-    pid, g = tl.program_id(0), tl.program_id(1)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rn < NK
-    rm = tl.arange(0, BLOCK_M)
+    g = tl.program_id(1)
+    x, rn, rmask, rm = _row_block(K, KBAR, NK, M, BLOCK_N, BLOCK_M, ACC)
     re = tl.arange(0, BLOCK_E)
-    kbar = tl.load(KBAR + g * M + rm, mask=rm < M, other=0.0)
-    gk = tl.load(GK + g * E + re, mask=re < E, other=0.0)
-    x = _centred(K + g * NK * M, kbar, rn, rmask, rm, M, ACC)
     v = _tile(V + g * NK * E, rn, rmask, re, E, ACC)
-    dmk = _square(DMK + g * M * E, 0, M, 0, E, BLOCK_M, BLOCK_E, ACC)
+    dmk = _matrix(DMK + g * M * E, M, E, BLOCK_M, BLOCK_E, ACC)
     dv = _dot(x, dmk, ACC)
     y = _dot(v, tl.trans(dmk), ACC)
     if INJ:
@@ -176,13 +183,12 @@ def key_bwd_kernel(K, KBAR, V, SP, DMK, GK, RINV, DSC, T, DK, DV, DS, NK, M, E,
         if HAS_T:
             t = _tile(T + g * NK * M, rn, rmask, rm, M, ACC)
         else:
-            t = _dot(x, _square(SP + g * M * M, 0, M, 0, M, BLOCK_M, BLOCK_M, ACC), ACC)
+            t = _dot(x, _matrix(SP + g * M * M, M, M, BLOCK_M, BLOCK_M, ACC), ACC)
         dk = r[:, None] * y + 2.0 * ds[:, None] * t
     else:
         dk = y
-    tl.store(DV + g * NK * E + rn[:, None] * E + re[None, :], (dv + gk[None, :]).to(DV.dtype.element_ty),
-             mask=rmask[:, None] & (re[None, :] < E))
-    tl.store(DK + g * NK * M + rn[:, None] * M + rm[None, :], dk, mask=rmask[:, None] & (rm[None, :] < M))
+    _store(DV + g * NK * E, dv + _vector(GK + g * E, re, E)[None, :], rn, rmask, re, E)
+    _store(DK + g * NK * M, dk, rn, rmask, rm, M)
 
 
 def _p2(n: int) -> int:
@@ -190,18 +196,17 @@ def _p2(n: int) -> int:
 
 
 def gram_config(p: int, q: int, dtype: torch.dtype) -> dict:
-    """BLOCK_N (rows per step), num_warps, num_stages of ``gram_kernel`` for a (p, q) result."""
-    width = max(_p2(p), _p2(q))
-    if width <= 32:
-        return dict(BLOCK_N=32, num_warps=4, num_stages=3)
-    return dict(BLOCK_N=16, num_warps=8, num_stages=3)
+    """BLOCK_N (rows per step), num_warps, num_stages of ``gram_kernel`` for a (p, q) result: 4 warps up to
+    32 × 32 (or 64 × 16) results, 8 beyond; steps of 32 rows up to width 32, of 16 beyond."""
+    width, area = max(_p2(p), _p2(q)), _p2(p) * _p2(q)
+    return dict(BLOCK_N=32 if width <= 32 else 16, num_warps=4 if area <= 32 * 32 else 8, num_stages=3)
 
 
 def row_config(width: int, dtype: torch.dtype) -> dict:
-    """BLOCK_N (rows per program), num_warps, num_stages of the row passes, for their widest tile."""
-    if _p2(width) <= 32:
-        return dict(BLOCK_N=32, num_warps=4, num_stages=1)
-    return dict(BLOCK_N=16, num_warps=8, num_stages=1)
+    """BLOCK_N (rows per program), num_warps, num_stages of the row passes for their widest tile: blocks
+    of 16 rows (fewer rows than columns, so the products' warps split the columns), 4 warps up to width
+    32, 8 at 64."""
+    return dict(BLOCK_N=16, num_warps=4 if _p2(width) <= 32 else 8, num_stages=1)
 
 
 def gram_spec(p: int, q: int, dtype: torch.dtype, centre_y: bool, scale: bool) -> dict:
@@ -214,8 +219,10 @@ def key_fwd_spec(m: int, dtype: torch.dtype, save_t: bool) -> dict:
 
 
 def key_bwd_spec(m: int, e: int, dtype: torch.dtype, inj: bool, has_t: bool) -> dict:
-    return dict(INJ=inj, HAS_T=has_t, ACC=_acc(dtype)[1], BLOCK_M=_p2(m), BLOCK_E=_p2(e),
-                **row_config(max(m, e), dtype))
+    cfg = row_config(max(m, e), dtype)
+    if dtype == torch.float64 and not inj and cfg["num_warps"] == 8:
+        cfg["num_warps"] = 4  # at 8 warps ptxas (sm_80) caps it at 64 registers and spills
+    return dict(INJ=inj, HAS_T=has_t, ACC=_acc(dtype)[1], BLOCK_M=_p2(m), BLOCK_E=_p2(e), **cfg)
 
 
 def rows_spec(k1: int, k2: int, q: int, dtype: torch.dtype) -> dict:
@@ -355,7 +362,11 @@ class NormalizationTriton(torch.autograd.Function):
 
 def normalize_triton(c: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm: str, eps: float,
                      w: torch.Tensor | None) -> torch.Tensor:
-    """(G, Nq, m), (G, Nk, m), (G, Nk, e), w (G, m, m) or None -> (G, Nq, e), autograd when needed."""
+    """(G, Nq, m), (G, Nk, m), (G, Nk, e), w (G, m, m) or None -> (G, Nq, e), autograd when needed;
+    ValueError for the m, e, dtype that ``normalization_limits.triton_unfit`` refuses."""
+    why = triton_unfit(c.dtype, k.shape[-1], v.shape[-1])
+    if why is not None:
+        raise ValueError(f"normalize_triton: {why}")
     c, k, v = c.contiguous(), k.contiguous(), v.contiguous()
     w = None if w is None else w.contiguous()
     inj = norm == "injective"
@@ -370,15 +381,14 @@ _INPUTS = {"X", "Y", "K", "V", "DV", "OUT"}
 """Pointer arguments in the input dtype; the others are workspaces in the accumulation dtype."""
 
 
-def _signature(kernel, dtype: torch.dtype) -> dict:
-    """Runtime arguments of ``kernel`` -> Triton types: inputs in ``dtype``, workspaces in its accumulation
-    dtype, sizes i32, eps fp32."""
+def _signature(kernel, dtype: torch.dtype, constexprs: dict) -> dict:
+    """Runtime arguments of ``kernel`` (those not in ``constexprs``) -> Triton types: inputs in ``dtype``,
+    workspaces in its accumulation dtype, sizes i32, eps fp32."""
     acc = _TL[_acc(dtype)[0]]
     sig = {}
-    for param in kernel.params:
-        if param.is_constexpr:
+    for name in kernel.arg_names:
+        if name in constexprs:
             continue
-        name = param.name
         if name == "eps":
             sig[name] = "fp32"
         elif name in _SIZES:
@@ -420,7 +430,7 @@ def aot_specialisations(d_max: int = 128, m_max: int = 128):
                     continue
                 for kernel, spec, label in _launches(m, e, dtype):
                     meta, opts = _launch(spec)
-                    sig = _signature(kernel, dtype)
+                    sig = _signature(kernel, dtype, meta)
                     key = (kernel.__name__, tuple(sorted(sig.items())), tuple(sorted((k, str(v)) for k, v in meta.items())),
                            opts["num_warps"], opts["num_stages"])
                     if key not in seen:
