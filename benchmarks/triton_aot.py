@@ -6,13 +6,14 @@ targets, on a machine without a GPU (docs/KERNELS.md, "Compiling for GPUs withou
 The specialisations come from the Triton modules themselves (``MODULES``): each defines
 ``aot_specialisations(d_max=128, m_max=128)`` yielding tuples
 
-    (kernel, signature, constexprs, num_warps, num_stages, label)
+    (kernel, signature, constexprs, num_warps, num_stages, label[, options])
 
 built by the same configuration functions its launchers call at run time. ``kernel`` is the
 ``@triton.jit`` function, ``signature`` maps every non-constexpr argument name to a Triton type string
 (``"*fp32"``, ``"*bf16"``, ``"i32"``, ``"fp32"``), ``constexprs`` maps the constexpr argument names to
 their values, ``label`` is ``"<family> key=value ..."`` (keys such as ``dtype``, ``kind``, ``d``, ``e``,
-``m``, ``v``; the fast subset filters on them). Pointer arguments are compiled with 16-byte divisibility,
+``m``, ``v``, ``inj``; the fast subset filters on them), ``options`` (optional) further keyword options of
+``triton.compile`` the launcher passes too (e.g. ``{"maxnreg": 255}``). Pointer arguments are compiled with 16-byte divisibility,
 as the runtime specialises them for torch allocations.
 
 Each specialisation is compiled with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``
@@ -99,7 +100,7 @@ def _matches(word: str, label: str) -> bool:
 
 def collect(modules=MODULES, d_max: int = 128, m_max: int = 128, subset: str | None = None,
             match: str | None = None) -> list[tuple]:
-    """Every (kernel, signature, constexprs, num_warps, num_stages, label) of ``modules`` (in the fast
+    """Every (kernel, signature, constexprs, num_warps, num_stages, label[, options]) of ``modules`` (in the fast
     subset, and matching every word of ``match``, when given: a ``key=value`` word or a whole family
     name is one of the label's words, any other word begins the family name, e.g. ``norm`` for every
     normalisation kernel)."""
@@ -150,9 +151,11 @@ def compile_one(spec: tuple, arch: int) -> Row:
     from triton import knobs
     from triton.backends.compiler import GPUTarget
 
-    kernel, signature, constexprs, warps, stages, label = spec
+    kernel, signature, constexprs, warps, stages, label, *more = spec
+    extra = dict(more[0]) if more else {}
     family = label.split()[0]
-    config = " ".join(f"{k}={v}" for k, v in constexprs.items() if k.isupper() and k.startswith(("BLOCK", "NUM", "TILE")))
+    config = " ".join([f"{k}={v}" for k, v in constexprs.items() if k.isupper() and k.startswith(("BLOCK", "NUM", "TILE"))]
+                      + [f"{k}={v}" for k, v in extra.items()])
     row = Row(f"sm_{arch}", family, label, config, warps, stages, shared_limit=SHARED_LIMIT[arch])
     sig = {}
     for name in kernel.arg_names:
@@ -168,7 +171,7 @@ def compile_one(spec: tuple, arch: int) -> Row:
         try:
             with contextlib.redirect_stdout(buf):
                 compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                          options={"num_warps": warps, "num_stages": stages})
+                                          options={"num_warps": warps, "num_stages": stages, **extra})
         finally:
             knobs.nvidia.dump_ptxas_log = old
     except Exception as exc:  # a compile failure is a result

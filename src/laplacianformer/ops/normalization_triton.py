@@ -9,12 +9,13 @@ float32/float64/float16/bfloat16.
 Two kinds of pass, never mixed in one kernel (docs/KERNELS.md, "The fused normalisation"):
 
 - **Gram passes** (``gram_kernel``, a loop over a split of the rows): partial sums of
-  (s ⊙ (x − x̄))ᵀ (y [− ȳ]), Σ y and Σ s ⊙ (y [− ȳ]) over row splits, into (G, splits, ·) workspaces summed
-  in a fixed order (deterministic, no atomics): the covariance S of C_q, dM = C̃_qᵀ G, M' = (r ⊙ k̃)ᵀ v
+  (s ⊙ (x − x̄))ᵀ (y [− ȳ]), Σ y and Σ s ⊙ (y [− ȳ]) over row splits, into (G, splits, ·) workspaces
+  summed in a fixed order (deterministic, no atomics): the covariance S of C_q, dM = C̃_qᵀ G, M' = (r ⊙ k̃)ᵀ v
   (with Σ r v, Σ v) and dS' = k̃ᵀ (ds ⊙ k̃) (with Σ ds k̃);
-- **row passes** (one block of rows per program): ``key_fwd_kernel`` t = k̃ S', s = rowsum(t ⊙ k̃),
+- **row passes** (one block of 16 rows per program): ``key_fwd_kernel`` t = k̃ S', s = rowsum(t ⊙ k̃),
   r = (max(s, 0) + eps)^(-1/2), stores t (for the backward), r, −r³/2 [s ≥ 0]; ``key_bwd_kernel``
-  dv = r (k̃ dM') + Ḡ_k, Y = v dM'ᵀ, ds, dk̃ = r Y + 2 ds t (t recomputed when not kept; dk may overwrite t);
+  dv = r (k̃ dM') + Ḡ_k, Y = v dM'ᵀ, ds (stored for the Gram pass), dk̃ = r Y + 2 ds t (t recomputed when
+  not kept; dk may overwrite t);
   ``rows_kernel`` (x − x̄) B1 [+ y B2] + bias (out = C̃_q M + v̄ and dC_q).
 
 The m×m and m×e algebra between the passes (S' = Wᵀ S W, M = W M', dS = W dS' Wᵀ, dW) is torch.
@@ -22,10 +23,11 @@ The m×m and m×e algebra between the passes (S' = Wᵀ S W, M = W M', dS = W dS
 Why two kinds: Triton gives every ``tl.dot`` of a kernel whose dots are connected the warp layout of the
 first one it converts; a Gram product (an m × e result, the rows the reduced dimension) next to row
 products (row-block × m results) left one of them replicated across the warps, and the key passes spilled
-registers (100 of 888 specialisations, mostly on sm_80). Separated, each kernel's products share one shape.
+registers (100 of 888 specialisations, mostly on sm_80). Separated, each kernel's products share one
+shape. Every launch passes ``maxnreg`` (``MAXNREG``).
 
-m and e up to 64 (``TRITON_MAX_DIM``, float64 up to 32: ``normalization_limits.py``, which the registry
-asks). ``aot_specialisations`` lists every launch configuration for ``benchmarks/triton_aot.py``, which
+m and e up to 64 (``TRITON_MAX_DIM`` of ``normalization_limits.py``, which the registry and the launcher
+ask). ``aot_specialisations`` lists every launch configuration for ``benchmarks/triton_aot.py``, which
 compiles them for sm_80 and sm_90 and checks (``--strict``) that none spills or exceeds a block's shared
 memory.
 """
@@ -86,8 +88,10 @@ def _matrix(P, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.const
 
 @triton.jit
 def _store(P, value, rn, rmask, cols, C):
-    """``value`` into rows ``rn`` (where ``rmask``), columns ``cols`` (< C) of the row-major (·, C) matrix at P."""
-    tl.store(P + rn[:, None] * C + cols[None, :], value.to(P.dtype.element_ty), mask=rmask[:, None] & (cols[None, :] < C))
+    """``value`` into rows ``rn`` (where ``rmask``), columns ``cols`` (< C) of the row-major (·, C) matrix
+    at P, in P's dtype."""
+    tl.store(P + rn[:, None] * C + cols[None, :], value.to(P.dtype.element_ty),
+             mask=rmask[:, None] & (cols[None, :] < C))
 
 
 @triton.jit
@@ -191,6 +195,14 @@ def key_bwd_kernel(K, KBAR, V, SP, DMK, GK, RINV, DSC, T, DK, DV, DS, NK, M, E,
     _store(DK + g * NK * M, dk, rn, rmask, rm, M)
 
 
+MAXNREG = 255
+"""``.maxnreg`` of every launch: without it ptxas, for some specialisations, picks a register target
+below what the kernel needs (64, 80, 96 or 128, an occupancy heuristic that differs between sm_80 and
+sm_90, dtypes and warp counts) and spills a few bytes; with it they use what they need (<= 255, which
+8 warps of 32 threads can always have)."""
+_OPTIONS = ("num_warps", "num_stages", "maxnreg")
+
+
 def _p2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
@@ -199,14 +211,15 @@ def gram_config(p: int, q: int, dtype: torch.dtype) -> dict:
     """BLOCK_N (rows per step), num_warps, num_stages of ``gram_kernel`` for a (p, q) result: 4 warps up to
     32 × 32 (or 64 × 16) results, 8 beyond; steps of 32 rows up to width 32, of 16 beyond."""
     width, area = max(_p2(p), _p2(q)), _p2(p) * _p2(q)
-    return dict(BLOCK_N=32 if width <= 32 else 16, num_warps=4 if area <= 32 * 32 else 8, num_stages=3)
+    return dict(BLOCK_N=32 if width <= 32 else 16, num_warps=4 if area <= 32 * 32 else 8, num_stages=3,
+                maxnreg=MAXNREG)
 
 
 def row_config(width: int, dtype: torch.dtype) -> dict:
     """BLOCK_N (rows per program), num_warps, num_stages of the row passes for their widest tile: blocks
     of 16 rows (fewer rows than columns, so the products' warps split the columns), 4 warps up to width
     32, 8 at 64."""
-    return dict(BLOCK_N=16, num_warps=4 if _p2(width) <= 32 else 8, num_stages=1)
+    return dict(BLOCK_N=16, num_warps=4 if _p2(width) <= 32 else 8, num_stages=1, maxnreg=MAXNREG)
 
 
 def gram_spec(p: int, q: int, dtype: torch.dtype, centre_y: bool, scale: bool) -> dict:
@@ -219,10 +232,8 @@ def key_fwd_spec(m: int, dtype: torch.dtype, save_t: bool) -> dict:
 
 
 def key_bwd_spec(m: int, e: int, dtype: torch.dtype, inj: bool, has_t: bool) -> dict:
-    cfg = row_config(max(m, e), dtype)
-    if dtype == torch.float64 and not inj and cfg["num_warps"] == 8:
-        cfg["num_warps"] = 4  # at 8 warps ptxas (sm_80) caps it at 64 registers and spills
-    return dict(INJ=inj, HAS_T=has_t, ACC=_acc(dtype)[1], BLOCK_M=_p2(m), BLOCK_E=_p2(e), **cfg)
+    return dict(INJ=inj, HAS_T=has_t, ACC=_acc(dtype)[1], BLOCK_M=_p2(m), BLOCK_E=_p2(e),
+                **row_config(max(m, e), dtype))
 
 
 def rows_spec(k1: int, k2: int, q: int, dtype: torch.dtype) -> dict:
@@ -233,7 +244,7 @@ def rows_spec(k1: int, k2: int, q: int, dtype: torch.dtype) -> dict:
 
 def _launch(spec: dict) -> tuple[dict, dict]:
     """A spec -> (constexprs, launch options)."""
-    opts = {k: spec[k] for k in ("num_warps", "num_stages")}
+    opts = {k: spec[k] for k in _OPTIONS}
     return {k: v for k, v in spec.items() if k not in opts}, opts
 
 
@@ -400,13 +411,14 @@ def _signature(kernel, dtype: torch.dtype, constexprs: dict) -> dict:
 
 def _launches(m: int, e: int, dtype: torch.dtype):
     """(kernel, spec, label) of every launch of ``_forward`` / ``_backward`` for these m, e, dtype."""
-    tag = f"dtype={_TL[dtype]} m={m} e={e}"
-    yield gram_kernel, gram_spec(m, m, dtype, True, False), f"norm_gram {tag} use=cov"
+    tag_m = f"dtype={_TL[dtype]} m={m}"  # the launches that do not depend on e
+    tag = f"{tag_m} e={e}"
+    yield gram_kernel, gram_spec(m, m, dtype, True, False), f"norm_gram {tag_m} use=cov"
     yield gram_kernel, gram_spec(m, e, dtype, False, True), f"norm_gram {tag} use=key_fwd"
     yield gram_kernel, gram_spec(m, e, dtype, False, False), f"norm_gram {tag} use=dM"  # and the inline key_fwd
-    yield gram_kernel, gram_spec(m, m, dtype, True, True), f"norm_gram {tag} use=key_bwd"
+    yield gram_kernel, gram_spec(m, m, dtype, True, True), f"norm_gram {tag_m} use=key_bwd"
     for save_t in (True, False):
-        yield key_fwd_kernel, key_fwd_spec(m, dtype, save_t), f"norm_key_fwd {tag} save_t={int(save_t)}"
+        yield key_fwd_kernel, key_fwd_spec(m, dtype, save_t), f"norm_key_fwd {tag_m} save_t={int(save_t)}"
     for inj, has_t in ((True, True), (True, False), (False, False)):
         yield (key_bwd_kernel, key_bwd_spec(m, e, dtype, inj, has_t),
                f"norm_key_bwd {tag} inj={int(inj)} has_t={int(has_t)}")
@@ -416,9 +428,10 @@ def _launches(m: int, e: int, dtype: torch.dtype):
 
 
 def aot_specialisations(d_max: int = 128, m_max: int = 128):
-    """Every (kernel, signature, constexprs, num_warps, num_stages, label) the launchers above can produce
-    for m <= m_max landmarks and e <= d_max value features within what the registry serves
-    (``normalization_limits.triton_unfit``), from the same ``*_spec`` functions (benchmarks/triton_aot.py).
+    """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) the launchers above can
+    produce (``options``: the compile option ``maxnreg``) for m <= m_max landmarks and e <= d_max value
+    features within what the registry serves (``normalization_limits.triton_unfit``), from the same
+    ``*_spec`` functions (benchmarks/triton_aot.py).
     m and e are enumerated as powers of two (the specs depend on them only through ``next_power_of_2``);
     identical specialisations are yielded once, under the label of their first launch."""
     dims = lambda top: [b for b in (16, 32, 64, 128) if b <= _p2(min(top, MAX_DIM))]  # noqa: E731
@@ -431,8 +444,9 @@ def aot_specialisations(d_max: int = 128, m_max: int = 128):
                 for kernel, spec, label in _launches(m, e, dtype):
                     meta, opts = _launch(spec)
                     sig = _signature(kernel, dtype, meta)
-                    key = (kernel.__name__, tuple(sorted(sig.items())), tuple(sorted((k, str(v)) for k, v in meta.items())),
-                           opts["num_warps"], opts["num_stages"])
+                    key = (kernel.__name__, tuple(sorted(sig.items())),
+                           tuple(sorted((k, str(v)) for k, v in meta.items())), tuple(sorted(opts.items())))
                     if key not in seen:
                         seen.add(key)
-                        yield kernel, sig, meta, opts["num_warps"], opts["num_stages"], label
+                        yield (kernel, sig, meta, opts["num_warps"], opts["num_stages"], label,
+                               {"maxnreg": opts["maxnreg"]})
