@@ -5,14 +5,19 @@
     python -m benchmarks.model_throughput --retain-heap         # glibc keeps freed memory (steady state)
 
 Same LaplacianFormer backbone (default Tiny), attention "laplacian" | "laplacian-recompute" (the same with
-``recompute=True``: the attention core is recomputed in the backward) | "gaussian" (same module, Gaussian
-kernel) | "softmax" (PVTv2 spatial-reduction softmax, the quadratic baseline). Inference: forward under
-no_grad in eval mode. Training: forward + cross-entropy + backward (no optimizer step) in train mode.
+``recompute=True``: the lean recompute of docs/DESIGN.md §5.5, the q/k projections and the two N×m kernel
+matrices recomputed in the backward) | "laplacian-checkpoint" (``recompute=True`` forced to activation
+checkpointing of the whole core, ``ops.use(recompute="checkpoint")``: the earlier implementation) | "gaussian"
+(same module, Gaussian kernel) | "softmax" (PVTv2 spatial-reduction softmax, the quadratic baseline).
+Inference: forward under no_grad in eval mode (the recompute variants are training-only rows). Training:
+forward + cross-entropy + backward (no optimizer step) in train mode.
 Timing: the variants of one (size, mode) run round-robin, one call each per round, so machine load hits
-them alike; medians and IQRs over the rounds.
+them alike; medians and IQRs over the rounds (wall time, and process CPU time).
 Memory: "peak RSS" is one call in a fresh subprocess (CPU: RSS high-water mark) or the CUDA allocator peak;
 "peak heap" (CPU) the live C-heap peak of one call sampled after every op (``benchmarks/common.py``);
 "activations" (training) what autograd keeps for the backward, counted from the saved tensors' storages.
+Ratios: each variant against softmax, and each recompute variant against "laplacian" (no recompute), per
+(size, mode), from the same run (side by side).
 ``--retain-heap`` reruns the script with glibc tunables that keep freed memory mapped (``benchmarks/common.py``):
 with the default allocator part of each time is page faults on fresh memory, which moves with the order of
 all allocations; with it, times are steady-state compute. Writes
@@ -40,26 +45,52 @@ from laplacianformer.train.cost import build_net, make_call, round_robin, traini
 VARIANTS = {
     "laplacian": dict(attn="laplacian"),
     "laplacian-recompute": dict(attn="laplacian", attn_kwargs=dict(recompute=True)),
+    "laplacian-checkpoint": dict(attn="laplacian", attn_kwargs=dict(recompute=True),
+                                 runtime=dict(recompute="checkpoint")),
     "gaussian": dict(attn="gaussian"),
     "softmax": dict(attn="softmax"),
 }
-"""Benchmark rows: the three attentions of the backbone, and the Laplacian one with ``recompute=True``
-(activation checkpointing of the attention core; identical to "laplacian" in inference)."""
+"""Benchmark rows: the three attentions of the backbone, and the Laplacian one with ``recompute=True``, lean
+(the default) or forced to checkpointing (``runtime``: the ``ops.use`` choices the calls run under). The
+recompute variants are identical to "laplacian" in inference and are measured in training only."""
+
+TRAIN_ONLY = ("laplacian-recompute", "laplacian-checkpoint")
+RECOMPUTE_BASE = "laplacian"
+
+
+def _split(attn: str) -> tuple[dict, dict]:
+    spec = dict(VARIANTS[attn])
+    return spec, spec.pop("runtime", {})
+
+
+def _under(runtime: dict, fn):
+    """fn run inside ``ops.use(**runtime)`` (fn itself when there is nothing to force)."""
+    if not runtime:
+        return fn
+    from laplacianformer import ops
+
+    def call():
+        with ops.use(**runtime):
+            return fn()
+
+    return call
 
 
 def make_case(model: str, attn: str, size: int, batch: int, mode: str, device: str = "cpu", seed: int = 0):
     """Factory: builds the model and inputs, returns the zero-argument callable to time (``mode`` infer|train).
 
     ``attn`` is a key of ``VARIANTS``; the calls are ``laplacianformer.train.cost.make_call``'s."""
-    net = build_net(model, **VARIANTS[attn], device=device, seed=seed)
-    return make_call(net, size, mode, batch=batch, device=device, seed=seed)
+    spec, runtime = _split(attn)
+    net = build_net(model, **spec, device=device, seed=seed)
+    return _under(runtime, make_call(net, size, mode, batch=batch, device=device, seed=seed))
 
 
 def saved_activations_mb(model: str, attn: str, size: int, batch: int, device: str = "cpu") -> float:
     """MiB of the distinct storages autograd keeps for the backward of one training forward (the
     activation memory, parameters excluded); deterministic, unlike an allocator or RSS peak."""
-    net = build_net(model, **VARIANTS[attn], device=device)
-    return training_activation_mib(net, size, batch=batch, device=device)
+    spec, runtime = _split(attn)
+    net = build_net(model, **spec, device=device)
+    return _under(runtime, lambda: training_activation_mib(net, size, batch=batch, device=device))()
 
 
 time_interleaved = round_robin
@@ -72,7 +103,7 @@ def run(args) -> list[dict]:
     rows = []
     groups = [(s, m) for s in args.sizes for m in ("infer", "train")]
     for size, mode in tqdm(groups, desc="model_throughput"):
-        names = [a for a in args.attn if not (mode == "infer" and a == "laplacian-recompute")]
+        names = [a for a in args.attn if not (mode == "infer" and a in TRAIN_ONLY)]
         kwargs = {a: dict(model=args.model, attn=a, size=size, batch=args.batch, mode=mode, device=args.device) for a in names}
         fns = {a: make_case(**kwargs[a]) for a in names}
         timings = time_interleaved(fns, device=args.device, repeats=args.repeats, max_seconds=args.max_seconds)
@@ -89,7 +120,8 @@ def run(args) -> list[dict]:
             t = timings[attn]
             rows.append(dict(
                 model=args.model, attn=attn, size=size, batch=args.batch, mode=mode, median_ms=t["median_ms"],
-                iqr_ms=t["iqr_ms"], repeats=t["repeats"], images_per_s=args.batch * 1e3 / t["median_ms"],
+                iqr_ms=t["iqr_ms"], cpu_ms=t["cpu_ms"], repeats=t["repeats"],
+                images_per_s=args.batch * 1e3 / t["median_ms"],
                 peak_mb=mem, heap_mb=heap[attn], activations_mb=saved,
             ))
     return rows
@@ -113,6 +145,26 @@ def ratios(rows: list[dict]) -> list[dict]:
     return out
 
 
+def recompute_ratios(rows: list[dict]) -> list[dict]:
+    """Each recompute variant relative to "laplacian" (no recompute) in training, per size: wall and CPU time,
+    peak RSS, peak heap and activation ratios (<1: less), measured side by side in one run."""
+    out = []
+    key = {(r["size"], r["mode"], r["attn"]): r for r in rows}
+    div = lambda a, b: a / b if a and b else None
+    for (size, mode, attn), r in key.items():
+        base = key.get((size, mode, RECOMPUTE_BASE))
+        if attn not in TRAIN_ONLY or base is None:
+            continue
+        out.append(dict(
+            size=size, mode=mode, attn=attn, time_vs_none=r["median_ms"] / base["median_ms"],
+            cpu_time_vs_none=div(r.get("cpu_ms"), base.get("cpu_ms")),
+            memory_vs_none=div(r["peak_mb"], base["peak_mb"]),
+            heap_vs_none=div(r.get("heap_mb"), base.get("heap_mb")),
+            activations_vs_none=div(r.get("activations_mb"), base.get("activations_mb")),
+        ))
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="laplacianformer_tiny")
@@ -127,20 +179,31 @@ def main(argv=None) -> None:
     load_before = start_timing_run(args, "benchmarks.model_throughput", argv)
     rows = run(args)
     rel = ratios(rows)
+    rec = recompute_ratios(rows)
     load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
     stem = results_stem(args, "model_throughput")
-    write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, load_average=load), settings=vars(args))
+    write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, recompute_ratios=rec, load_average=load),
+               settings=vars(args))
     table = markdown_table(
-        ["attn", "size", "mode", "batch", "median ms", "IQR ms", "images/s", "peak RSS MiB", "peak heap MiB",
+        ["attn", "size", "mode", "batch", "median ms", "IQR ms", "CPU ms", "images/s", "peak RSS MiB", "peak heap MiB",
          "activations MiB"],
-        [[r["attn"], r["size"], r["mode"], r["batch"], r["median_ms"], r["iqr_ms"], r["images_per_s"], r["peak_mb"],
-          r["heap_mb"], r["activations_mb"]] for r in rows],
+        [[r["attn"], r["size"], r["mode"], r["batch"], r["median_ms"], r["iqr_ms"], r["cpu_ms"], r["images_per_s"],
+          r["peak_mb"], r["heap_mb"], r["activations_mb"]] for r in rows],
     )
-    table += "\n" + markdown_table(
-        ["attn", "size", "mode", "time / softmax", "peak RSS / softmax", "peak heap / softmax", "activations / softmax"],
-        [[r["attn"], r["size"], r["mode"], r["time_vs_softmax"], r["memory_vs_softmax"], r["heap_vs_softmax"],
-          r["activations_vs_softmax"]] for r in rel],
-    )
+    if rel:
+        table += "\n" + markdown_table(
+            ["attn", "size", "mode", "time / softmax", "peak RSS / softmax", "peak heap / softmax",
+             "activations / softmax"],
+            [[r["attn"], r["size"], r["mode"], r["time_vs_softmax"], r["memory_vs_softmax"], r["heap_vs_softmax"],
+              r["activations_vs_softmax"]] for r in rel],
+        )
+    if rec:
+        table += "\n" + markdown_table(
+            ["recompute", "size", "mode", "wall time / none", "CPU time / none", "peak RSS / none",
+             "peak heap / none", "activations / none"],
+            [[r["attn"], r["size"], r["mode"], r["time_vs_none"], r["cpu_time_vs_none"], r["memory_vs_none"],
+              r["heap_vs_none"], r["activations_vs_none"]] for r in rec],
+        )
     header = report_header(f"{args.model} throughput", args, load)
     stem.with_suffix(".md").write_text(header + table)
     print(header + table)

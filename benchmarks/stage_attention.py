@@ -3,6 +3,7 @@
     python -m benchmarks.stage_attention                          # Tiny's four stages at 512², CPU
     python -m benchmarks.stage_attention --retain-heap            # steady state (see benchmarks/common.py)
     python -m benchmarks.stage_attention --size 1024 --device cuda --batch 8
+    python -m benchmarks.stage_attention --retain-heap --normalization fused   # before the C backend (issue 18)
 
 For each stage of the backbone (default Tiny) the first block's attention layer, as the backbone builds it
 (widths, heads, landmarks; spatial-reduction ratios 8/4/2/1 for softmax), runs on random tokens of the shape
@@ -12,7 +13,9 @@ The variants of one (stage, mode) are timed round-robin. With "laplacian" among 
 splits that layer's inference time into its steps (``laplacian_pieces``). MACs follow ``laplacianformer.models.count_macs``
 (matmuls, convolutions, SDPA, and N·M·d per L1 distance matrix); MACs per second says how well each layer
 uses the machine (the Laplacian layer does fewer MACs than spatial-reduction softmax at 512², in smaller
-products). Writes benchmarks/results/stage_attention_<device>[_retain].{json,md,png}.
+products). ``--normalization NAME`` forces that backend of the normalization op process-wide (``ops.configure``;
+the table in docs/KERNELS.md "Backends and dispatch"), so a layer's time can be compared with and without the
+fused C normalisation. Writes benchmarks/results/stage_attention_<device>[_retain][_norm-NAME].{json,md,png}.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from laplacianformer.models import count_macs, create_model  # noqa: E402
 from laplacianformer.ops.attention import pool_landmarks  # noqa: E402
 from laplacianformer.ops.kernel import laplace_kernel  # noqa: E402
 from laplacianformer.ops.newton_schulz import regularised_inverse  # noqa: E402
+from laplacianformer.ops import configure  # noqa: E402
 from laplacianformer.ops.normalization import normalize_nystrom  # noqa: E402
 
 
@@ -240,8 +244,11 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--max-seconds", type=float, default=20.0, help="cap on timed seconds per (stage, mode) group")
+    p.add_argument("--normalization", default="auto",
+                   help="backend of the normalization op for every layer (auto, cpu, fused, composite, ...)")
     add_timing_options(p, "stage_attention")
     args = p.parse_args(argv)
+    configure(normalization=args.normalization)
     load_before = start_timing_run(args, "benchmarks.stage_attention", argv)
     shapes = stage_inputs(args.model, args.size)
     rows = run(args, shapes)
@@ -252,6 +259,8 @@ def main(argv=None) -> None:
         pieces = {stage: steps for stage, steps in pieces.items() if steps is not None}
     load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
     stem = results_stem(args, "stage_attention")
+    if args.normalization != "auto" and not args.out:
+        stem = stem.with_name(f"{stem.name}_norm-{args.normalization}")
     write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, laplacian_pieces=pieces, load_average=load),
                settings=vars(args))
     table = markdown_table(
@@ -265,7 +274,7 @@ def main(argv=None) -> None:
           r["macs_vs_softmax"]] for r in rel],
     )
     header = report_header(f"{args.model}: first attention layer of each stage at {args.size}²", args, load,
-                           f"batch {args.batch}")
+                           f"batch {args.batch}; normalization backend {args.normalization}")
     if pieces:
         names = list(next(iter(pieces.values())))
         table += "\nLaplacian layer, inference, median ms per step (timed one after another):\n\n" + markdown_table(

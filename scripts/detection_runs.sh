@@ -9,6 +9,9 @@
 #
 # Each run is resumable: a finished run (model.safetensors present) is skipped, an interrupted one
 # (checkpoint.safetensors present) continues with --resume, so the script can be killed and started again.
+# A finished and evaluated run also leaves its small files (train_config.json, history.json, eval_val.json,
+# the log) in $KEEP/<name>/ (default results/detection/runs, committed): a run found there is skipped on any
+# machine, and the report reads $KEEP, so seeds measured in different sessions add up.
 # Logs: $RUNS/<name>.log. After training, `detect eval` scores each run on the full val split
 # ($RUNS/<name>/eval_val.json); the per-epoch AP in history.json uses the first 200 val scenes only.
 #
@@ -34,6 +37,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 DATA=${DATA:-data/fashion-scenes}
 RUNS=${RUNS:-runs/detection}
+KEEP=${KEEP:-results/detection/runs}
 THREADS=${THREADS:-2}
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}  # shared cores: spinning OpenMP threads waste their slices
@@ -54,7 +58,10 @@ run() {  # run NAME STEPS TRAIN-FLAGS...
     shift 2
     local dir="$RUNS/$name" log="$RUNS/$name.log"
     local epochs=$(( (steps * 8 + 3999) / 4000 ))
-    if [ -f "$dir/model.safetensors" ]; then
+    if [ -f "$KEEP/$name/eval_val.json" ]; then
+        echo "$name: result kept in $KEEP/$name, skipped"
+        return
+    elif [ -f "$dir/model.safetensors" ]; then
         echo "$name: finished, skipped"
     elif [ -f "$dir/checkpoint.safetensors" ]; then
         echo "$name: resuming ($(date '+%F %T'))"
@@ -68,6 +75,11 @@ run() {  # run NAME STEPS TRAIN-FLAGS...
         echo "$name: evaluating on the full val split"
         "$PY" -m laplacianformer.detection eval --run "$dir" --threads "$THREADS" --no-progress >>"$log" 2>&1
     fi
+    if [ -f "$dir/eval_val.json" ]; then
+        mkdir -p "$KEEP/$name"
+        cp "$dir/train_config.json" "$dir/history.json" "$dir/eval_val.json" "$KEEP/$name/"
+        cp "$log" "$KEEP/$name/train.log"
+    fi
 }
 
 for seed in 0 1 2; do
@@ -79,4 +91,4 @@ run "maskrcnn-laplacian-s0" "$MASK_STEPS" --detector maskrcnn --seed 0 --val-sub
     --detector-kwargs '{"box_batch_size_per_image": 128, "rpn_post_nms_top_n_train": 1000}'
 
 echo "full-val results (bbox AP / AP50 per backbone, paired differences; results/detection/fashionscenes.md)"
-"$PY" -m laplacianformer.experiments.detection_report --runs "$RUNS" --out "${REPORT:-results/detection}"
+"$PY" -m laplacianformer.experiments.detection_report --runs "$KEEP" --out "${REPORT:-results/detection}"

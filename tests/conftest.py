@@ -47,11 +47,16 @@ def triton_runs_here() -> bool:
 
 @pytest.fixture(scope="session")
 def triton_interpreter():
-    """run(*test_files, timeout=...) -> CompletedProcess of ``pytest -m triton`` under TRITON_INTERPRET=1."""
+    """run(*test_files, timeout=...): ``pytest -m triton`` on the files under TRITON_INTERPRET=1 in a subprocess;
+    fails the calling test unless that run exits 0 with tests passed and none failed; returns the process."""
 
     def run(*files: str, timeout: float = 600.0) -> subprocess.CompletedProcess:
         env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "triton", *files]
-        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        summary = proc.stdout.strip().splitlines()[-1]
+        assert " passed" in summary and "failed" not in summary and "error" not in summary, proc.stdout[-2000:]
+        return proc
 
     return run

@@ -8,8 +8,15 @@ Two formats, one loader:
   ``torch.load(path, weights_only=True)`` as well (zip readers ignore trailing bytes).
 * ``save_weights(state_dict, path)`` writes a ``.safetensors`` file whose header metadata carries the
   SHA-256 of the tensor data section under ``"laplacianformer.sha256"``.
-* ``load_checkpoint(path)`` reads either: ``.safetensors`` files through ``safetensors`` (no pickle at all),
-  anything else through ``torch.load(weights_only=True)`` after the trailer check.
+* ``save_training_state(path, model_state, state, format=...)`` writes a nested training state (optimizer,
+  scaler, RNG states, history, ...) as one ``save_weights`` file: the model's tensors under ``model/``, the
+  state's tensors under ``state/`` and the state itself as a JSON skeleton in the header metadata (key
+  ``"state"``, next to ``"format"``). ``load_training_state`` reads it back, and also reads a
+  ``save_checkpoint`` file holding one dict with ``"format"`` and ``"model"`` (the layout of training
+  checkpoints before this one, docs/TRAINING.md "Checkpoints, interruption and resuming").
+* ``load_checkpoint(path)`` reads either: ``.safetensors`` files (also their ``.safetensors.prev``
+  copies) through ``safetensors`` (no pickle at all), anything else through ``torch.load(weights_only=True)``
+  after the trailer check.
 
 Every write goes to a temporary file in the destination directory, is flushed and fsynced, renamed over
 the destination with ``os.replace`` and followed by an fsync of the directory, so a crash at any point
@@ -34,7 +41,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -42,6 +49,9 @@ __all__ = [
     "CheckpointError",
     "save_checkpoint",
     "save_weights",
+    "save_training_state",
+    "load_training_state",
+    "TrainingState",
     "load_checkpoint",
     "read_metadata",
     "previous_path",
@@ -53,6 +63,9 @@ _TRAILER = struct.Struct("<8sQ32s8s")
 TRAILER_SIZE = _TRAILER.size
 _SHA_KEY = "laplacianformer.sha256"
 _SAFETENSORS_SUFFIX = ".safetensors"
+_PREV_SUFFIX = ".prev"
+_FORMAT_KEY = "format"
+_STATE_KEY = "state"
 _CHUNK = 1 << 20
 _SCALARS = (str, int, float, bool, type(None))
 _TORCH_ATOMS = (torch.dtype, torch.device)
@@ -65,7 +78,13 @@ class CheckpointError(ValueError):
 def previous_path(path: str | os.PathLike) -> Path:
     """Where ``save_checkpoint(..., keep_previous=True)`` keeps the file it replaced: ``<name>.prev``."""
     path = Path(path)
-    return path.with_name(path.name + ".prev")
+    return path.with_name(path.name + _PREV_SUFFIX)
+
+
+def _is_safetensors(path: Path) -> bool:
+    """By name: ``*.safetensors`` or the ``*.safetensors.prev`` copy ``keep_previous`` keeps of one."""
+    name = path.name[: -len(_PREV_SUFFIX)] if path.name.endswith(_PREV_SUFFIX) else path.name
+    return name.endswith(_SAFETENSORS_SUFFIX)
 
 
 def _check_weights_only(obj: Any, where: str) -> None:
@@ -241,10 +260,14 @@ def save_weights(
             seen.add(storage)
         tensors[key] = tensor
     data = save(tensors, metadata=dict(meta))
-    _, start = _safetensors_sections(data)
-    digest = hashlib.sha256(memoryview(data)[start:]).hexdigest()
-    data = save(tensors, metadata={**meta, _SHA_KEY: digest})
-    return _atomic_write(Path(path), [data], keep_previous)
+    header, start = _safetensors_sections(data)
+    body = memoryview(data)[start:]
+    # the hash goes into the header; tensor offsets are relative to the data section, which stays as it is
+    # (serialised once: a training state is several times the model's size)
+    header["__metadata__"] = {**meta, _SHA_KEY: hashlib.sha256(body).hexdigest()}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data section stays 8-byte aligned, as safetensors writes it
+    return _atomic_write(Path(path), [struct.pack("<Q", len(text)) + text, body], keep_previous)
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
@@ -326,6 +349,12 @@ def _load_safetensors(path: Path, map_location) -> dict[str, torch.Tensor]:
         header, start = _safetensors_sections(data)
     except ValueError as exc:
         raise CheckpointError(f"checkpoint: {path}: wrong format: not a safetensors file: {exc}") from None
+    ends = [info.get("data_offsets", [0, 0])[1] for key, info in header.items()
+            if key != "__metadata__" and isinstance(info, dict) and isinstance(info.get("data_offsets"), list)]
+    size = max((e for e in ends if isinstance(e, int)), default=0)
+    if len(data) - start < size:
+        raise CheckpointError(f"checkpoint: {path}: truncated: the header describes {size} bytes of tensor data, "
+                              f"the file holds {len(data) - start}")
     expected = (header.get("__metadata__") or {}).get(_SHA_KEY)
     if expected is not None and hashlib.sha256(memoryview(data)[start:]).hexdigest() != expected:
         raise CheckpointError(f"checkpoint: {path}: hash mismatch (SHA-256 of the tensor data differs from the header)")
@@ -339,7 +368,7 @@ def _load_safetensors(path: Path, map_location) -> dict[str, torch.Tensor]:
 
 
 def _load_one(path: Path, map_location, verify: bool) -> dict:
-    if path.suffix == _SAFETENSORS_SUFFIX:
+    if _is_safetensors(path):
         return _load_safetensors(path, map_location)
     if verify:
         payload = verify_checkpoint(path)
@@ -358,8 +387,8 @@ def load_checkpoint(
     """Load a checkpoint without ever running pickled code.
 
     Args:
-        path: a ``.safetensors`` file (returns ``{name: tensor}``) or a ``save_checkpoint`` file (returns
-            the saved dict, loaded with ``torch.load(weights_only=True)``).
+        path: a ``.safetensors`` file or its ``.safetensors.prev`` copy (returns ``{name: tensor}``) or a
+            ``save_checkpoint`` file (returns the saved dict, loaded with ``torch.load(weights_only=True)``).
         map_location: as for ``torch.load``; default ``"cpu"``.
         verify: check the integrity trailer (size + SHA-256). ``False`` accepts plain ``torch.save`` files,
             still with ``weights_only=True``.
@@ -383,3 +412,177 @@ def load_checkpoint(
             raise CheckpointError(f"{exc}; fallback also failed: {prev_exc}") from None
         warnings.warn(f"{exc}; loaded the previous checkpoint {prev} instead", RuntimeWarning, stacklevel=2)
         return obj
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training state <-> safetensors: tensors + a JSON skeleton of everything else in the header metadata
+# ----------------------------------------------------------------------------------------------------
+
+
+class TrainingState(NamedTuple):
+    """What ``load_training_state`` read: the model's weights, the rest of the state, the header metadata
+    (``"format"`` and the caller's keys) and the file read (``<name>.prev`` after a fallback)."""
+
+    model: dict
+    state: dict
+    metadata: dict
+    path: Path
+
+
+def _encode(obj: Any, name: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """Nested containers -> JSON skeleton; each tensor goes to ``tensors`` under its key path.
+
+    Every dict becomes ``{"__items__": [[key, value], ...]}`` (int keys stay ints), so any other JSON object
+    in the skeleton is a marker: ``__tensor__`` (a tensor's name), ``__tuple__``, ``__dtype__``,
+    ``__device__``. Floats go through ``json`` unchanged (``repr`` round-trips; inf/nan as ``Infinity``/``NaN``).
+    """
+    if isinstance(obj, torch.Tensor):
+        key, n = name, 1
+        while key in tensors:  # "a/b" as one key and as a nested path: keep both
+            key, n = f"{name}#{n}", n + 1
+        tensors[key] = obj
+        return {"__tensor__": key}
+    if isinstance(obj, dict):
+        return {"__items__": [[k, _encode(v, f"{name}/{k}", tensors)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):  # also torch.Size
+        return {"__tuple__": [_encode(v, f"{name}/{i}", tensors) for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_encode(v, f"{name}/{i}", tensors) for i, v in enumerate(obj)]
+    if isinstance(obj, torch.dtype):
+        return {"__dtype__": str(obj).removeprefix("torch.")}
+    if isinstance(obj, torch.device):
+        return {"__device__": str(obj)}
+    return obj
+
+
+def _decode(skel: Any, tensors: dict[str, torch.Tensor], path: Path) -> Any:
+    if isinstance(skel, list):
+        return [_decode(v, tensors, path) for v in skel]
+    if not isinstance(skel, dict):
+        return skel
+    if "__items__" in skel:
+        return {k: _decode(v, tensors, path) for k, v in skel["__items__"]}
+    if "__tensor__" in skel:
+        try:
+            return tensors[skel["__tensor__"]]
+        except KeyError:
+            raise CheckpointError(f"checkpoint: {path}: the state names the tensor {skel['__tensor__']!r}, "
+                                  "which the file does not hold") from None
+    if "__tuple__" in skel:
+        return tuple(_decode(v, tensors, path) for v in skel["__tuple__"])
+    if "__dtype__" in skel:
+        dtype = getattr(torch, str(skel["__dtype__"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise CheckpointError(f"checkpoint: {path}: unknown dtype {skel['__dtype__']!r} in the state")
+        return dtype
+    if "__device__" in skel:
+        return torch.device(skel["__device__"])
+    raise CheckpointError(f"checkpoint: {path}: malformed state skeleton (unknown entry {sorted(skel)[:3]})")
+
+
+def save_training_state(
+    path: str | os.PathLike,
+    model_state: Mapping[str, torch.Tensor],
+    state: dict,
+    *,
+    format: str,
+    metadata: Mapping[str, str] | None = None,
+    keep_previous: bool = True,
+) -> Path:
+    """Atomically write a training state as one safetensors file (``save_weights``: temp file, fsync, rename).
+
+    Args:
+        path: destination file (``.safetensors``); its directory must exist.
+        model_state: the model's ``{name: tensor}``, stored under ``model/<name>``.
+        state: everything else (optimizer, scaler, RNG states, history, ...): nested dict/list/tuple of
+            tensors and plain values, the content ``save_checkpoint`` accepts. Its tensors are stored under
+            ``state/<key path>``, the rest as a JSON skeleton in the metadata key ``"state"``; anything else
+            raises ``TypeError`` naming the key path, before any I/O.
+        format: stored under the metadata key ``"format"``; ``load_training_state(format=...)`` checks it.
+        metadata: more str -> str header metadata (``read_metadata`` returns it without loading tensors).
+        keep_previous: keep the file being replaced as ``<name>.prev``.
+
+    A resumed run needs the state back exactly: tensors are stored bit for bit, ints, strings and floats
+    through JSON (exact), tuples stay tuples, dict keys keep their type (str or int).
+    """
+    if not isinstance(state, dict):
+        raise TypeError(f"state: expected a dict, got {type(state).__name__}")
+    if not isinstance(format, str) or not format:
+        raise TypeError(f"format: expected a non-empty str, got {format!r}")
+    _check_weights_only(state, "state")
+    meta = dict(metadata or {})
+    for key in (_FORMAT_KEY, _STATE_KEY):
+        if key in meta:
+            raise ValueError(f"metadata: the key {key!r} is reserved for the training state")
+    if not isinstance(model_state, Mapping):
+        raise TypeError(f"model_state: expected a mapping of str to Tensor, got {type(model_state).__name__}")
+    tensors = {f"model/{k}": v for k, v in model_state.items()}
+    skeleton = _encode(state, _STATE_KEY, tensors)
+    meta.update({_FORMAT_KEY: format, _STATE_KEY: json.dumps(skeleton, separators=(",", ":"))})
+    return save_weights(tensors, path, meta, keep_previous=keep_previous)
+
+
+def _read_training_state(path: Path, map_location) -> TrainingState:
+    if not _is_safetensors(path):
+        # a save_checkpoint file: one dict holding "format" and the model's weights under "model"
+        obj = _load_one(path, map_location, verify=True)
+        model = obj.get("model")
+        if "format" not in obj or not isinstance(model, dict):
+            raise CheckpointError(f"checkpoint: {path}: not a training checkpoint (a dict with 'format' and "
+                                  f"'model' was expected, found the keys {sorted(map(str, obj))[:6]})")
+        state = {k: v for k, v in obj.items() if k != "model"}
+        return TrainingState(dict(model), state, {_FORMAT_KEY: str(obj["format"])}, path)
+    tensors = _load_safetensors(path, map_location)
+    meta = read_metadata(path)
+    if _STATE_KEY not in meta:
+        raise CheckpointError(f"checkpoint: {path}: not a training checkpoint (safetensors weights without the "
+                              f"{_STATE_KEY!r} metadata of save_training_state; format {meta.get(_FORMAT_KEY)!r})")
+    try:
+        skeleton = json.loads(meta[_STATE_KEY])
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"checkpoint: {path}: the {_STATE_KEY!r} metadata is not valid JSON ({exc.msg})") from None
+    state = _decode(skeleton, tensors, path)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint: {path}: the saved state is a {type(state).__name__}, not a dict")
+    model = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+    return TrainingState(model, state, meta, path)
+
+
+def load_training_state(
+    path: str | os.PathLike,
+    *,
+    format: str | None = None,
+    map_location: Any = "cpu",
+    fallback_previous: bool = False,
+) -> TrainingState:
+    """Read a ``save_training_state`` file (or a ``save_checkpoint`` dict with ``"format"`` and ``"model"``).
+
+    Args:
+        path: the file.
+        format: when given, the ``"format"`` the file must carry (``CheckpointError`` naming both otherwise).
+        map_location: as for ``load_checkpoint``.
+        fallback_previous: when ``path`` is missing or damaged (unreadable, truncated, hash mismatch,
+            malformed state), read ``<name>.prev`` instead, with a ``RuntimeWarning`` naming the problem.
+
+    Returns:
+        ``TrainingState(model, state, metadata, path)``; ``path`` is the file actually read.
+
+    Raises:
+        CheckpointError: message ``checkpoint: <path>: <problem>``; after a failed fallback it names both files.
+    """
+    path = Path(path)
+    try:
+        loaded = _read_training_state(path, map_location)
+    except CheckpointError as exc:
+        if not fallback_previous:
+            raise
+        prev = previous_path(path)
+        try:
+            loaded = _read_training_state(prev, map_location)
+        except CheckpointError as prev_exc:
+            raise CheckpointError(f"{exc}; the previous checkpoint is no fallback: {prev_exc}") from None
+        warnings.warn(f"{exc}; loaded the previous checkpoint {prev} instead", RuntimeWarning, stacklevel=2)
+    got = loaded.metadata.get(_FORMAT_KEY)
+    if format is not None and got != format:
+        raise CheckpointError(f"checkpoint: {loaded.path}: not a {format!r} training checkpoint (its format is {got!r})")
+    return loaded

@@ -15,7 +15,10 @@ File names, one meaning each (in a saved-model directory and in a training run d
   interpolation, crop_pct, num_classes, label_names, ...>}``.
 - ``model.safetensors``: that model's weights (in a run directory: the weights at the end of the run).
 - ``train_config.json``: the settings of a training run (``laplacianformer.train.TrainConfig``).
-- ``checkpoint.pt``: the full training state of the run's latest checkpoint (weights-only pickle).
+- ``checkpoint.safetensors`` (+ ``.prev``, the one before): the full training state of the run's latest
+  checkpoint (``checkpoint.save_training_state``). Runs written before it kept that state in
+  ``checkpoint.pt`` (``LEGACY_CHECKPOINT_NAME``, a ``save_checkpoint`` file); ``read_run_checkpoint`` reads
+  either.
 - ``model_best.safetensors``: the run's weights with the best test top-1 at an epoch end (the weights that
   were evaluated: the EMA weights with ``--ema``). ``model_ema.safetensors``: the EMA weights at the end.
 
@@ -23,17 +26,19 @@ Runs written before ``train_config.json`` existed kept the training settings in 
 ``is_train_config`` recognises that content, and the training package still resumes and evaluates them.
 
 Weights are written atomically with an integrity hash (``checkpoint.save_weights``) and read with
-``checkpoint.load_checkpoint``, which reads safetensors and never unpickles code.
+``checkpoint.load_checkpoint``, which reads safetensors and never unpickles code (a legacy ``checkpoint.pt``
+is loaded with ``weights_only=True`` after its integrity check).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-from .checkpoint import CheckpointError, load_checkpoint, save_weights
+from .checkpoint import CheckpointError, load_checkpoint, load_training_state, previous_path, save_weights
 from .models.laplacianformer import LaplacianFormer, checkpoint_filter_fn, default_cfgs
 from .models.registry import list_models
 
@@ -45,10 +50,12 @@ __all__ = [
     "is_train_config",
     "is_run_dir",
     "run_weights",
+    "read_run_checkpoint",
     "CONFIG_NAME",
     "WEIGHTS_NAME",
     "TRAIN_CONFIG_NAME",
     "CHECKPOINT_NAME",
+    "LEGACY_CHECKPOINT_NAME",
     "BEST_WEIGHTS_NAME",
     "EMA_WEIGHTS_NAME",
 ]
@@ -56,11 +63,12 @@ __all__ = [
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 TRAIN_CONFIG_NAME = "train_config.json"
-CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_NAME = "checkpoint.safetensors"
+LEGACY_CHECKPOINT_NAME = "checkpoint.pt"  # training checkpoints before CHECKPOINT_NAME: torch.save + trailer
 BEST_WEIGHTS_NAME = "model_best.safetensors"
 EMA_WEIGHTS_NAME = "model_ema.safetensors"
 FORMAT = "laplacianformer/1"
-TRAIN_FORMAT = "laplacianformer.train/1"  # the ``format`` of a training checkpoint (train/state.py)
+TRAIN_FORMAT = "laplacianformer.train/1"  # the ``format`` of a classification training checkpoint
 _TUPLE_KEYS = ("input_size", "pool_size", "mean", "std", "label_names", "test_input_size", "min_input_size")
 
 
@@ -137,12 +145,13 @@ def _read_json(file: Path):
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a training run directory (``train_config.json``, ``checkpoint.pt`` or an old
-    ``config.json`` holding a training configuration)."""
+    """Whether ``path`` is a training run directory (``train_config.json``, a training checkpoint
+    (``checkpoint.safetensors`` or a legacy ``checkpoint.pt``) or an old ``config.json`` holding a training
+    configuration)."""
     p = Path(path)
     if not p.is_dir():
         return False
-    if (p / TRAIN_CONFIG_NAME).is_file() or (p / CHECKPOINT_NAME).is_file():
+    if any((p / name).is_file() for name in (TRAIN_CONFIG_NAME, CHECKPOINT_NAME, LEGACY_CHECKPOINT_NAME)):
         return True
     return (p / CONFIG_NAME).is_file() and is_train_config(_read_json(p / CONFIG_NAME))
 
@@ -171,21 +180,63 @@ def read_config(path: str | os.PathLike) -> dict:
 def run_weights(path: str | os.PathLike) -> Path:
     """The weights ``from_pretrained`` loads from a training run directory: ``model_best.safetensors``
     (best test top-1 at an epoch end) if it exists, else the last weights: ``model.safetensors`` (end of
-    the run), else the model in ``checkpoint.pt`` (a run that has not finished)."""
+    the run), else the model in the training checkpoint (a run that has not finished):
+    ``checkpoint.safetensors``, or in a run written before it, ``checkpoint.pt``."""
     p = Path(path)
-    for name in (BEST_WEIGHTS_NAME, WEIGHTS_NAME, CHECKPOINT_NAME):
+    for name in (BEST_WEIGHTS_NAME, WEIGHTS_NAME, CHECKPOINT_NAME, LEGACY_CHECKPOINT_NAME):
         if (p / name).is_file():
             return p / name
-    raise FileNotFoundError(f"path: {p}: no {BEST_WEIGHTS_NAME}, {WEIGHTS_NAME} or {CHECKPOINT_NAME} in this run directory")
+    raise FileNotFoundError(f"path: {p}: no {BEST_WEIGHTS_NAME}, {WEIGHTS_NAME}, {CHECKPOINT_NAME} or "
+                            f"{LEGACY_CHECKPOINT_NAME} in this run directory")
+
+
+def _checkpoint_candidates(path: Path) -> list[Path]:
+    """The files ``read_run_checkpoint`` tries, newest first."""
+    if not path.is_dir():
+        return [path, previous_path(path)]
+    files = []
+    for name in (CHECKPOINT_NAME, LEGACY_CHECKPOINT_NAME):
+        files += [path / name, previous_path(path / name)]
+    return files
+
+
+def read_run_checkpoint(path: str | os.PathLike, *, map_location="cpu") -> tuple[Path, dict]:
+    """(file read, training state) of a classification run: the dict its ``Trainer.state_dict()`` held.
+
+    ``path``: a run directory or a checkpoint file. A directory's checkpoint is ``checkpoint.safetensors``,
+    else ``checkpoint.pt`` (runs written before the safetensors checkpoint); a file is read as it is. When
+    the latest file is damaged (truncated, hash mismatch, not a training checkpoint), the previous one is
+    read instead, with a ``RuntimeWarning`` naming the problem: ``<name>.prev``, then (a directory) the
+    legacy ``checkpoint.pt`` and its ``.prev``, which a run resumed once after the change still holds.
+
+    Raises:
+        CheckpointError: ``checkpoint: <file>: <problem>`` for the newest existing file, with the other
+            files' problems appended; ``checkpoint: <path>: no such file ...`` when there is none.
+    """
+    path = Path(path)
+    files = [f for f in _checkpoint_candidates(path) if f.exists()]
+    if not files:
+        where = path / CHECKPOINT_NAME if path.is_dir() else path
+        raise CheckpointError(f"checkpoint: {where}: no such file (expected a run directory or a checkpoint file"
+                              f"{f', or {LEGACY_CHECKPOINT_NAME} in a run written before {CHECKPOINT_NAME}' if path.is_dir() else ''})")
+    errors: list[CheckpointError] = []
+    for file in files:
+        try:
+            model, state, meta, _ = load_training_state(file, format=TRAIN_FORMAT, map_location=map_location)
+        except CheckpointError as exc:
+            errors.append(exc)
+            continue
+        if errors:
+            warnings.warn(f"{'; '.join(map(str, errors))}; loaded the previous checkpoint {file} instead",
+                          RuntimeWarning, stacklevel=2)
+        return file, {**state, "format": meta["format"], "model": model}
+    raise CheckpointError("; no fallback: ".join(map(str, errors)))
 
 
 def _load_state(file: Path, map_location) -> dict:
-    state = load_checkpoint(file, map_location=map_location)
-    if file.name == CHECKPOINT_NAME:
-        if state.get("format") != TRAIN_FORMAT or "model" not in state:
-            raise CheckpointError(f"checkpoint: {file}: not a laplacianformer training checkpoint")
-        state = state["model"]
-    return state
+    if file.name in (CHECKPOINT_NAME, LEGACY_CHECKPOINT_NAME):
+        return read_run_checkpoint(file.parent, map_location=map_location)[1]["model"]
+    return load_checkpoint(file, map_location=map_location)
 
 
 def from_pretrained(path: str | os.PathLike, *, map_location="cpu", **overrides) -> LaplacianFormer:

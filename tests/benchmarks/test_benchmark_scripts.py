@@ -59,14 +59,19 @@ def test_model_throughput_smoke_and_activation_count(tmp_path):
     model_throughput.main(["--model", "laplacianformer_micro", "--sizes", "32", "--repeats", "2", "--no-memory", "--out", str(out)])
     rows = json.loads(out.with_suffix(".json").read_text())["results"]["rows"]
     got = {(r["attn"], r["mode"]) for r in rows}
-    assert got == {(a, m) for a in model_throughput.VARIANTS for m in ("infer", "train")} - {("laplacian-recompute", "infer")}
+    assert got == {(a, m) for a in model_throughput.VARIANTS for m in ("infer", "train")} - {
+        (a, "infer") for a in model_throughput.TRAIN_ONLY}
+    ratios = json.loads(out.with_suffix(".json").read_text())["results"]["recompute_ratios"]
+    assert {(r["attn"], r["mode"]) for r in ratios} == {(a, "train") for a in model_throughput.TRAIN_ONLY}
+    assert all(r["time_vs_none"] > 0 and r["activations_vs_none"] > 0 for r in ratios)
     assert all(r["median_ms"] > 0 and r["repeats"] == 2 for r in rows)
     assert all((r["activations_mb"] or 0) > 0 for r in rows if r["mode"] == "train")
     assert out.with_suffix(".png").stat().st_size > 0
     # recompute keeps only x and V of each attention core for the backward: strictly fewer activations
     full = model_throughput.saved_activations_mb("laplacianformer_micro", "laplacian", 64, 1)
     lean = model_throughput.saved_activations_mb("laplacianformer_micro", "laplacian-recompute", 64, 1)
-    assert lean < full
+    checkpointed = model_throughput.saved_activations_mb("laplacianformer_micro", "laplacian-checkpoint", 64, 1)
+    assert lean < full and checkpointed < full
 
 
 def test_stage_attention_smoke_under_retained_heap(tmp_path):

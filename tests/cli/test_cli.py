@@ -85,7 +85,7 @@ def test_eval_writes_metrics_and_confusion_png(capsys, run_dir, tmp_path):
 
 
 def test_checkpoint_from_another_model(capsys, run_dir):
-    _one_line_error(capsys, ["eval", "--checkpoint", str(run_dir / "checkpoint.pt"), "--model",
+    _one_line_error(capsys, ["eval", "--checkpoint", str(run_dir / "checkpoint.safetensors"), "--model",
                              "laplacianformer_tiny"], "weights do not fit")
     _one_line_error(capsys, ["train", "--resume", str(run_dir), "--model", "laplacianformer_tiny"],
                     "model=", str(run_dir))
@@ -95,11 +95,12 @@ def test_truncated_checkpoint_fails_cleanly_and_keeps_files(capsys, run_dir, tmp
     bad = tmp_path / "bad"
     shutil.copytree(run_dir, bad)
     (bad / "model.safetensors").unlink()
-    data = (bad / "checkpoint.pt").read_bytes()
-    (bad / "checkpoint.pt").write_bytes(data[: len(data) // 2])
+    (bad / "checkpoint.safetensors.prev").unlink(missing_ok=True)  # no previous checkpoint to fall back to
+    data = (bad / "checkpoint.safetensors").read_bytes()
+    (bad / "checkpoint.safetensors").write_bytes(data[: len(data) // 2])
     before = {p.name: p.read_bytes() for p in bad.iterdir()}
-    _one_line_error(capsys, ["eval", "--checkpoint", str(bad)], "checkpoint.pt")
-    _one_line_error(capsys, ["train", "--resume", str(bad)], "checkpoint.pt")
+    _one_line_error(capsys, ["eval", "--checkpoint", str(bad)], "checkpoint.safetensors", "truncated")
+    _one_line_error(capsys, ["train", "--resume", str(bad)], "checkpoint.safetensors", "truncated")
     _one_line_error(capsys, ["train", "--resume", str(run_dir), "--lr", "-1"], "--lr")
     assert {p.name: p.read_bytes() for p in bad.iterdir()} == before
 

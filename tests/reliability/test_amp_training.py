@@ -17,6 +17,7 @@ import torch
 
 from laplacianformer.checkpoint import load_checkpoint
 from laplacianformer.train import TrainConfig, train
+from laplacianformer.train.engine import read_resume
 
 TINY_MODEL = {"stem_stride": 2, "depths": [1, 1, 1, 1], "embed_dims": [8, 16, 32, 32], "num_heads": [1, 1, 2, 2]}
 
@@ -69,7 +70,7 @@ def test_fp16_sigkill_and_resume_gives_identical_weights(tmp_path, restore_threa
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     assert not (cut / "model.safetensors").exists()
-    saved = load_checkpoint(cut / "checkpoint.pt")
+    saved = read_resume(cut / "checkpoint.safetensors").state
     assert saved["position"]["global_step"] in (2, 4) and saved["scaler"]["scale"] > 0
     resumed = train(resume=cut)
     assert resumed["steps"] == steps
@@ -78,4 +79,4 @@ def test_fp16_sigkill_and_resume_gives_identical_weights(tmp_path, restore_threa
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
-    assert load_checkpoint(cut / "checkpoint.pt")["scaler"] == load_checkpoint(tmp_path / "ref" / "checkpoint.pt")["scaler"]
+    assert read_resume(cut).state["scaler"] == read_resume(tmp_path / "ref").state["scaler"]

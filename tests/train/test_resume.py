@@ -13,6 +13,7 @@ import time
 import torch
 
 from laplacianformer.checkpoint import load_checkpoint
+from laplacianformer.train.engine import read_resume
 
 from train_helpers import cli_env, run_cli, tiny_cli_args
 
@@ -50,12 +51,12 @@ def test_sigint_then_sigkill_then_resume_gives_identical_weights(tmp_path):
     err = cut.stderr.read()
     assert rc == 128 + signal.SIGINT, err
     assert "Traceback" not in err and "--resume" in err
-    assert load_checkpoint(cut_dir / "checkpoint.pt")["position"]["global_step"] == _steps_logged(cut_dir)
+    assert read_resume(cut_dir / "checkpoint.safetensors").state["position"]["global_step"] == _steps_logged(cut_dir)
 
     again = _popen(["train", "--resume", str(cut_dir)])
     assert _signal_at(again, cut_dir, 11, signal.SIGKILL) == -signal.SIGKILL
     assert not (cut_dir / "model.safetensors").exists()
-    saved = load_checkpoint(cut_dir / "checkpoint.pt")["position"]
+    saved = read_resume(cut_dir / "checkpoint.safetensors").state["position"]
     assert saved["epoch"] == 1 and saved["step"] >= 2
 
     done = run_cli(["train", "--resume", str(cut_dir)])

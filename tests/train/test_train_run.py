@@ -21,7 +21,7 @@ def test_short_run_learns_far_above_chance_and_writes_its_run_dir(tmp_path):
     assert r["history"][-1]["train_loss"] < r["history"][0]["train_loss"]
     assert r["images_per_s"] > 0 and r["peak_memory_mb"] > 0 and r["params"] > 0
     for name in ("train_config.json", "config.json", "log.jsonl", "epochs.csv", "epochs.json", "curves.png",
-                 "checkpoint.pt", "model.safetensors", "model_best.safetensors", "summary.json"):
+                 "checkpoint.safetensors", "model.safetensors", "model_best.safetensors", "summary.json"):
         assert (out / name).stat().st_size > 0, name
     assert len((out / "log.jsonl").read_text().splitlines()) == 40
     rows = list(csv.DictReader(open(out / "epochs.csv")))

@@ -17,9 +17,11 @@ Run directory (rank 0 writes; docs/DETECTION.md):
     metrics.json             COCO metrics of the final weights on the val split
     losses.png, ap.png       loss curves per step; val AP / AP50 per epoch
 
-The checkpoint is one safetensors file written with ``checkpoint.save_weights`` (temp file, fsync,
-rename): tensors under ``model/`` and ``state/``, everything else as JSON in the header metadata, so a
-resumed run ends with the same weights as an uninterrupted one (same machine, threads and world size).
+The checkpoint is one safetensors file written with ``checkpoint.save_training_state`` (temp file, fsync,
+rename; the layout classification runs use too): tensors under ``model/`` and ``state/``, everything else
+as JSON in the header metadata, so a resumed run ends with the same weights as an uninterrupted one (same
+machine, threads and world size). Resuming falls back to ``checkpoint.safetensors.prev`` (with a warning)
+when the latest file is damaged.
 """
 
 from __future__ import annotations
@@ -34,8 +36,12 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import CheckpointError, load_checkpoint, read_metadata, save_weights
-from ..train.distributed import barrier, broadcast_object, cleanup, init_device
+from ..checkpoint import (
+    CheckpointError, TrainingState, load_checkpoint, load_training_state, read_metadata, save_training_state, save_weights,
+)
+from ..hub import CHECKPOINT_NAME, WEIGHTS_NAME
+from ..train.distributed import barrier, broadcast_object, cleanup, init_device, resolve_device
+from ..train.engine import param_groups
 from ..train.evaluate import autocast_context
 from ..train.interrupt import StopFlag
 from ..train.schedule import lr_at
@@ -46,8 +52,6 @@ from .evaluate import coco_metrics, predict_results
 
 FORMAT = "laplacianformer.detect/1"
 CONFIG_NAME = "train_config.json"
-CHECKPOINT_NAME = "checkpoint.safetensors"
-WEIGHTS_NAME = "model.safetensors"
 HISTORY_NAME = "history.json"
 METRICS_NAME = "metrics.json"
 LOSSES_PNG = "losses.png"
@@ -154,59 +158,8 @@ class DetectConfig:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Checkpoint <-> safetensors (tensors + JSON skeleton in the header metadata)
-# ----------------------------------------------------------------------------------------------------
-
-
-def _split_tensors(obj, prefix: str, tensors: dict):
-    """Nested dict/list/tuple/scalars/tensors -> JSON skeleton; tensors go to ``tensors[prefix/...]``."""
-    if isinstance(obj, torch.Tensor):
-        tensors[prefix] = obj
-        return {"__tensor__": prefix}
-    if isinstance(obj, dict):
-        return {"__items__": [[k, _split_tensors(v, f"{prefix}/{k}", tensors)] for k, v in obj.items()]}
-    if isinstance(obj, (list, tuple)):
-        return [_split_tensors(v, f"{prefix}/{i}", tensors) for i, v in enumerate(obj)]
-    return obj
-
-
-def _join_tensors(skel, tensors: dict):
-    if isinstance(skel, dict) and "__tensor__" in skel:
-        return tensors[skel["__tensor__"]]
-    if isinstance(skel, dict) and "__items__" in skel:
-        return {k: _join_tensors(v, tensors) for k, v in skel["__items__"]}
-    if isinstance(skel, list):
-        return [_join_tensors(v, tensors) for v in skel]
-    return skel
-
-
-def save_training_state(path: Path, model_state: dict, state: dict, metadata: dict) -> None:
-    """One atomic safetensors file: ``model/<name>`` tensors, ``state/...`` tensors, JSON skeleton in metadata."""
-    tensors = {f"model/{k}": v for k, v in model_state.items()}
-    skeleton = _split_tensors(state, "state", tensors)
-    save_weights(tensors, path, {**metadata, "format": FORMAT, "state": json.dumps(skeleton)}, keep_previous=True)
-
-
-def load_training_state(path: Path) -> tuple[dict, dict, dict]:
-    """(model state dict, state, metadata) of ``save_training_state``; CheckpointError when unusable."""
-    tensors = load_checkpoint(path)
-    meta = read_metadata(path)
-    if meta.get("format") != FORMAT or "state" not in meta:
-        raise CheckpointError(f"checkpoint: {path}: not a detection training checkpoint (format {meta.get('format')!r})")
-    model = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
-    state = _join_tensors(json.loads(meta["state"]), tensors)
-    return model, state, meta
-
-
-# ----------------------------------------------------------------------------------------------------
 # Data and model
 # ----------------------------------------------------------------------------------------------------
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def load_split(config: DetectConfig, split: str, subset: int | None) -> CocoSet:
@@ -228,14 +181,6 @@ def build_model(config: DetectConfig, num_categories: int) -> torch.nn.Module:
     return build_detector(config.detector, config.backbone, num_categories + 1, img_size=config.img_size,
                           fpn_channels=config.fpn_channels, backbone_kwargs=config.backbone_kwargs,
                           **config.detector_kwargs, **extra)
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim <= 1 else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -284,7 +229,7 @@ class DetectionTrainer:
         self.last_eval: dict | None = None
 
         if resume:
-            self._restore(load_training_state(self.run_dir / CHECKPOINT_NAME))
+            self._restore(load_training_state(self.run_dir / CHECKPOINT_NAME, format=FORMAT, fallback_previous=True))
         elif self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.is_main:
@@ -318,9 +263,8 @@ class DetectionTrainer:
                 "categories": json.dumps(self.categories), "detector": self.config.detector,
                 "backbone": self.config.backbone}
 
-    def _restore(self, loaded) -> None:
-        model_state, st, meta = loaded
-        path = self.run_dir / CHECKPOINT_NAME
+    def _restore(self, loaded: TrainingState) -> None:
+        model_state, st, meta, path = loaded
         if json.loads(meta.get("categories", "null")) != self.categories:
             raise CheckpointError(f"checkpoint: {path}: its categories differ from those of {self.train_set.path}")
         pos = st["position"]
@@ -339,13 +283,12 @@ class DetectionTrainer:
         self.history = st["history"]
         self.train_time = st["train_time"]
         self.last_eval = st["last_eval"]
-        rng = st["rng"]
-        rng["python"]["state"] = tuple(rng["python"]["state"])
-        restore_rng(rng)
+        restore_rng(st["rng"])
 
     def save(self) -> None:
         if self.is_main:
-            save_training_state(self.run_dir / CHECKPOINT_NAME, self.net.state_dict(), self._state(), self._metadata())
+            save_training_state(self.run_dir / CHECKPOINT_NAME, self.net.state_dict(), self._state(), format=FORMAT,
+                                metadata=self._metadata())
         barrier(self.dist)
 
     # -- steps --------------------------------------------------------------------------------------
@@ -536,7 +479,7 @@ def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu") -> tupl
     if weights.exists():
         state, meta = load_checkpoint(weights), read_metadata(weights)
     else:
-        state, _, meta = load_training_state(run_dir / CHECKPOINT_NAME)
+        state, _, meta, _ = load_training_state(run_dir / CHECKPOINT_NAME, format=FORMAT, fallback_previous=True)
     categories = json.loads(meta.get("categories", "null") or "null")
     if not categories:
         raise CheckpointError(f"checkpoint: {run_dir}: the weights carry no categories")

@@ -30,17 +30,16 @@ DEFAULT_OUT = "results/analysis"
 
 def load_trained(checkpoint: str, images: int):
     """(model in eval mode, normalised test images (images, C, S, S), description) from a training run."""
-    from ..checkpoint import load_checkpoint
     from ..data import build_datasets
     from ..train import build_model, read_train_config
     from ..train.augment import normalize
-    from ..train.engine import load_model_state, resolve_checkpoint
+    from ..train.engine import load_model_state, read_resume
 
-    ckpt = resolve_checkpoint(checkpoint)
+    ckpt, state = read_resume(checkpoint)
     cfg = read_train_config(ckpt.parent)
     splits = build_datasets(cfg.data, cfg.img_size, in_chans=cfg.in_chans, test_subset=max(images, 16), seed=0)
     model = build_model(cfg, len(splits.classes), splits.in_chans)
-    load_model_state(model, load_checkpoint(ckpt)["model"], str(ckpt))
+    load_model_state(model, state["model"], str(ckpt))
     test = splits.test
     x = normalize(test.images[:images], test.mean, test.std)
     desc = f"{cfg.model} attn={cfg.attn} {cfg.attn_kwargs or ''} trained {cfg.epochs} ep on {cfg.data} ({ckpt})"

@@ -16,7 +16,7 @@ it cannot be saved with ``torch.jit.save``) and one node in a torch.fx graph (``
 """
 
 # no ``from __future__ import annotations``: TorchScript reads the leaf's annotations as real types
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -72,8 +72,9 @@ class LaplacianAttention(TokenAttention):
         tie_qk: use K = Q (SOFT's symmetric variant); removes the key projection.
         dwconv: add a 3×3 depthwise conv of V on the token grid (1-D: kernel 3) to the output.
         attn_drop: dropout on the attention output before the projection; proj_drop: after it.
-        recompute: recompute the q/k product and the kernel matrices in the backward instead of keeping
-            them (see ``TokenAttention``).
+        recompute: in training, keep x, V, the landmarks, W⁺ and the normalisation's small statistics, and
+            recompute the q/k products and the two N×m kernel matrices in the backward (the lean recompute,
+            docs/DESIGN.md §5.5; the exact kernel, autocast and graph capture checkpoint the core instead).
 
     ``attn_kwargs`` (read-only) is the dict of the operator settings (lam, qk_scale, norm, solver, iters,
     ns_eps, kernel), each also an attribute.
@@ -132,6 +133,15 @@ class LaplacianAttention(TokenAttention):
             f"dim={self.dim}, heads={self.num_heads}, landmarks={self.landmarks}, tie_qk={self.tie_qk}, "
             f"recompute={self.recompute}, {opts}"
         )
+
+    def lean_settings(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> Optional[Dict[str, Any]]:
+        """``laplacian_attention_recompute``'s arguments for this layer: the q and k row blocks of ``qkv``
+        (k None when ``tie_qk``), the heads, the landmark grid resolved for x (None: the exact kernel, which
+        the op ``recompute`` checkpoints) and the operator settings."""
+        q_weight, q_bias = self._row_block(0)
+        k_weight, k_bias = (None, None) if self.tie_qk else self._row_block(1)
+        return dict(q_weight=q_weight, q_bias=q_bias, k_weight=k_weight, k_bias=k_bias, num_heads=self.num_heads,
+                    landmarks=resolve_landmarks(self.landmarks, hw, x.shape[1], clamp=True), **self.attn_kwargs)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Optional[Tuple[int, int]],
                key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -9,19 +9,23 @@ their functional op, so a model or a benchmark can swap any of them for another.
 
 TorchScript and torch.fx (``layers/tracing.py``): the argument checks and ``recompute`` run in eager mode
 only; an FX graph merges the heads out of place instead of in place (the same values).
+``recompute`` (docs/DESIGN.md §5.5) goes through the op ``recompute`` (``ops/recompute.py``), the one place
+that decides: the layer's lean form (``lean_settings``, LaplacianAttention's) where it serves, else
+activation checkpointing of the core; ``explain_recompute`` says which runs and why.
 A ``key_padding_mask`` (B, N), True = padding (docs/DESIGN.md §2.5), reaches ``attend``; the shell reads
 padded tokens as 0 (also in DWConv(V)) and returns 0 at padded positions.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
+from ..ops.dispatch import explain
+from ..ops.recompute import recompute_attention
 from ..ops.validation import check_head_split, check_hw, check_key_padding_mask, reject_attn_mask
 from .grid_conv import GridConv2d, grid_to_tokens, tokens_to_grid
 from .tracing import is_fx_tracing
@@ -35,9 +39,10 @@ class TokenAttention(nn.Module):
         qkv_bias: bias of the q/k/v projection; tie_qk: K = Q (no key projection).
         dwconv: add a 3×3 depthwise conv of V on the token grid (1-D: kernel 3) to the attention output.
         attn_drop: dropout on the attention output before the projection; proj_drop: after it.
-        recompute: in training, keep only x and V for the backward and recompute the q/k product and
-            ``attend`` there (activation checkpointing of the attention core): less memory, one more
-            forward of the core per backward. Eager mode only (ignored when scripted or FX-traced).
+        recompute: in training, keep only x and V (and landmark-sized tensors) for the backward and recompute
+            the q/k products and the rest of the core there (docs/DESIGN.md §5.5): the lean recompute of
+            the N×m kernel matrices where the layer has one (``lean_settings``), else activation checkpointing
+            of ``attend``. Less memory, more time. Eager mode only (ignored when scripted or FX-traced).
     """
 
     def __init__(
@@ -70,12 +75,16 @@ class TokenAttention(nn.Module):
         """q, k, v: (B, H, N, d), key_padding_mask: (B, N) bool or None -> (B, H, N, d)."""
         raise NotImplementedError
 
-    def _rows(self, x: torch.Tensor, part: int) -> torch.Tensor:
-        """x (B, N, C) -> (B, N, C): the product with row block ``part`` of the ``qkv`` weight (q, k, v order;
-        q, v when ``tie_qk``)."""
+    def _row_block(self, part: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(weight, bias) of row block ``part`` of the ``qkv`` projection (q, k, v order; q, v when ``tie_qk``)."""
         rows = slice(part * self.dim, (part + 1) * self.dim)
         bias = self.qkv.bias
-        return F.linear(x, self.qkv.weight[rows], None if bias is None else bias[rows])
+        return self.qkv.weight[rows], None if bias is None else bias[rows]
+
+    def _rows(self, x: torch.Tensor, part: int) -> torch.Tensor:
+        """x (B, N, C) -> (B, N, C): the product with row block ``part`` of the ``qkv`` weight."""
+        weight, bias = self._row_block(part)
+        return F.linear(x, weight, bias)
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         """(B, N, C) -> (B, H, N, d) view."""
@@ -100,6 +109,24 @@ class TokenAttention(nn.Module):
                        key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         q, k = self._project_qk(x)
         return self.attend(q, k, v, hw, key_padding_mask)
+
+    def lean_settings(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> Optional[Dict[str, Any]]:
+        """The keyword arguments of ``ops.recompute.laplacian_attention_recompute`` (projection tensors and
+        operator settings) that compute this layer's ``_attend_tokens``, or None where the layer has no lean
+        recompute (then ``recompute`` checkpoints). x: (B, N, C)."""
+        return None
+
+    def _attend_recompute(self, x: torch.Tensor, v: torch.Tensor, hw: Optional[Tuple[int, int]],
+                          key_padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """The core with recomputation in the backward: the op ``recompute`` (docs/DESIGN.md §5.5)."""
+        return recompute_attention(self._attend_tokens, x, v, hw, key_padding_mask, self.lean_settings(x, hw))
+
+    def explain_recompute(self, x: torch.Tensor, hw: Optional[Tuple[int, int]] = None,
+                          key_padding_mask: Optional[torch.Tensor] = None) -> str:
+        """Which recomputation ``recompute=True`` runs for this input (lean or checkpoint) and why the other
+        does not. x: (B, N, C) tokens, as for ``forward``."""
+        hw = check_hw(hw, x.shape[1])
+        return explain("recompute", self._attend_tokens, x, None, hw, key_padding_mask, self.lean_settings(x, hw))
 
     def _value_conv(self, v_tok: torch.Tensor, hw: tuple[int, int] | None) -> torch.Tensor:
         """DWConv(V): v_tok (B, N, C) -> (B, N, C), 3×3 depthwise on the grid (1-D: kernel 3 along N).
@@ -141,7 +168,7 @@ class TokenAttention(nn.Module):
         v = self._heads(v_tok)
         if self.recompute and not torch.jit.is_scripting() and not is_fx_tracing() and torch.is_grad_enabled() \
                 and (x.requires_grad or self.qkv.weight.requires_grad):
-            heads = checkpoint(self._attend_tokens, x, v, hw, mask, use_reentrant=False)
+            heads = self._attend_recompute(x, v, hw, mask)
         else:
             heads = self._attend_tokens(x, v, hw, mask)
         if self.dwconv is None:

@@ -3,8 +3,9 @@
 ``CLibrary(src, signatures)`` serves ``ops/kernel/csrc/pairwise.c``, ``ops/newton_schulz/csrc/newton_schulz.c``
 and ``ops/csrc/normalization.c``; each module exports its ``load``, ``available`` and ``load_error``. The
 sources have no Python or torch headers: ``cc -O3 -march=native -fopenmp`` builds one in a few seconds
-into a per-user cache (``$LAPLACIANFORMER_CACHE`` or ``~/.cache/laplacianformer``), keyed by the source,
-the flags and the CPU's feature flags, and it is loaded with ctypes (the GIL is released during calls).
+into a per-user cache (``$LAPLACIANFORMER_CACHE`` or ``~/.cache/laplacianformer``), keyed by the source
+and the local headers it includes (``ops/csrc/lf_template.h``), the flags and the CPU's feature flags, and
+it is loaded with ctypes (the GIL is released during calls).
 Nothing is built at install time. When disabled (LAPLACIANFORMER_NO_NATIVE=1) or when no C compiler
 works, ``load()`` returns None with the reason in ``error()`` and the callers run their PyTorch code instead.
 """
@@ -15,6 +16,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -49,11 +51,29 @@ def _cache_dir() -> Path:
     return Path(root)
 
 
+_LOCAL_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.MULTILINE)
+
+
+def source_text(src: Path) -> bytes:
+    """The C source ``src`` followed by the local headers it includes (``#include "..."``, relative to the
+    including file, recursively, each once): what its build depends on besides the compiler and flags."""
+    parts, seen, todo = [], set(), [src.resolve()]
+    while todo:
+        path = todo.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        data = path.read_bytes()
+        parts.append(data)
+        todo += [(path.parent / name.decode()).resolve() for name in _LOCAL_INCLUDE.findall(data)]
+    return b"".join(parts)
+
+
 def build(cc: str, src: Path) -> Path:
     """The shared library of the C source ``src``, built into the cache unless it is there already (named
-    after the source's stem and a hash of the source, flags and CPU)."""
+    after the source's stem and a hash of the source with its local headers, flags and CPU)."""
     key = hashlib.sha256(
-        src.read_bytes() + " ".join([cc, *FLAGS]).encode() + _cpu_signature().encode()
+        source_text(src) + " ".join([cc, *FLAGS]).encode() + _cpu_signature().encode()
     ).hexdigest()[:16]
     target = _cache_dir() / f"{src.stem}-{key}.so"
     if target.exists():

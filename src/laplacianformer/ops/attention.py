@@ -157,6 +157,47 @@ def default_bandwidth(kernel: str, head_dim: int, lam: float | None = None, qk_s
     return check_positive("lam", lam), check_positive("qk_scale", qk_scale)
 
 
+def check_settings(head_dim: int, hw, grid, mask, lam, qk_scale, norm, solver, iters, ns_eps, norm_eps, kernel,
+                   ns_backward) -> float:
+    """Checks the operator's settings (after the inputs and the landmark grid) and returns the bandwidth to
+    use on unscaled q and k (docs/DESIGN.md §1.2); shared by ``laplacian_attention`` and the lean recompute."""
+    if mask is not None and hw is not None and grid is not None:
+        raise ValueError(
+            "key_padding_mask: not supported on a 2-D token grid with pooled landmarks (the landmark bins are "
+            "cells of the grid, and a padded grid has no bins matching the unpadded one); pass a 1-D sequence "
+            "(hw=None) or landmarks=None (docs/DESIGN.md §2.5)"
+        )
+    lam, scale = default_bandwidth(kernel, head_dim, lam, qk_scale)
+    check_choice("norm", norm, NORMS)
+    check_choice("solver", solver, SOLVERS)
+    check_choice("ns_backward", ns_backward, ("implicit", "unrolled"))
+    check_positive_int("iters", iters)
+    check_positive("ns_eps", ns_eps, allow_zero=True)
+    check_positive("norm_eps", norm_eps, allow_zero=norm != "injective")
+    # k(s·x, s·y; lam) = k(x, y; lam / s^p): the L1 distance is homogeneous of degree p = 1, the squared
+    # L2 distance of degree 2, and the pooled landmarks of s·q are s times those of q. So q and k are used
+    # unscaled with the bandwidth rescaled: the same function, without two passes over (N, d) tensors.
+    return lam / (scale if kernel == "laplacian" else scale * scale)
+
+
+def padded_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, mask: torch.Tensor | None):
+    """q, k, v in the compute dtype, padded tokens read as 0 (finite whatever they held; masked_fill passes
+    them no gradient). K = Q stays one tensor."""
+    qs, ks, vv = q.to(dtype), k.to(dtype), v.to(dtype)
+    if mask is not None:
+        pad = mask[:, None, :, None]
+        qs, vv = qs.masked_fill(pad, 0.0), vv.masked_fill(pad, 0.0)
+        ks = qs if k is q else ks.masked_fill(pad, 0.0)
+    elif k is q:
+        ks = qs
+    return qs, ks, vv
+
+
+def landmarks_of(qs: torch.Tensor, hw, grid, mask: torch.Tensor | None) -> torch.Tensor:
+    """The pooled landmarks of the (padded) queries: ``pool_landmarks``, or over valid tokens with a mask."""
+    return pool_landmarks(qs, hw, grid) if mask is None else pool_landmarks_masked(qs, grid, mask)
+
+
 def laplacian_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -216,45 +257,23 @@ def laplacian_attention(
     hw = check_hw(hw, n)
     grid = resolve_landmarks(landmarks, hw, n)
     mask = check_key_padding_mask(key_padding_mask, q.shape[0], n)
-    if mask is not None:
-        if hw is not None and grid is not None:
-            raise ValueError(
-                "key_padding_mask: not supported on a 2-D token grid with pooled landmarks (the landmark bins are "
-                "cells of the grid, and a padded grid has no bins matching the unpadded one); pass a 1-D sequence "
-                "(hw=None) or landmarks=None (docs/DESIGN.md §2.5)"
-            )
-    lam, scale = default_bandwidth(kernel, q.shape[-1], lam, qk_scale)
-    check_choice("norm", norm, NORMS)
-    check_choice("solver", solver, SOLVERS)
-    check_choice("ns_backward", ns_backward, ("implicit", "unrolled"))
-    check_positive_int("iters", iters)
-    check_positive("ns_eps", ns_eps, allow_zero=True)
-    check_positive("norm_eps", norm_eps, allow_zero=norm != "injective")
+    lam = check_settings(q.shape[-1], hw, grid, mask, lam, qk_scale, norm, solver, iters, ns_eps, norm_eps, kernel,
+                         ns_backward)
     if check_finite_inputs:
         for name, t in (("q", q), ("k", k), ("v", v)):
             check_finite(name, t)
 
     out_dtype = v.dtype
     dtype = _compute_dtype(q.dtype)
-    # k(s·x, s·y; lam) = k(x, y; lam / s^p): the L1 distance is homogeneous of degree p = 1, the squared
-    # L2 distance of degree 2, and the pooled landmarks of s·q are s times those of q. So q and k are used
-    # unscaled with the bandwidth rescaled: the same function, without two passes over (N, d) tensors.
-    lam = lam / (scale if kernel == "laplacian" else scale * scale)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        qs = q.to(dtype)
-        ks = k.to(dtype)
-        vv = v.to(dtype)
-        if mask is not None:
-            # padded tokens read as 0: finite whatever they held, and masked_fill passes them no gradient
-            pad = mask[:, None, :, None]
-            qs, vv = qs.masked_fill(pad, 0.0), vv.masked_fill(pad, 0.0)
-            ks = qs if k is q else ks.masked_fill(pad, 0.0)
+        qs, ks, vv = padded_inputs(q, k, v, dtype, mask)
+        pad = None if mask is None else mask[:, None, :, None]
         stats = {}
         if grid is None:
             g = laplace_kernel(qs, ks, lam, kernel)
             out = normalize_dense(g, vv, norm, norm_eps, key_padding_mask=mask)
         else:
-            marks = pool_landmarks(qs, hw, grid) if mask is None else pool_landmarks_masked(qs, grid, mask)
+            marks = landmarks_of(qs, hw, grid, mask)
             w = laplace_kernel(marks, marks, lam, kernel)
             w_inv = regularised_inverse(w, solver=solver, iters=iters, eps=ns_eps, backward=ns_backward)
             c_k = laplace_kernel(ks, marks, lam, kernel)

@@ -14,7 +14,8 @@ entry in the op's table. ``explain(op, *inputs)`` says which backend serves and 
 not; ``attention.explain_all`` does it for every call of the attention operator.
 
 Ops: ``kernel`` and ``kernel_matmul`` (``ops/kernel``), ``newton_schulz`` and ``newton_schulz_grad``
-(``ops/newton_schulz``), ``normalization`` (``ops/normalization.py``), ``pooling`` (``ops/attention.py``).
+(``ops/newton_schulz``), ``normalization`` (``ops/normalization.py``), ``pooling`` (``ops/attention.py``),
+``recompute`` (``ops/recompute.py``: the lean recompute of the attention core or activation checkpointing).
 """
 
 from __future__ import annotations
@@ -44,14 +45,17 @@ def _serves(*_inputs) -> str | None:
 class Backend:
     """One implementation of an op: ``run(*inputs)``; ``refusal(*inputs)`` -> reason it cannot, or None;
     ``auto_refusal(*inputs)`` -> reason automatic selection skips it although it serves, or None;
-    ``grad``: where an op has a custom-op form for torch.compile (docs/DESIGN.md §6.5), the backend's
-    backward as a function without autograd (its arguments are documented by the op)."""
+    ``grad``: where an op has a custom-op form for torch.compile (docs/DESIGN.md §6.5) or a saving form, the
+    backend's backward as a function without autograd (its arguments are documented by the op);
+    ``saving``: where a caller runs the backward itself (the lean recompute, docs/DESIGN.md §5.5), the
+    forward without autograd returning the output and the tensors ``grad`` needs besides the inputs."""
 
     name: str
     run: Callable
     refusal: Callable[..., str | None] = _serves
     auto_refusal: Callable[..., str | None] = _serves
     grad: Callable | None = None
+    saving: Callable | None = None
 
 
 class Op:

@@ -287,6 +287,48 @@ def inline_forward(c: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> torch.T
     return torch.baddbmm(v.mean(-2, keepdim=True), c, torch.bmm(b_t.transpose(1, 2), v))
 
 
+def forward_saving(c: torch.Tensor, k: torch.Tensor, w: torch.Tensor | None, v: torch.Tensor, eps: float,
+                   inj: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The forward of ``InjectiveNormalization`` (``inj``) or of the inline variant, without autograd, for a
+    caller that runs the backward itself (the lean recompute, docs/DESIGN.md §5.5): returns out and the small
+    tensors ``backward_saved`` needs besides the factors, which the caller keeps or recomputes.
+
+    c (G, Nq, m), k (G, Nk, m), w (G, m, m) or None (k is b), v (G, Nk, e). Injective: m×m, m×e and
+    per-key (G, Nk, 1) statistics; inline: M = b̃ᵀ v (G, m, e)."""
+    if inj:
+        c, k, v = c.contiguous(), k.contiguous(), last_dim_contiguous(v)
+        return _injective_forward(c, k, None if w is None else w.contiguous(), v, eps)
+    b = k if w is None else k @ w.transpose(-1, -2)
+    m_mat = torch.bmm(_centre(b)[0].transpose(1, 2), v)
+    return torch.baddbmm(v.mean(-2, keepdim=True), c, m_mat), (m_mat,)
+
+
+def backward_saved(grad: torch.Tensor, c: torch.Tensor, k: torch.Tensor, w: torch.Tensor | None, v: torch.Tensor,
+                   inj: bool, saved: tuple[torch.Tensor, ...]):
+    """(dc, dk, dw or None, dv) of ``forward_saving`` for dL/dout ``grad`` (G, Nq, e), the same factors and
+    its ``saved`` tensors."""
+    if inj:
+        c, k, v = c.contiguous(), k.contiguous(), last_dim_contiguous(v)
+        return _injective_backward(grad.contiguous(), c, k, None if w is None else w.contiguous(), v, *saved)
+    b = k if w is None else k @ w.transpose(-1, -2)
+    d_c, d_b, d_v = _inline_backward(grad, c, b, v, saved[0])
+    if w is None:
+        return d_c, d_b, None, d_v
+    return d_c, d_b @ w, d_b.transpose(-1, -2) @ k, d_v  # b = k wᵀ
+
+
+def _inline_backward(grad, c, b, v, m_mat):
+    """(dc, db, dv) of out = c (b̃ᵀ v) + v̄, given M = b̃ᵀ v."""
+    grad = grad.contiguous()
+    d_m = torch.bmm(c.transpose(1, 2), grad)
+    b_t, _ = _centre(b)
+    d_v = torch.baddbmm(grad.sum(-2, keepdim=True).div_(v.shape[-2]), b_t, d_m)
+    d_b = torch.bmm(v, d_m.transpose(1, 2), out=b_t)
+    d_b -= d_b.mean(-2, keepdim=True)
+    d_c = torch.bmm(grad, m_mat.transpose(1, 2))
+    return d_c, d_b, d_v
+
+
 class InjectiveNormalization(torch.autograd.Function):
     """out = c̃ M + v̄ for c (G, Nq, m), k (G, Nk, m), w (G, m, m) or None, v (G, Nk, e) and a float
     eps; the key factor is b = k wᵀ (k itself when w is None).  See the module docstring."""
@@ -321,11 +363,4 @@ class InlineNormalization(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         c, b, v, m_mat = ctx.saved_tensors
-        grad = grad.contiguous()
-        d_m = torch.bmm(c.transpose(1, 2), grad)
-        b_t, _ = _centre(b)
-        d_v = torch.baddbmm(grad.sum(-2, keepdim=True).div_(v.shape[-2]), b_t, d_m)
-        d_b = torch.bmm(v, d_m.transpose(1, 2), out=b_t)
-        d_b -= d_b.mean(-2, keepdim=True)
-        d_c = torch.bmm(grad, m_mat.transpose(1, 2))
-        return d_c, d_b, d_v
+        return _inline_backward(grad, c, b, v, m_mat)

@@ -12,6 +12,10 @@ Two implementations of each variant, which tests hold equal:
   functions of ``ops/injective.py``), all three "injective" and "inline" only, hand-written first-order
   backward, eager only; and ``composite`` (``normalize_nystrom_reference``, the plain autograd composite
   they are tested against, every norm).
+- ``normalize_nystrom_saving`` / ``normalize_nystrom_grad``: the same op split into a forward without
+  autograd that returns small saved statistics and a backward from them and the (recomputed) factors,
+  each backend's ``saving`` / ``grad``; the lean recompute (``ops/recompute.py``, docs/DESIGN.md §5.5)
+  runs them.
 
 Injective variant, per image and head (Eq. 4 and 6 of the paper, with our choices of docs/DESIGN.md §4):
   h_ij = ĝ_ij - mean_j ĝ_ij,  mu_j = mean_i h_ij,  s_j² = var_i h_ij (population variance),
@@ -24,7 +28,7 @@ import contextlib
 
 import torch
 
-from . import _runtime
+from . import _runtime, injective
 from .dispatch import Backend, Op
 from .injective import InjectiveNormalization, InlineNormalization, injective_forward, inline_forward
 from .normalization_limits import triton_unfit
@@ -238,6 +242,72 @@ def _composite(c_q, b, v, norm, eps, w_inv, key_padding_mask=None):
     return normalize_nystrom_reference(c_q, b, v, norm, eps, key_padding_mask)
 
 
+# Saving forms (``normalize_nystrom_saving`` / ``normalize_nystrom_grad``): each fused backend's module has
+# forward_saving(c, k, w, v, eps, inj) -> (out, saved) and backward_saved(grad, c, k, w, v, inj, saved) on
+# (G, ·, ·) factors; these wrap them for (..., ·, ·) factors of one batch shape.
+
+
+def _flat_saving(module, c_q, b, v, norm, eps, w_inv):
+    batch, c3, k3, v3, w3 = _flatten(c_q, b, v, w_inv)
+    out, saved = module.forward_saving(c3, k3, w3, v3, float(eps), norm == "injective")
+    return out.reshape(*batch, *out.shape[-2:]), tuple(saved)
+
+
+def _flat_grad(module, grad_out, saved, c_q, b, v, norm, eps, w_inv):
+    batch, c3, k3, v3, w3 = _flatten(c_q, b, v, w_inv)
+    grads = module.backward_saved(grad_out.reshape(-1, *grad_out.shape[-2:]), c3, k3, w3, v3, norm == "injective",
+                                  saved)
+    return tuple(None if d is None else d.reshape(*batch, *d.shape[-2:]) for d in grads)
+
+
+def _cpu_saving(*inputs):
+    from . import normalization_cpu
+
+    return _flat_saving(normalization_cpu, *inputs)
+
+
+def _cpu_grad(*inputs):
+    from . import normalization_cpu
+
+    return _flat_grad(normalization_cpu, *inputs)
+
+
+def _triton_saving(*inputs):
+    from . import normalization_triton
+
+    return _flat_saving(normalization_triton, *inputs)
+
+
+def _triton_grad(*inputs):
+    from . import normalization_triton
+
+    return _flat_grad(normalization_triton, *inputs)
+
+
+def _fused_saving(*inputs):
+    return _flat_saving(injective, *inputs)
+
+
+def _fused_grad(*inputs):
+    return _flat_grad(injective, *inputs)
+
+
+def _composite_saving(c_q, b, v, norm, eps, w_inv, key_padding_mask=None):
+    with torch.no_grad():
+        return _composite(c_q, b, v, norm, eps, w_inv, key_padding_mask), ()
+
+
+def _composite_grad(grad_out, saved, c_q, b, v, norm, eps, w_inv, key_padding_mask=None):
+    """The composite keeps no statistics: its forward is recomputed under autograd."""
+    leaves = [None if t is None else t.detach().requires_grad_(True) for t in (c_q, b, v, w_inv)]
+    with torch.enable_grad():
+        out = _composite(leaves[0], leaves[1], leaves[2], norm, eps, leaves[3], key_padding_mask)
+    wanted = [t for t in leaves if t is not None]
+    grads = iter(torch.autograd.grad(out, wanted, grad_out, allow_unused=True))
+    d_c, d_b, d_v, d_w = (None if t is None else next(grads) for t in leaves)
+    return d_c, d_b, d_w, d_v
+
+
 def _normalize_nystrom_masked(c_q, b, v, norm, eps, mask):
     valid, count = _valid(mask, b.dtype)
     b = b * valid
@@ -286,9 +356,45 @@ def normalize_nystrom_reference(
     return c_centred @ m_mat + v_mean
 
 
+# ``saving(c_q, b, v, norm, eps, w_inv[, key_padding_mask])`` -> (out, saved tensors), without autograd;
+# ``grad(grad_out, saved, c_q, b, v, norm, eps, w_inv[, key_padding_mask])`` -> (dc_q, db, dw_inv, dv).
 NORMALIZATION = Op("normalization", [
-    Backend("triton", _triton, _triton_refusal, _triton_auto_refusal),
-    Backend("cpu", _cpu, _cpu_refusal),
-    Backend("fused", _fused, _fused_refusal),
-    Backend("composite", _composite),
+    Backend("triton", _triton, _triton_refusal, _triton_auto_refusal, grad=_triton_grad, saving=_triton_saving),
+    Backend("cpu", _cpu, _cpu_refusal, grad=_cpu_grad, saving=_cpu_saving),
+    Backend("fused", _fused, _fused_refusal, grad=_fused_grad, saving=_fused_saving),
+    Backend("composite", _composite, grad=_composite_grad, saving=_composite_saving),
 ], signature="normalize_nystrom(c_q, b, v, norm, eps, w_inv[, key_padding_mask]): c_q, b (..., N, m), v (..., N, e)")
+
+
+def normalize_nystrom_saving(
+    c_q: torch.Tensor, b: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e-6, *,
+    w_inv: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, str, tuple[torch.Tensor, ...]]:
+    """``normalize_nystrom`` without autograd, for a caller that runs the backward itself (the lean
+    recompute, docs/DESIGN.md §5.5): returns (out, backend name, saved).
+
+    ``saved`` holds what ``normalize_nystrom_grad`` needs besides the factors, which the caller keeps or
+    recomputes. The fused backends keep statistics of m×m and m×e size and one or two values per key
+    (c̄, k̄, S W, S', s or its scale, r, M', M, Σ r v: docs/DESIGN.md §4.3), never an (N, m) tensor; the
+    composite keeps nothing and its gradient recomputes its forward. Same backend and values as
+    ``normalize_nystrom``; the factors must share one batch shape (no broadcasting)."""
+    check_choice("norm", norm, NORMS)
+    factors = [t for t in (c_q, b, v, w_inv) if t is not None]
+    if len({t.shape[:-2] for t in factors}) != 1:
+        raise ValueError(f"factors: expected one batch shape, got {[tuple(t.shape) for t in factors]}")
+    inputs = (c_q, b, v, norm, eps, w_inv) + (() if key_padding_mask is None else (key_padding_mask,))
+    backend = NORMALIZATION.select(*inputs)
+    out, saved = backend.saving(*inputs)
+    return out, backend.name, saved
+
+
+def normalize_nystrom_grad(
+    backend: str, grad: torch.Tensor, saved: tuple[torch.Tensor, ...], c_q: torch.Tensor, b: torch.Tensor,
+    v: torch.Tensor, norm: str, eps: float = 1e-6, *, w_inv: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, ...]:
+    """(dc_q, db, dw_inv, dv) for dL/dout ``grad`` of ``normalize_nystrom_saving``: ``backend`` and ``saved``
+    are what it returned, the factors the same values (recomputed or kept). dw_inv is None without
+    ``w_inv``; a factor the variant does not use gets None."""
+    inputs = (c_q, b, v, norm, eps, w_inv) + (() if key_padding_mask is None else (key_padding_mask,))
+    return NORMALIZATION.by_name[backend].grad(grad, saved, *inputs)

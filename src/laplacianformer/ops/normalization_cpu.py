@@ -128,6 +128,23 @@ class NormalizationCPU(torch.autograd.Function):
         return d_c, d_k, d_w, d_v, None, None
 
 
+def forward_saving(c: torch.Tensor, k: torch.Tensor, w: torch.Tensor | None, v: torch.Tensor, eps: float,
+                   inj: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The forward without autograd and without t, for a caller that runs the backward itself (the lean
+    recompute, docs/DESIGN.md §5.5): out and the statistics the backward needs besides the factors, each
+    (G, ·) sized by m and e or one value per key: (stats, r, ds scale)."""
+    c, k, v, w = _rows(c), _rows(k), _rows(v), _mat(w)
+    out, _, stats, rinv, dsc = _forward(c, k, w, v, eps, inj, keep_t=False)
+    return out, (stats, rinv, dsc)
+
+
+def backward_saved(grad: torch.Tensor, c: torch.Tensor, k: torch.Tensor, w: torch.Tensor | None, v: torch.Tensor,
+                   inj: bool, saved: tuple[torch.Tensor, ...]):
+    """(dc, dk, dw or None, dv) of ``forward_saving`` from the same factors and its statistics (t recomputed)."""
+    c, k, v, w = _rows(c), _rows(k), _rows(v), _mat(w)
+    return _backward(_rows(grad), c, k, w, v, inj, *saved, None)
+
+
 def normalize_cpu(c: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm: str, eps: float,
                   w: torch.Tensor | None) -> torch.Tensor:
     """(G, Nq, m), (G, Nk, m), (G, Nk, e), w (G, m, m) or None -> (G, Nq, e), autograd when needed."""

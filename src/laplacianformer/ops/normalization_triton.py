@@ -371,6 +371,22 @@ class NormalizationTriton(torch.autograd.Function):
         return d_c, d_k, d_w, d_v, None, None
 
 
+def forward_saving(c: torch.Tensor, k: torch.Tensor, w: torch.Tensor | None, v: torch.Tensor, eps: float,
+                   inj: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The forward without autograd and without t, for a caller that runs the backward itself (the lean
+    recompute, docs/DESIGN.md §5.5): out and the m×m, m×e and per-key statistics of the backward."""
+    c, k, v = c.contiguous(), k.contiguous(), v.contiguous()
+    out, _, saved = _forward(c, k, None if w is None else w.contiguous(), v, eps, inj, keep_t=False)
+    return out, saved
+
+
+def backward_saved(grad: torch.Tensor, c: torch.Tensor, k: torch.Tensor, w: torch.Tensor | None, v: torch.Tensor,
+                   inj: bool, saved: tuple[torch.Tensor, ...]):
+    """(dc, dk, dw or None, dv) of ``forward_saving`` from the same factors and its statistics (t recomputed)."""
+    c, k, v = c.contiguous(), k.contiguous(), v.contiguous()
+    return _backward(grad.contiguous(), c, k, None if w is None else w.contiguous(), v, inj, tuple(saved), None)
+
+
 def normalize_triton(c: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm: str, eps: float,
                      w: torch.Tensor | None) -> torch.Tensor:
     """(G, Nq, m), (G, Nk, m), (G, Nk, e), w (G, m, m) or None -> (G, Nq, e), autograd when needed;

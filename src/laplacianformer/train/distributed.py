@@ -29,6 +29,20 @@ class DistInfo:
         return self.rank == 0
 
 
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` (CUDA when available, else the CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; ValueError naming
+    the setting for anything else or for CUDA on a machine without it. Classification and detection runs."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {name!r} requested but CUDA is not available")
+    return dev
+
+
 def init_distributed(device: torch.device) -> DistInfo:
     """Joins the process group described by the environment; a no-op for a single process."""
     world = int(os.environ.get("WORLD_SIZE", "1"))

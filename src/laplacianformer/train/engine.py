@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
-import os
 import resource
 import sys
 import time
@@ -37,16 +35,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint, save_weights
+from ..checkpoint import CheckpointError, save_training_state, save_weights
 from ..data import DataSplits, build_datasets
 from ..hub import (
-    BEST_WEIGHTS_NAME, CHECKPOINT_NAME, EMA_WEIGHTS_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME, write_config,
+    BEST_WEIGHTS_NAME, CHECKPOINT_NAME, EMA_WEIGHTS_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME, read_run_checkpoint,
+    write_config,
 )
 from ..models import create_model
 from .augment import mix_batch, normalize, rand_augment, random_crop_flip
 from .batches import epoch_indices, iterate, steps_per_epoch
 from .config import TrainConfig, resolve_data
-from .distributed import barrier, broadcast_object, cleanup, init_device
+from .distributed import barrier, broadcast_object, cleanup, init_device, resolve_device
 from .ema import ModelEma
 from .evaluate import autocast_context, evaluate
 from .interrupt import StopFlag
@@ -57,18 +56,6 @@ from .state import FORMAT, capture_rng, restore_rng, seed_everything, step_seed
 
 SUMMARY = "summary.json"
 CURVES = "curves.png"
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {name!r} requested but CUDA is not available")
-    return dev
 
 
 def model_kwargs_for(config: TrainConfig) -> dict:
@@ -112,7 +99,8 @@ def peak_memory_mb(device: torch.device) -> tuple[float, str]:
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """No weight decay on biases, norms (1-D tensors) and the model's ``no_weight_decay()`` names."""
+    """AdamW groups: no weight decay on biases, norms (1-D tensors) and the model's ``no_weight_decay()``
+    names (a torchvision detector has none: 1-D tensors only). Classification and detection runs."""
     skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -126,31 +114,18 @@ def default_run_dir(config: TrainConfig) -> Path:
     return Path("runs") / f"{config.model}-{config.attn}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A run directory (its checkpoint.pt) or a checkpoint file; CheckpointError naming the path otherwise."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / CHECKPOINT_NAME
-    if not p.exists():
-        raise CheckpointError(f"checkpoint: {p}: no such file (expected a run directory or a checkpoint file)")
-    return p
-
-
 class ResumePoint(NamedTuple):
-    """A training checkpoint read once: the file and its content."""
+    """A training checkpoint read once: the file read and its content (``Trainer.state_dict()``)."""
 
     path: Path
     state: dict
 
 
 def read_resume(path: str | Path) -> ResumePoint:
-    """Read the training checkpoint of a run directory or checkpoint file; CheckpointError unless it is one."""
-    ckpt_path = resolve_checkpoint(path)
-    state = load_checkpoint(ckpt_path)
-    if state.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint: {ckpt_path}: not a training checkpoint (format "
-                              f"{state.get('format')!r}, expected {FORMAT!r})")
-    return ResumePoint(ckpt_path, state)
+    """Read the training checkpoint of a run directory or checkpoint file (``hub.read_run_checkpoint``:
+    ``checkpoint.safetensors``, or a legacy ``checkpoint.pt``, falling back to the previous file with a
+    warning when the latest is damaged); CheckpointError naming the file unless it is one."""
+    return ResumePoint(*read_run_checkpoint(path))
 
 
 def load_model_state(model: nn.Module, state: dict, where: str) -> None:
@@ -321,8 +296,15 @@ class Trainer:
                   f"{self.total_steps} steps", file=sys.stderr, flush=True)
 
     def save(self) -> None:
+        """``checkpoint.safetensors`` (``checkpoint.save_training_state``: atomic, the previous file kept as
+        ``.prev``); a legacy ``checkpoint.pt`` of the run is left as it is (the newer file is read first)."""
         if self.dist.is_main:
-            save_checkpoint(self.state_dict(), self.run_dir / CHECKPOINT_NAME)
+            state = self.state_dict()
+            model = state.pop("model")
+            cfg = self.config
+            meta = {"model": cfg.model, "attn": cfg.attn, "train_config": json.dumps(cfg.to_dict()),
+                    "classes": json.dumps(state["classes"])}
+            save_training_state(self.run_dir / CHECKPOINT_NAME, model, state, format=FORMAT, metadata=meta)
         barrier(self.dist)
 
     def _train_step(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[float, int, float]:

@@ -14,64 +14,74 @@ from pathlib import Path
 from ..checkpoint import CheckpointError, load_checkpoint, read_metadata
 from ..data import BUILTIN, build_datasets, build_eval_dataset
 from ..hub import (
-    CHECKPOINT_NAME, CONFIG_NAME, EMA_WEIGHTS_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME, is_train_config, write_config,
+    CHECKPOINT_NAME, CONFIG_NAME, EMA_WEIGHTS_NAME, LEGACY_CHECKPOINT_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME,
+    is_train_config, read_run_checkpoint, write_config,
 )
 from .config import TrainConfig, read_train_config, resolve_data
 from .engine import build_model, load_model_state, resolve_device, run_pretrained_cfg
 from .evaluate import evaluate
 from .plots import plot_confusion
-from .state import FORMAT
+
+
+def _is_training_checkpoint(file: Path) -> bool:
+    """A training checkpoint (``checkpoint.safetensors``, a legacy ``checkpoint.pt``, their ``.prev``, or any
+    file that is not plain safetensors weights) rather than a weights file."""
+    if file.name.endswith(".prev") or file.name in (CHECKPOINT_NAME, LEGACY_CHECKPOINT_NAME):
+        return True
+    return file.suffix != ".safetensors" or "state" in read_metadata(file)
 
 
 def load_for_eval(path: str | Path, *, ema: bool = False) -> tuple[TrainConfig, dict, Path]:
-    """(config, model state dict, file read) from a run directory, checkpoint.pt or .safetensors file."""
+    """(config, model state dict, file read) from a run directory, a training checkpoint
+    (``checkpoint.safetensors`` or a legacy ``checkpoint.pt``) or a ``.safetensors`` weights file.
+
+    A run directory gives ``model.safetensors`` (``model_ema.safetensors`` with ``ema``), else its training
+    checkpoint (``hub.read_run_checkpoint``: the previous file when the latest is damaged)."""
     p = Path(path)
     if p.is_dir():
         if ema:
-            candidates = [p / EMA_WEIGHTS_NAME]
-        else:
-            candidates = [p / WEIGHTS_NAME, p / CHECKPOINT_NAME]
-        found = next((c for c in candidates if c.exists()), None)
-        if found is None:
-            raise CheckpointError(f"checkpoint: {p}: no {' or '.join(c.name for c in candidates)} in this directory")
-        p = found
+            if not (p / EMA_WEIGHTS_NAME).exists():
+                raise CheckpointError(f"checkpoint: {p}: no {EMA_WEIGHTS_NAME} in this directory")
+            p = p / EMA_WEIGHTS_NAME
+        elif (p / WEIGHTS_NAME).exists():
+            p = p / WEIGHTS_NAME
+        elif not any((p / n).exists() for n in (CHECKPOINT_NAME, LEGACY_CHECKPOINT_NAME)):
+            raise CheckpointError(f"checkpoint: {p}: no {WEIGHTS_NAME}, {CHECKPOINT_NAME} or {LEGACY_CHECKPOINT_NAME} "
+                                  "in this directory")
     elif not p.exists():
         raise CheckpointError(f"checkpoint: {p}: no such file or directory")
+    if p.is_dir() or _is_training_checkpoint(p):
+        file, obj = read_run_checkpoint(p)
+        state = obj["model"]
+        if ema:
+            if not obj.get("ema"):
+                raise CheckpointError(f"checkpoint: {file}: the run kept no EMA weights (trained without --ema)")
+            state = obj["ema"]["shadow"]
+        return TrainConfig.from_dict(obj["config"]), state, file
     obj = load_checkpoint(p)
-    if p.suffix == ".safetensors":
-        meta = read_metadata(p)
-        # "train_config"; runs written before it used "config" (recognised by content)
-        saved = json.loads(meta.get("train_config") or meta.get("config") or "null")
-        if is_train_config(saved):
-            config = TrainConfig.from_dict(saved)
-        else:
-            try:
-                config = read_train_config(p.parent)
-            except CheckpointError:
-                raise CheckpointError(f"checkpoint: {p}: no training config in its metadata or next to it") from None
-        return config, obj, p
-    if obj.get("format") != FORMAT or "model" not in obj:
-        raise CheckpointError(f"checkpoint: {p}: not a laplacianformer training checkpoint")
-    state = obj["model"]
-    if ema:
-        if not obj.get("ema"):
-            raise CheckpointError(f"checkpoint: {p}: the run kept no EMA weights (trained without --ema)")
-        state = obj["ema"]["shadow"]
-    return TrainConfig.from_dict(obj["config"]), state, p
+    meta = read_metadata(p)
+    # "train_config"; runs written before it used "config" (recognised by content)
+    saved = json.loads(meta.get("train_config") or meta.get("config") or "null")
+    if is_train_config(saved):
+        config = TrainConfig.from_dict(saved)
+    else:
+        try:
+            config = read_train_config(p.parent)
+        except CheckpointError:
+            raise CheckpointError(f"checkpoint: {p}: no training config in its metadata or next to it") from None
+    return config, obj, p
 
 
 def run_classes(file: Path) -> list[str] | None:
     """The class names (label order) of the weights in ``file``: its safetensors metadata, the training
     checkpoint, or the ``label_names`` of the ``config.json`` beside it; None when none records them."""
     file = Path(file)
-    if file.suffix == ".safetensors":
+    if _is_training_checkpoint(file):
+        names = read_run_checkpoint(file)[1].get("classes")
+    else:
         names = json.loads(read_metadata(file).get("classes") or "null")
-        if names:
-            return [str(c) for c in names]
-    elif file.name == CHECKPOINT_NAME:
-        names = load_checkpoint(file).get("classes")
-        if names:
-            return [str(c) for c in names]
+    if names:
+        return [str(c) for c in names]
     side = file.parent / CONFIG_NAME
     if side.is_file():
         try:

@@ -1,7 +1,8 @@
-"""Training state <-> weights-only checkpoint content (tensors, containers, plain scalars only).
+"""Training state <-> checkpoint content (tensors, containers, plain scalars only).
 
 RNG states of torch (CPU and CUDA), numpy's legacy global generator and Python's ``random`` are
-converted to tensors/lists so that ``load_checkpoint`` (torch.load(weights_only=True)) can read them.
+converted to tensors/lists/ints, the content ``checkpoint.save_training_state`` stores (tensors in the
+safetensors file, the rest as JSON) and a legacy ``checkpoint.pt`` (``weights_only=True``) held.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import random
 import numpy as np
 import torch
 
-FORMAT = "laplacianformer.train/1"
+from ..hub import TRAIN_FORMAT as FORMAT  # the "format" of a classification training checkpoint
 
 
 def capture_rng() -> dict:

@@ -50,16 +50,8 @@
 #define CHUNKS 64 /* about this many (group, chunk) tasks per pass */
 #endif
 
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
-#define INLINE static inline __attribute__((always_inline))
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
-#define MAX(a, b) ((a) > (b) ? (a) : (b))
-
-static void *lfn_alloc(size_t bytes, void **base) {
-  *base = malloc(bytes + 64);
-  return *base ? (void *)(((uintptr_t)*base + 63) & ~(uintptr_t)63) : NULL;
-}
+#include "lf_template.h"
+#define W ((int64_t)(VBYTES / sizeof(F)))
 
 /* Rows per chunk of n rows over g groups: about CHUNKS tasks in all, a multiple of RS; shape only. */
 static int64_t lfn_chunk_rows(int64_t g, int64_t n) {
@@ -81,13 +73,7 @@ static int64_t lfn_chunk_rows(int64_t g, int64_t n) {
 
 #else /* template */
 
-#define F LF_T
-#define W ((int64_t)(VBYTES / sizeof(F)))
-#define FN(name) CAT(name, LF_SFX)
-#define V FN(vec_)
-#define VU FN(uvec_)
-typedef F V __attribute__((vector_size(VBYTES)));
-typedef F VU __attribute__((vector_size(VBYTES), aligned(sizeof(F))));
+LF_VECTOR_TYPES
 
 INLINE void FN(store_n_)(F *o, V v, int64_t n) {
   if (n >= W) {
@@ -146,6 +132,8 @@ INLINE void FN(mm_tile_)(const F *restrict x1, int64_t ldx1, int64_t k1, const F
 #define LF_MT_DEF(NV) \
   static void FN(mt_##NV##_)(LF_MT_ARGS) { FN(mm_tile_)(x1, ldx1, k1, b1, x2, ldx2, k2, b2, ldb, rows, j0, scl, bias, out, ldo, q, NV); }
 LF_MT_DEF(1) LF_MT_DEF(2) LF_MT_DEF(3) LF_MT_DEF(4)
+#undef LF_MT_DEF
+#undef LF_MT_ARGS
 
 /* mm_tile_ over `rows` (<= RS) rows and all q columns (ldb = q rounded up to W). */
 static void FN(mm_rows_)(const F *x1, int64_t ldx1, int64_t k1, const F *b1, const F *x2, int64_t ldx2,
@@ -192,6 +180,7 @@ INLINE void FN(tn_tile_)(const F *restrict x, int64_t ldx, const F *restrict y, 
   static void FN(tn_##NV##_)(const F *x, int64_t ldx, const F *y, int64_t ldy, int64_t rows, int64_t p0,       \
                              int64_t j0, F *acc, int64_t lda) { FN(tn_tile_)(x, ldx, y, ldy, rows, p0, j0, acc, lda, NV); }
 LF_TN_DEF(1) LF_TN_DEF(2) LF_TN_DEF(3) LF_TN_DEF(4)
+#undef LF_TN_DEF
 
 /* acc (pp, lda) += Xᵀ Y over `rows` rows: X (rows, ldx) with p columns (pp = p rounded up to RP <= ldx),
  * Y (rows, ldy) with q columns (lda = ldy = q rounded up to W). With `sym` (X = Y up to a row scale, so
@@ -295,7 +284,7 @@ int FN(lf_norm_fwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
   /* each thread's scratch (carved below), whole multiples of 64 values apart */
   const int64_t szt = (RS * (3 * ldm + lde) + 2 * RS + smsz + 63) / 64 * 64;
   void *base = NULL;
-  F *slots = (F *)lfn_alloc(sizeof(F) * (size_t)(nslots + g * szg + MAX(1, threads) * szt), &base);
+  F *slots = (F *)lf_alloc(sizeof(F) * (size_t)(nslots + g * szg + MAX(1, threads) * szt), &base);
   if (!slots) return 1;
   F *gws = slots + nslots, *thr = gws + g * szg;
   F *slq = slots, *slk = slots + g * nchq * szq;
@@ -476,7 +465,7 @@ int FN(lf_norm_bwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
   /* each thread's scratch (carved below), whole multiples of 64 values apart */
   const int64_t szt = (RS * (4 * ldm + lde) + 2 * RS + smsz + 63) / 64 * 64;
   void *base = NULL;
-  F *slots = (F *)lfn_alloc(sizeof(F) * (size_t)(nslots + g * szg + MAX(1, threads) * szt), &base);
+  F *slots = (F *)lf_alloc(sizeof(F) * (size_t)(nslots + g * szg + MAX(1, threads) * szt), &base);
   if (!slots) return 1;
   F *slq = slots, *slk = slots + g * nchq * szq, *gws = slots + nslots, *thr = gws + g * szg;
 #pragma omp parallel num_threads(threads)
@@ -648,12 +637,4 @@ int FN(lf_norm_bwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
   return 0;
 }
 
-#undef F
-#undef W
-#undef FN
-#undef V
-#undef VU
-#undef LF_MT_ARGS
-#undef LF_MT_DEF
-#undef LF_TN_DEF
 #endif

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from .._triton_common import dot, load_block, store_block
 from ..layout import flatten_batch
 from .limits import TRITON_MAX_D, TRITON_MAX_E
 from .limits import triton_unfit as unfit
@@ -41,14 +42,6 @@ CHUNK = 32
 holds at once, so that no tile grows with d or e (docs/KERNELS.md, "Register budget")."""
 MAX_D = TRITON_MAX_D
 MAX_E = TRITON_MAX_E
-
-
-@triton.jit
-def _load_chunk(P, rows, R, C, c0, BLOCK_C: tl.constexpr):
-    """Rows ``rows`` (< R) of the row-major (R, C) matrix at P, columns c0 .. c0 + BLOCK_C (< C), in float32."""
-    cols = c0 + tl.arange(0, BLOCK_C)
-    return tl.load(P + rows[:, None] * C + cols[None, :], mask=(rows[:, None] < R) & (cols[None, :] < C),
-                   other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -65,8 +58,8 @@ def _distance(Xb, Yb, rn, rm, N, M, D, L1: tl.constexpr, BLOCK_N: tl.constexpr, 
     """(BLOCK_N, BLOCK_M) distances, summed over d in NUM_D chunks of BLOCK_D (unrolled)."""
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k in tl.static_range(NUM_D):
-        acc += _distance_tile(_load_chunk(Xb, rn, N, D, k * BLOCK_D, BLOCK_D),
-                              _load_chunk(Yb, rm, M, D, k * BLOCK_D, BLOCK_D), L1)
+        acc += _distance_tile(load_block(Xb, rn, N, D, k * BLOCK_D, BLOCK_D),
+                              load_block(Yb, rm, M, D, k * BLOCK_D, BLOCK_D), L1)
     return acc
 
 
@@ -75,8 +68,8 @@ def _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, L1: tl.constexpr, AXIS: tl.c
                    BLOCK_D: tl.constexpr):
     """sum over AXIS of dL/dD · d dist / dx on the feature chunk d0 .. d0 + BLOCK_D: (BLOCK_N, BLOCK_D) for
     AXIS=1, (BLOCK_M, BLOCK_D) for AXIS=0."""
-    x = _load_chunk(Xb, rn, N, D, d0, BLOCK_D)
-    y = _load_chunk(Yb, rm, M, D, d0, BLOCK_D)
+    x = load_block(Xb, rn, N, D, d0, BLOCK_D)
+    y = load_block(Yb, rm, M, D, d0, BLOCK_D)
     if L1:
         diff = x[:, None, :] - y[None, :, :]
         s = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))
@@ -87,18 +80,62 @@ def _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, L1: tl.constexpr, AXIS: tl.c
     return 2.0 * (tl.dot(tl.trans(gp), x, input_precision="ieee") - y * tl.sum(gp, axis=0)[:, None])
 
 
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
+# The backward keeps dX, dY and dV as up to four chunk accumulators a0..a3 (chunk k: feature columns
+# c0 + k·BLOCK .. c0 + (k + 1)·BLOCK), of which the first NUM (1, 2 or 4) are used; the helpers below create,
+# update and store them so that no tile grows with d or e (docs/KERNELS.md, "Register budget").
 
 
 @triton.jit
-def _store_chunk(P, acc, rows, R, C, c0, BLOCK_C: tl.constexpr):
-    cols = c0 + tl.arange(0, BLOCK_C)
-    tl.store(P + rows[:, None] * C + cols[None, :], acc.to(P.dtype.element_ty),
-             mask=(rows[:, None] < R) & (cols[None, :] < C))
+def _zero_chunks(ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    z = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
+    return z, z, z, z
+
+
+@triton.jit
+def _accumulate(acc, x, SUBTRACT: tl.constexpr):
+    if SUBTRACT:
+        return acc - x
+    return acc + x
+
+
+@triton.jit
+def _add_distance_grads(a0, a1, a2, a3, Xb, Yb, rn, rm, N, M, D, d0, gp, L1: tl.constexpr, AXIS: tl.constexpr,
+                        BLOCK_D: tl.constexpr, NUM_D: tl.constexpr):
+    """The dX (AXIS=1) or dY (AXIS=0) chunks from d0 on plus one tile's terms ``_sign_weighted``; dY takes
+    them with a minus (d dist / dy = -d dist / dx)."""
+    a0 = _accumulate(a0, _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, L1, AXIS, BLOCK_D), AXIS == 0)
+    if NUM_D > 1:
+        a1 = _accumulate(a1, _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + BLOCK_D, gp, L1, AXIS, BLOCK_D), AXIS == 0)
+    if NUM_D > 2:
+        a2 = _accumulate(a2, _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 2 * BLOCK_D, gp, L1, AXIS, BLOCK_D),
+                         AXIS == 0)
+        a3 = _accumulate(a3, _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 3 * BLOCK_D, gp, L1, AXIS, BLOCK_D),
+                         AXIS == 0)
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _add_products(a0, a1, a2, a3, lhs, B, rows, R, C, IEEE: tl.constexpr, BLOCK: tl.constexpr,
+                  NUM: tl.constexpr):
+    """The chunks from column 0 on plus lhs @ B[rows, chunk], B row-major (R, C)."""
+    a0 += dot(lhs, load_block(B, rows, R, C, 0, BLOCK), IEEE)
+    if NUM > 1:
+        a1 += dot(lhs, load_block(B, rows, R, C, BLOCK, BLOCK), IEEE)
+    if NUM > 2:
+        a2 += dot(lhs, load_block(B, rows, R, C, 2 * BLOCK, BLOCK), IEEE)
+        a3 += dot(lhs, load_block(B, rows, R, C, 3 * BLOCK, BLOCK), IEEE)
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _store_chunks(P, a0, a1, a2, a3, rows, R, C, c0, BLOCK: tl.constexpr, NUM: tl.constexpr):
+    """Writes the chunks from c0 on into the row-major (R, C) matrix at P."""
+    store_block(P, a0, rows, R, C, c0, BLOCK)
+    if NUM > 1:
+        store_block(P, a1, rows, R, C, c0 + BLOCK, BLOCK)
+    if NUM > 2:
+        store_block(P, a2, rows, R, C, c0 + 2 * BLOCK, BLOCK)
+        store_block(P, a3, rows, R, C, c0 + 3 * BLOCK, BLOCK)
 
 
 @triton.jit
@@ -110,7 +147,7 @@ def laplace_kernel_fwd_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     c = tl.exp(_distance(X + b * N * D, Y + b * M * D, rn, rm, N, M, D, L1, BLOCK_N, BLOCK_M, BLOCK_D, NUM_D) * scale)
-    _store_chunk(OUT + b * N * M, c, rn, N, M, pid_m * BLOCK_M, BLOCK_M)
+    store_block(OUT + b * N * M, c, rn, N, M, pid_m * BLOCK_M, BLOCK_M)
 
 
 @triton.jit
@@ -126,8 +163,8 @@ def laplace_matmul_fwd_kernel(
         rm = m0 + tl.arange(0, BLOCK_M)
         c = tl.exp(_distance(X + b * N * D, Y + b * M * D, rn, rm, N, M, D, L1, BLOCK_N, BLOCK_M, BLOCK_D, NUM_D) * scale)
         c = tl.where(rm[None, :] < M, c, 0.0)
-        acc += _dot(c, _load_chunk(V + b * M * E, rm, M, E, 0, BLOCK_E), IEEE)
-    _store_chunk(OUT + b * N * E, acc, rn, N, E, 0, BLOCK_E)
+        acc += dot(c, load_block(V + b * M * E, rm, M, E, 0, BLOCK_E), IEEE)
+    store_block(OUT + b * N * E, acc, rn, N, E, 0, BLOCK_E)
 
 
 @triton.jit
@@ -143,9 +180,9 @@ def _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale,
         c = tl.where(mask, c, 0.0)
         g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k in tl.static_range(NUM_E):
-            go = _load_chunk(GOb, rn, N, E, k * BLOCK_E, BLOCK_E)
-            v = _load_chunk(Vb, rm, M, E, k * BLOCK_E, BLOCK_E)
-            g += _dot(go, tl.trans(v), IEEE)
+            go = load_block(GOb, rn, N, E, k * BLOCK_E, BLOCK_E)
+            v = load_block(Vb, rm, M, E, k * BLOCK_E, BLOCK_E)
+            g += dot(go, tl.trans(v), IEEE)
     else:
         offs = b * N * M + rn[:, None] * M + rm[None, :]
         c = tl.load(C + offs, mask=mask, other=0.0).to(tl.float32)
@@ -171,27 +208,14 @@ def laplace_dx_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     Xb, Yb = X + b * N * D, Y + b * M * D
     Vb, GOb = V + b * M * E, GO + b * N * E
-    dx0 = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-    dx1 = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-    dx2 = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-    dx3 = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dx0, dx1, dx2, dx3 = _zero_chunks(BLOCK_N, BLOCK_D)
     for m0 in range(0, M, BLOCK_M):
         rm = m0 + tl.arange(0, BLOCK_M)
         gp, _ = _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale, L1, HAS_V, IEEE,
                            BLOCK_N, BLOCK_M, BLOCK_D, NUM_D, BLOCK_E, NUM_E)
-        dx0 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, L1, 1, BLOCK_D)
-        if NUM_D > 1:
-            dx1 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + BLOCK_D, gp, L1, 1, BLOCK_D)
-        if NUM_D > 2:
-            dx2 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 2 * BLOCK_D, gp, L1, 1, BLOCK_D)
-            dx3 += _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 3 * BLOCK_D, gp, L1, 1, BLOCK_D)
-    DXb = DX + b * N * D
-    _store_chunk(DXb, dx0, rn, N, D, d0, BLOCK_D)
-    if NUM_D > 1:
-        _store_chunk(DXb, dx1, rn, N, D, d0 + BLOCK_D, BLOCK_D)
-    if NUM_D > 2:
-        _store_chunk(DXb, dx2, rn, N, D, d0 + 2 * BLOCK_D, BLOCK_D)
-        _store_chunk(DXb, dx3, rn, N, D, d0 + 3 * BLOCK_D, BLOCK_D)
+        dx0, dx1, dx2, dx3 = _add_distance_grads(dx0, dx1, dx2, dx3, Xb, Yb, rn, rm, N, M, D, d0, gp, L1, 1,
+                                                 BLOCK_D, NUM_D)
+    _store_chunks(DX + b * N * D, dx0, dx1, dx2, dx3, rn, N, D, d0, BLOCK_D, NUM_D)
 
 
 @triton.jit
@@ -216,49 +240,22 @@ def laplace_dy_kernel(
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     Xb, Yb = X + b * N * D, Y + b * M * D
     Vb, GOb = V + b * M * E, GO + b * N * E
-    dy0 = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    dy1 = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    dy2 = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    dy3 = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    dv0 = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
-    dv1 = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
-    dv2 = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
-    dv3 = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    dy0, dy1, dy2, dy3 = _zero_chunks(BLOCK_M, BLOCK_D)
+    dv0, dv1, dv2, dv3 = _zero_chunks(BLOCK_M, BLOCK_E)
     n_lo = split * ROWS_PER_SPLIT
     for n0 in range(n_lo, n_lo + ROWS_PER_SPLIT, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         gp, c = _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale, L1, HAS_V, IEEE,
                            BLOCK_N, BLOCK_M, BLOCK_D, NUM_D, BLOCK_E, NUM_E)
-        dy0 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, L1, 0, BLOCK_D)
-        if NUM_D > 1:
-            dy1 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + BLOCK_D, gp, L1, 0, BLOCK_D)
-        if NUM_D > 2:
-            dy2 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 2 * BLOCK_D, gp, L1, 0, BLOCK_D)
-            dy3 -= _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 3 * BLOCK_D, gp, L1, 0, BLOCK_D)
+        dy0, dy1, dy2, dy3 = _add_distance_grads(dy0, dy1, dy2, dy3, Xb, Yb, rn, rm, N, M, D, d0, gp, L1, 0,
+                                                 BLOCK_D, NUM_D)
         if HAS_V:
-            ct = tl.trans(c)
-            dv0 += _dot(ct, _load_chunk(GOb, rn, N, E, 0, BLOCK_E), IEEE)
-            if NUM_E > 1:
-                dv1 += _dot(ct, _load_chunk(GOb, rn, N, E, BLOCK_E, BLOCK_E), IEEE)
-            if NUM_E > 2:
-                dv2 += _dot(ct, _load_chunk(GOb, rn, N, E, 2 * BLOCK_E, BLOCK_E), IEEE)
-                dv3 += _dot(ct, _load_chunk(GOb, rn, N, E, 3 * BLOCK_E, BLOCK_E), IEEE)
+            dv0, dv1, dv2, dv3 = _add_products(dv0, dv1, dv2, dv3, tl.trans(c), GOb, rn, N, E, IEEE,
+                                               BLOCK_E, NUM_E)
     part = b * nsplit + split
-    DYb = DY_PART + part * M * D
-    _store_chunk(DYb, dy0, rm, M, D, d0, BLOCK_D)
-    if NUM_D > 1:
-        _store_chunk(DYb, dy1, rm, M, D, d0 + BLOCK_D, BLOCK_D)
-    if NUM_D > 2:
-        _store_chunk(DYb, dy2, rm, M, D, d0 + 2 * BLOCK_D, BLOCK_D)
-        _store_chunk(DYb, dy3, rm, M, D, d0 + 3 * BLOCK_D, BLOCK_D)
+    _store_chunks(DY_PART + part * M * D, dy0, dy1, dy2, dy3, rm, M, D, d0, BLOCK_D, NUM_D)
     if HAS_V:
-        DVb = DV_PART + part * M * E
-        _store_chunk(DVb, dv0, rm, M, E, 0, BLOCK_E)
-        if NUM_E > 1:
-            _store_chunk(DVb, dv1, rm, M, E, BLOCK_E, BLOCK_E)
-        if NUM_E > 2:
-            _store_chunk(DVb, dv2, rm, M, E, 2 * BLOCK_E, BLOCK_E)
-            _store_chunk(DVb, dv3, rm, M, E, 3 * BLOCK_E, BLOCK_E)
+        _store_chunks(DV_PART + part * M * E, dv0, dv1, dv2, dv3, rm, M, E, 0, BLOCK_E, NUM_E)
 
 
 def _pow2(n: int, lo: int = 16) -> int:

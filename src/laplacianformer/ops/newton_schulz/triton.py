@@ -25,17 +25,12 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from .._triton_common import dot, load_block, store_block
+
 MAX_M = 128
 CHECK_EVERY = 5
 """Steps between residual checks: the value of ``naive.CHECK_EVERY`` (equal by a test; not imported, so
 that this module stays loadable on its own by ``benchmarks/triton_aot.py``)."""
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
 
 
 @triton.jit
@@ -50,8 +45,22 @@ def _mm_tile(A, sa_r, sa_c, B, sb_r, sb_c, ri, rj, M, IEEE: tl.constexpr, TILE: 
                     other=0.0, cache_modifier=".cg").to(tl.float32)
         b = tl.load(B + rk[:, None] * sb_r + rj[None, :] * sb_c, mask=(rk[:, None] < M) & (rj[None, :] < M),
                     other=0.0, cache_modifier=".cg").to(tl.float32)
-        acc += _dot(a, b, IEEE)
+        acc += dot(a, b, IEEE)
     return acc
+
+
+# The phases below walk the (M, M) matrices in (TILE, TILE) tiles: rows ri = i0 + arange(TILE), columns
+# j0 .. j0 + TILE, masked past M. A phase that reads and writes the same tile (V0, the step, the copy)
+# addresses it by one offset tensor (``_tile``); the others through load_block / store_block. Each keeps
+# the form it was sized with: ptxas allocates registers differently for the two (one form everywhere makes
+# ns_fwd spill at m = 128 on sm_90, benchmarks/triton_aot.py --strict).
+
+
+@triton.jit
+def _tile(ri, j0, M, TILE: tl.constexpr):
+    """(offsets, mask) of the tile rows ri x columns j0 .. j0 + TILE of a row-major (M, M) matrix."""
+    rj = j0 + tl.arange(0, TILE)
+    return ri[:, None] * M + rj[None, :], (ri[:, None] < M) & (rj[None, :] < M)
 
 
 @triton.jit
@@ -63,11 +72,42 @@ def _product_residual(Pb, Vb, Wb, M, IEEE: tl.constexpr, TILE: tl.constexpr, BLO
         for j0 in range(0, M, TILE):
             rj = j0 + tl.arange(0, TILE)
             w = _mm_tile(Pb, M, 1, Vb, M, 1, ri, rj, M, IEEE, TILE, BLOCK_K)
-            mask = (ri[:, None] < M) & (rj[None, :] < M)
-            tl.store(Wb + ri[:, None] * M + rj[None, :], w, mask=mask)
+            store_block(Wb, w, ri, M, M, j0, TILE)
             r = tl.where(ri[:, None] == rj[None, :], 1.0, 0.0) - w
-            sq += tl.where(mask, r * r, 0.0)
+            sq += tl.where((ri[:, None] < M) & (rj[None, :] < M), r * r, 0.0)
     return tl.sqrt(tl.sum(tl.sum(sq, axis=1), axis=0))
+
+
+@triton.jit
+def _init(Pb, cur, Ob, M, TILE: tl.constexpr):
+    """V0 = alpha·P into ``cur`` and the output ``Ob``, alpha = 1.8 / (max_i sum_j |P_ij|)^2."""
+    rowmax = 0.0
+    for i0 in range(0, M, TILE):
+        ri = i0 + tl.arange(0, TILE)
+        rs = tl.zeros((TILE,), dtype=tl.float32)
+        for j0 in range(0, M, TILE):
+            rs += tl.sum(tl.abs(load_block(Pb, ri, M, M, j0, TILE)), axis=1)
+        rowmax = tl.maximum(rowmax, tl.max(rs, axis=0))
+    alpha = 1.8 / (rowmax * rowmax)
+    for i0 in range(0, M, TILE):
+        ri = i0 + tl.arange(0, TILE)
+        for j0 in range(0, M, TILE):
+            offs, mask = _tile(ri, j0, M, TILE)
+            v0 = tl.load(Pb + offs, mask=mask, other=0.0).to(tl.float32) * alpha
+            tl.store(cur + offs, v0, mask=mask)
+            tl.store(Ob + offs, v0.to(Ob.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _step(cur, Wb, nxt, M, IEEE: tl.constexpr, TILE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """nxt = 2 cur - cur W, W = P cur (from the previous phase)."""
+    for i0 in range(0, M, TILE):
+        ri = i0 + tl.arange(0, TILE)
+        for j0 in range(0, M, TILE):
+            offs, mask = _tile(ri, j0, M, TILE)
+            vw = _mm_tile(cur, M, 1, Wb, M, 1, ri, j0 + tl.arange(0, TILE), M, IEEE, TILE, BLOCK_K)
+            v = tl.load(cur + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(nxt + offs, 2.0 * v - vw, mask=mask)
 
 
 @triton.jit
@@ -75,9 +115,7 @@ def _copy(SRC, DST, M, TILE: tl.constexpr):
     for i0 in range(0, M, TILE):
         ri = i0 + tl.arange(0, TILE)
         for j0 in range(0, M, TILE):
-            rj = j0 + tl.arange(0, TILE)
-            offs = ri[:, None] * M + rj[None, :]
-            mask = (ri[:, None] < M) & (rj[None, :] < M)
+            offs, mask = _tile(ri, j0, M, TILE)
             v = tl.load(SRC + offs, mask=mask, other=0.0, cache_modifier=".cg")
             tl.store(DST + offs, v.to(DST.dtype.element_ty), mask=mask)
 
@@ -94,40 +132,12 @@ def newton_schulz_fwd_kernel(P, V, WORK, M, iters, CHECK: tl.constexpr, IEEE: tl
     cur = WORK + b * M * M
     nxt = WORK + (nb + b) * M * M
     Wb = WORK + (2 * nb + b) * M * M
-    # alpha = 1.8 / (max_i sum_j |P_ij|)^2
-    rowmax = 0.0
-    for i0 in range(0, M, TILE):
-        ri = i0 + tl.arange(0, TILE)
-        rs = tl.zeros((TILE,), dtype=tl.float32)
-        for j0 in range(0, M, TILE):
-            rj = j0 + tl.arange(0, TILE)
-            p = tl.load(Pb + ri[:, None] * M + rj[None, :], mask=(ri[:, None] < M) & (rj[None, :] < M), other=0.0)
-            rs += tl.sum(tl.abs(p.to(tl.float32)), axis=1)
-        rowmax = tl.maximum(rowmax, tl.max(rs, axis=0))
-    alpha = 1.8 / (rowmax * rowmax)
-    for i0 in range(0, M, TILE):
-        ri = i0 + tl.arange(0, TILE)
-        for j0 in range(0, M, TILE):
-            rj = j0 + tl.arange(0, TILE)
-            offs = ri[:, None] * M + rj[None, :]
-            mask = (ri[:, None] < M) & (rj[None, :] < M)
-            v0 = tl.load(Pb + offs, mask=mask, other=0.0).to(tl.float32) * alpha
-            tl.store(cur + offs, v0, mask=mask)
-            tl.store(Ob + offs, v0.to(Ob.dtype.element_ty), mask=mask)
+    _init(Pb, cur, Ob, M, TILE)
     tl.debug_barrier()
     best = _product_residual(Pb, cur, Wb, M, IEEE, TILE, BLOCK_K)
     tl.debug_barrier()
     for step in range(iters):
-        # nxt = 2 cur - cur (P cur), W = P cur from the previous phase
-        for i0 in range(0, M, TILE):
-            ri = i0 + tl.arange(0, TILE)
-            for j0 in range(0, M, TILE):
-                rj = j0 + tl.arange(0, TILE)
-                offs = ri[:, None] * M + rj[None, :]
-                mask = (ri[:, None] < M) & (rj[None, :] < M)
-                vw = _mm_tile(cur, M, 1, Wb, M, 1, ri, rj, M, IEEE, TILE, BLOCK_K)
-                v = tl.load(cur + offs, mask=mask, other=0.0, cache_modifier=".cg")
-                tl.store(nxt + offs, 2.0 * v - vw, mask=mask)
+        _step(cur, Wb, nxt, M, IEEE, TILE, BLOCK_K)
         tl.debug_barrier()
         res = _product_residual(Pb, nxt, Wb, M, IEEE, TILE, BLOCK_K)
         tl.debug_barrier()
@@ -140,26 +150,28 @@ def newton_schulz_fwd_kernel(P, V, WORK, M, iters, CHECK: tl.constexpr, IEEE: tl
 
 
 @triton.jit
+def _product_into(A, sa_r, sa_c, B, sb_r, sb_c, OUT, M, NEGATE: tl.constexpr, IEEE: tl.constexpr,
+                 TILE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """OUT = A @ B, or -(A @ B) with NEGATE: A and B with the given strides, OUT row-major; tile by tile."""
+    for i0 in range(0, M, TILE):
+        ri = i0 + tl.arange(0, TILE)
+        for j0 in range(0, M, TILE):
+            t = _mm_tile(A, sa_r, sa_c, B, sb_r, sb_c, ri, j0 + tl.arange(0, TILE), M, IEEE, TILE, BLOCK_K)
+            if NEGATE:
+                t = -t
+            store_block(OUT, t, ri, M, M, j0, TILE)
+
+
+@triton.jit
 def implicit_grad_kernel(V, G, DW, WORK, M, IEEE: tl.constexpr, TILE: tl.constexpr, BLOCK_K: tl.constexpr):
     """dW = -(Vᵀ G) Vᵀ for one matrix per program; Vᵀ G goes through the float32 scratch WORK (B, M, M)."""
     b = tl.program_id(0)
     Vb = V + b * M * M
     Gb = G + b * M * M
     Tb = WORK + b * M * M
-    for i0 in range(0, M, TILE):
-        ri = i0 + tl.arange(0, TILE)
-        for j0 in range(0, M, TILE):
-            rj = j0 + tl.arange(0, TILE)
-            t = _mm_tile(Vb, 1, M, Gb, M, 1, ri, rj, M, IEEE, TILE, BLOCK_K)
-            tl.store(Tb + ri[:, None] * M + rj[None, :], t, mask=(ri[:, None] < M) & (rj[None, :] < M))
+    _product_into(Vb, 1, M, Gb, M, 1, Tb, M, False, IEEE, TILE, BLOCK_K)
     tl.debug_barrier()
-    for i0 in range(0, M, TILE):
-        ri = i0 + tl.arange(0, TILE)
-        for j0 in range(0, M, TILE):
-            rj = j0 + tl.arange(0, TILE)
-            dw = -_mm_tile(Tb, M, 1, Vb, 1, M, ri, rj, M, IEEE, TILE, BLOCK_K)
-            tl.store(DW + b * M * M + ri[:, None] * M + rj[None, :], dw.to(DW.dtype.element_ty),
-                     mask=(ri[:, None] < M) & (rj[None, :] < M))
+    _product_into(Tb, M, 1, Vb, 1, M, DW + b * M * M, M, True, IEEE, TILE, BLOCK_K)
 
 
 def config(m: int) -> dict:

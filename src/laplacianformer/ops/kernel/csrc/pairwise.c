@@ -60,10 +60,9 @@
 #define JC 128 /* backward columns of dL/dD formed at a time */
 #endif
 
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
-#define INLINE static inline __attribute__((always_inline))
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#include "../../csrc/lf_template.h"
+#define W ((int)(VBYTES / sizeof(F)))
+#define VI FN(ivec_) /* the integer vector of V's width (LF_I lanes) */
 
 /* DEF(n, 0) DEF(n, 1) for n = 1 .. N (a literal, at most 4): the specialisations of a tile function by
  * count (column tiles or vectors of d) and distance (l1 = 0, 1). */
@@ -72,12 +71,6 @@
 #define LF_SPECS_3(DEF) LF_SPECS_2(DEF) DEF(3, 0) DEF(3, 1)
 #define LF_SPECS_4(DEF) LF_SPECS_3(DEF) DEF(4, 0) DEF(4, 1)
 #define LF_SPECS(N, DEF) CAT(LF_SPECS_, N)(DEF)
-
-/* A buffer of `bytes` bytes aligned to 64; *base is what to free. */
-static void *lf_alloc(size_t bytes, void **base) {
-  *base = malloc(bytes + 64);
-  return *base ? (void *)(((uintptr_t)*base + 63) & ~(uintptr_t)63) : NULL;
-}
 
 #define LF_T float
 #define LF_I int32_t
@@ -97,14 +90,7 @@ static void *lf_alloc(size_t bytes, void **base) {
 
 #else /* template: LF_T the scalar type, LF_I the integer of the same width */
 
-#define F LF_T
-#define W ((int)(VBYTES / sizeof(F)))
-#define FN(name) CAT(name, LF_SFX)
-#define V FN(vec_)
-#define VU FN(uvec_)
-#define VI FN(ivec_)
-typedef F V __attribute__((vector_size(VBYTES)));
-typedef F VU __attribute__((vector_size(VBYTES), aligned(sizeof(F)))); /* unaligned loads and stores */
+LF_VECTOR_TYPES
 typedef LF_I VI __attribute__((vector_size(VBYTES)));
 
 INLINE V FN(vabs_)(V u) { return (V)((VI)u & (VI)((VI){0} + (LF_I)LF_ABSBITS)); }
@@ -200,6 +186,8 @@ INLINE void FN(dist_tile_)(const F *restrict x, int64_t sxn, int rows, const F *
     FN(dist_tile_)(x, sxn, rows, yt, mp, d, out, m, j0, scale, L, NT);                           \
   }
 LF_SPECS(TF, LF_DT_DEF)
+#undef LF_DT_DEF
+#undef LF_DT_ARGS
 
 /* D between one row of x and one row of y, vectorised over d. */
 INLINE F FN(dist_pair_)(const F *restrict x, const F *restrict y, int64_t d, const int l1) {
@@ -356,6 +344,8 @@ INLINE void FN(grad_block_)(const F *restrict x, int64_t sxn, int rows, const F 
     FN(grad_block_)(x, sxn, rows, yp, dp, g, c, m, scale, dx, sdn, dys, L, NV);                  \
   }
 LF_SPECS(DV, LF_GB_DEF)
+#undef LF_GB_DEF
+#undef LF_GB_ARGS
 
 int FN(lf_grad_)(const F *x, int64_t sxb, int64_t sxn, const F *y, int64_t syb, int64_t sym, const F *g,
                  const F *c, F *dx, int64_t sdb, int64_t sdn, F *dy, int64_t b, int64_t n, int64_t m,
@@ -429,14 +419,4 @@ int FN(lf_grad_)(const F *x, int64_t sxb, int64_t sxn, const F *y, int64_t syb, 
   return 0;
 }
 
-#undef F
-#undef W
-#undef FN
-#undef V
-#undef VU
-#undef VI
-#undef LF_DT_ARGS
-#undef LF_DT_DEF
-#undef LF_GB_ARGS
-#undef LF_GB_DEF
 #endif
