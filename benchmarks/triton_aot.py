@@ -6,13 +6,14 @@ targets, on a machine without a GPU (docs/KERNELS.md, "Compiling for GPUs withou
 The specialisations come from the Triton modules themselves (``MODULES``): each defines
 ``aot_specialisations(d_max=128, m_max=128)`` yielding tuples
 
-    (kernel, signature, constexprs, num_warps, num_stages, label)
+    (kernel, signature, constexprs, num_warps, num_stages, label[, options])
 
 built by the same configuration functions its launchers call at run time. ``kernel`` is the
 ``@triton.jit`` function, ``signature`` maps every non-constexpr argument name to a Triton type string
 (``"*fp32"``, ``"*bf16"``, ``"i32"``, ``"fp32"``), ``constexprs`` maps the constexpr argument names to
 their values, ``label`` is ``"<family> key=value ..."`` (keys such as ``dtype``, ``kind``, ``d``, ``e``,
-``m``, ``v``; the fast subset filters on them). Pointer arguments are compiled with 16-byte divisibility,
+``m``, ``v``, ``inj``; the fast subset filters on them), ``options`` (optional) further keyword options of
+``triton.compile`` the launcher passes too (e.g. ``{"maxnreg": 255}``). Pointer arguments are compiled with 16-byte divisibility,
 as the runtime specialises them for torch allocations.
 
 Each specialisation is compiled with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``
@@ -42,15 +43,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 MODULES = [
     "laplacianformer.ops.kernel.triton",
     "laplacianformer.ops.newton_schulz.triton",
+    "laplacianformer.ops.normalization_triton",
 ]
 """Modules with an ``aot_specialisations`` function; a new Triton module adds its name here."""
 
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 """Largest dynamic shared memory one block may use (opt-in maximum): A100 (sm_80), H100/H200 (sm_90)."""
 
-FAST = {"dtype": {"fp32"}, "kind": {"L1"}, "d": {"64", "128"}, "m": {"64", "128"}}
+FAST = {"dtype": {"fp32"}, "kind": {"L1"}, "d": {"64", "128"}, "m": {"64", "128"}, "inj": {"1"}}
 """The fast subset (the default test run): labels whose keys, where present, take these values, and e equal
-to d: the model's path (float32 compute, L1, head dim 64, m = 49 padded to 64) and the largest shapes."""
+to d (to m where a label has no d): the model's path (float32 compute, L1, head dim 64, m = 49 padded to 64,
+the injective normalisation) and the largest shapes."""
 
 
 @dataclass
@@ -85,22 +88,29 @@ def _label_fields(label: str) -> dict[str, str]:
 
 def in_fast_subset(label: str) -> bool:
     fields = _label_fields(label)
-    if "e" in fields and fields["e"] != fields.get("d"):
+    if "e" in fields and fields["e"] != fields.get("d", fields.get("m")):
         return False
     return all(fields[k] in allowed for k, allowed in FAST.items() if k in fields)
 
 
+def _matches(word: str, label: str) -> bool:
+    words = label.split()
+    return word in words or ("=" not in word and words[0].startswith(word))
+
+
 def collect(modules=MODULES, d_max: int = 128, m_max: int = 128, subset: str | None = None,
             match: str | None = None) -> list[tuple]:
-    """Every (kernel, signature, constexprs, num_warps, num_stages, label) of ``modules`` (in the fast
-    subset, and with every word of ``match`` in the label, when given)."""
+    """Every (kernel, signature, constexprs, num_warps, num_stages, label[, options]) of ``modules`` (in the fast
+    subset, and matching every word of ``match``, when given: a ``key=value`` word or a whole family
+    name is one of the label's words, any other word begins the family name, e.g. ``norm`` for every
+    normalisation kernel)."""
     specs = []
     for name in modules:
         mod = importlib.import_module(name)
         for spec in mod.aot_specialisations(d_max=d_max, m_max=m_max):
             if subset == "fast" and not in_fast_subset(spec[5]):
                 continue
-            if match and not all(w in spec[5].split() or w == spec[5].split()[0] for w in match.split()):
+            if match and not all(_matches(w, spec[5]) for w in match.split()):
                 continue
             specs.append(spec)
     return specs
@@ -141,9 +151,11 @@ def compile_one(spec: tuple, arch: int) -> Row:
     from triton import knobs
     from triton.backends.compiler import GPUTarget
 
-    kernel, signature, constexprs, warps, stages, label = spec
+    kernel, signature, constexprs, warps, stages, label, *more = spec
+    extra = dict(more[0]) if more else {}
     family = label.split()[0]
-    config = " ".join(f"{k}={v}" for k, v in constexprs.items() if k.isupper() and k.startswith(("BLOCK", "NUM", "TILE")))
+    config = " ".join([f"{k}={v}" for k, v in constexprs.items() if k.isupper() and k.startswith(("BLOCK", "NUM", "TILE"))]
+                      + [f"{k}={v}" for k, v in extra.items()])
     row = Row(f"sm_{arch}", family, label, config, warps, stages, shared_limit=SHARED_LIMIT[arch])
     sig = {}
     for name in kernel.arg_names:
@@ -159,7 +171,7 @@ def compile_one(spec: tuple, arch: int) -> Row:
         try:
             with contextlib.redirect_stdout(buf):
                 compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                          options={"num_warps": warps, "num_stages": stages})
+                                          options={"num_warps": warps, "num_stages": stages, **extra})
         finally:
             knobs.nvidia.dump_ptxas_log = old
     except Exception as exc:  # a compile failure is a result
@@ -224,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--m-max", type=int, default=128)
     ap.add_argument("--json", type=Path, default=None, help="write the rows and the summary here")
     ap.add_argument("--md", type=Path, default=None, help="write the Markdown tables here")
-    ap.add_argument("--match", default=None, help="only labels holding every word (e.g. 'matmul_fwd d=128 dtype=fp32')")
+    ap.add_argument("--match", default=None, help="only labels matching every word: key=value words and family names are words of the label, "
+                    "other words begin the family (e.g. 'matmul_fwd d=128 dtype=fp32', 'norm m=64')")
     ap.add_argument("--module", action="append", default=None, help="module to collect (default: MODULES)")
     ap.add_argument("--quiet", action="store_true", help="print only the summary")
     args = ap.parse_args(argv)

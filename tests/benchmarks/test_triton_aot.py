@@ -22,16 +22,30 @@ def test_specialisations_come_from_the_launchers():
     specs = triton_aot.collect()
     families = {s[5].split()[0] for s in specs}
     assert families == {"kernel_fwd", "kernel_bwd_dx", "kernel_bwd_dy", "matmul_fwd", "matmul_bwd_dx",
-                        "matmul_bwd_dy", "ns_fwd", "ns_grad"}
+                        "matmul_bwd_dy", "ns_fwd", "ns_grad", "norm_gram", "norm_key_fwd", "norm_key_bwd",
+                        "norm_rows"}
     from laplacianformer.ops.kernel import triton as kt
 
     # the model's call: d = 64 -> two 32-wide chunks, the configuration the launcher uses
     fwd = [s for s in specs if s[5] == "kernel_fwd dtype=fp32 kind=L1 d=64"]
     assert len(fwd) == 1 and fwd[0][2]["NUM_D"] == kt.fwd_config(64)["NUM_D"] == 2
-    for kernel, sig, const, warps, stages, label in specs:
+    for kernel, sig, const, warps, stages, label, *options in specs:
         assert set(sig) | set(const) == set(kernel.arg_names), label
     fast = triton_aot.collect(subset="fast")
     assert 0 < len(fast) < len(specs) / 10
+    # the normalisation on the model's path: float32, m = 49 -> 64, e = 64, injective
+    norm = {s[5] for s in fast if s[5].startswith("norm_")}
+    assert {label.split()[0] for label in norm} == {"norm_gram", "norm_key_fwd", "norm_key_bwd", "norm_rows"}
+    assert all("dtype=fp32 m=64" in label and "e=16" not in label and "e=32" not in label and "inj=0" not in label
+               for label in norm), norm
+    assert len(norm) == 10, norm
+
+
+def test_match_words():
+    specs = triton_aot.collect(match="norm m=64 dtype=fp64")
+    assert specs and all(s[5].startswith("norm_") and {"m=64", "dtype=fp64"} <= set(s[5].split()) for s in specs)
+    assert {s[5].split()[0] for s in triton_aot.collect(match="norm_key_bwd e=16")} == {"norm_key_bwd"}
+    assert not triton_aot.collect(match="m=6")  # key=value words match whole words only
 
 
 def test_fast_subset_fits_on_sm80_and_sm90(tmp_path):

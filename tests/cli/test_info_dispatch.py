@@ -31,6 +31,16 @@ def test_info_dispatch_backward_1d_and_dtype(capsys):
     assert "float64" in out and "hw=None, landmarks=5" in out and "newton_schulz_grad: selection 'auto'" in out
 
 
+def test_info_dispatch_names_the_normalisation_limit(capsys, monkeypatch):
+    from laplacianformer.ops import _runtime
+
+    monkeypatch.setattr(_runtime, "triton_interpreted", lambda: True)  # CPU tensors pass the device check
+    assert main(["info", "--dispatch", "--shape", "1,1,64,128", "--landmarks", "4,4"]) == 0
+    out = capsys.readouterr().out
+    assert "normalization: selection 'auto' runs 'cpu'" in out or "runs 'fused'" in out
+    assert "triton: m=16, e=128: the Triton passes take m, e <= 64" in out, out
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["--shape", "1,2,64"], "--shape"),
     (["--shape", "1,2,64,16", "--hw", "7,7"], "hw"),

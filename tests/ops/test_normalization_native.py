@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from laplacianformer.ops import use
+from laplacianformer.ops import explain, use
 from laplacianformer.ops.normalization import NORMALIZATION, normalize_nystrom, normalize_nystrom_reference
 
 TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -217,27 +217,156 @@ def test_triton_gradcheck_and_second_backward(seeded, norm):
 
 @pytest.mark.triton
 @needs_triton
-def test_triton_half_inputs(seeded):
-    c, k, v, w = _factors(seeded, (2,), 40, 33, 9, 8, True, dtype=torch.float16, device=DEVICE)
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_triton_half_inputs(seeded, dtype, norm):
+    """float16 / bfloat16 inputs (float32 accumulation): output and gradients in the input dtype, within
+    the dtype's rounding of the float64 reference on the same (rounded) inputs, values and every gradient."""
+    c, k, v, w = _factors(seeded, (2,), 40, 33, 9, 8, True, dtype=dtype, device=DEVICE)
     with use(normalization="triton"):
-        out = normalize_nystrom(c, k, v, "injective", w_inv=w)
-    assert out.dtype == torch.float16
-    ref = normalize_nystrom_reference(*(t.detach().double().cpu() for t in (c, k @ w.transpose(-1, -2), v)), "injective")
-    assert ((out.double().cpu() - ref).norm() / ref.norm()).item() < 5e-3
+        out = normalize_nystrom(c, k, v, norm, w_inv=w)
+    assert out.dtype == dtype
+    leaves = (c, k, v, w)
+    probe = torch.randn(out.shape, generator=seeded[1], dtype=torch.float64)
+    grads = torch.autograd.grad(out, leaves, probe.to(DEVICE, dtype))
+    assert all(g.dtype == dtype for g in grads)
+    ref_leaves = [t.detach().double().cpu().requires_grad_() for t in leaves]
+    rc, rk, rv, rw = ref_leaves
+    ref = normalize_nystrom_reference(rc, rk @ rw.transpose(-1, -2), rv, norm)
+    tol = 2e-3 if dtype == torch.float16 else 1.5e-2  # measured 3e-4 and 4e-3 (seeds 0-2): the output rounding
+    for name, a, r in zip(["out", "dc", "dk", "dv", "dw"], [out, *grads],
+                          [ref, *torch.autograd.grad(ref, ref_leaves, probe)]):
+        err = ((a.double().cpu() - r).norm() / r.norm()).item()
+        assert err < tol, f"{dtype} {norm} {name}: relative error {err:.2e} (seed {seeded[0]})"
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+def test_triton_at_the_largest_width(seeded, dtype, norm):
+    """m = e = TRITON_MAX_DIM (the widest tiles the registry serves, no column masked) and row counts
+    that give the Gram passes several row blocks per split and a partial last split, and the row passes a
+    partial last block: against the float64 reference, values and every gradient, for the first backward
+    (t kept by the forward), a second one through the same graph (t recomputed) and the forward without
+    gradient (t not kept)."""
+    from laplacianformer.ops.normalization_limits import TRITON_MAX_DIM
+
+    m = e = TRITON_MAX_DIM
+    c, k, v, w = _factors(seeded, (2,), 300, 270, m, e, True, dtype, DEVICE)
+    rtol = 1e-9 if dtype == torch.float64 else 2e-5
+    leaves = (c, k, v, w)
+    ref_leaves = [t.detach().double().cpu().requires_grad_() for t in leaves]
+    rc, rk, rv, rw = ref_leaves
+    ref = normalize_nystrom_reference(rc, rk @ rw.transpose(-1, -2), rv, norm)
+    probe = torch.randn(ref.shape, generator=seeded[1], dtype=torch.float64)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, probe)
+    with use(normalization="triton"):
+        out = normalize_nystrom(c, k, v, norm, w_inv=w)
+        with torch.no_grad():
+            out_no_grad = normalize_nystrom(c, k, v, norm, w_inv=w)
+    first = torch.autograd.grad(out, leaves, probe.to(DEVICE, dtype), retain_graph=True)
+    second = torch.autograd.grad(out, leaves, probe.to(DEVICE, dtype))
+
+    def check(what, a, r):
+        err = ((a.double().cpu() - r).norm() / r.norm()).item()
+        assert err < rtol, f"{dtype} {norm} {what}: relative error {err:.2e} (seed {seeded[0]})"
+
+    check("out", out, ref)
+    check("out without gradient", out_no_grad, ref)
+    for name, a, b, r in zip(["dc", "dk", "dv", "dw"], first, second, ref_grads):
+        check(name, a, r)
+        check(f"{name} (second backward)", b, r)
+
+
+@pytest.mark.triton
+@needs_triton
+def test_triton_launches_are_among_the_aot_specialisations(seeded, monkeypatch):
+    """Every launch configuration of a forward + backward and a forward without gradient (both norms,
+    float32 and float64, m and e between powers of two) is one that ``aot_specialisations`` enumerates."""
+    from laplacianformer.ops import normalization_triton as nt
+
+    launched = []
+    real = nt._launch
+
+    def record(spec):
+        launched.append(spec)
+        return real(spec)
+
+    monkeypatch.setattr(nt, "_launch", record)
+    for dtype, (m, e), norm in ((torch.float32, (49, 33), "injective"), (torch.float64, (5, 40), "inline")):
+        c, k, v, w = _factors(seeded, (1,), 5, 6, m, e, True, dtype, DEVICE)
+        with use(normalization="triton"):
+            normalize_nystrom(c, k, v, norm, w_inv=w).sum().backward()
+            with torch.no_grad():
+                normalize_nystrom(c, k, v, norm)
+
+    def key(spec):
+        meta, opts = real(spec)
+        return (tuple(sorted((n, str(x)) for n, x in meta.items())), opts["num_warps"], opts["num_stages"],
+                opts["maxnreg"])
+
+    enumerated = {(tuple(sorted((n, str(x)) for n, x in meta.items())), warps, stages, options["maxnreg"])
+                  for _, _, meta, warps, stages, _, options in nt.aot_specialisations()}
+    missing = [s for s in launched if key(s) not in enumerated]
+    assert len(launched) > 15 and not missing, missing
 
 
 def test_triton_aot_specialisations_cover_the_launchers():
-    triton = pytest.importorskip("triton")  # noqa: F841
+    pytest.importorskip("triton")
     from laplacianformer.ops import normalization_triton as nt
+    from laplacianformer.ops.normalization_limits import TRITON_MAX_DIM
 
-    specs = list(nt.aot_specialisations(d_max=64, m_max=64))
-    labels = [s[-1] for s in specs]
+    specs = list(nt.aot_specialisations())
+    labels = [s[5] for s in specs]
     assert len(labels) == len(set(labels))
-    assert any("key_bwd dtype=fp32 m=64 e=32" in x for x in labels)
-    for kernel, sig, constexprs, warps, stages, label in specs:
+    assert {x.split()[0] for x in labels} == {"norm_gram", "norm_key_fwd", "norm_key_bwd", "norm_rows"}
+    fields = [dict(w.split("=") for w in x.split()[1:]) for x in labels]
+    assert {f["dtype"] for f in fields} == {"fp32", "fp16", "bf16", "fp64"}
+    assert max(int(f["m"]) for f in fields) == max(int(f.get("e", 0)) for f in fields) == TRITON_MAX_DIM
+    # the model's call (m = 49 landmarks, head dim 64, float32) is the launcher's configuration
+    model = [s for s in specs if s[5] == "norm_key_bwd dtype=fp32 m=64 e=64 inj=1 has_t=1"]
+    meta, opts = nt._launch(nt.key_bwd_spec(49, 64, torch.float32, True, True))
+    assert len(model) == 1 and model[0][2] == meta
+    assert model[0][3:5] == (opts["num_warps"], opts["num_stages"]) and model[0][6] == {"maxnreg": opts["maxnreg"]}
+    for kernel, sig, constexprs, warps, stages, label, _ in specs:
         params = [p.name for p in kernel.params]
         assert set(sig) | set(constexprs) == set(params), label
-        assert warps in (4, 8) and stages == 3
+        assert warps in (4, 8) and stages in (1, 3), label
+    small = list(nt.aot_specialisations(d_max=32, m_max=16))
+    assert small and all("m=16" in s[5].split() and "e=64" not in s[5] for s in small)
+
+
+def test_triton_refuses_m_or_e_beyond_the_compiled_range(monkeypatch):
+    """Beyond TRITON_MAX_DIM the registry's Triton refusal gives the reason, "auto" takes the next backend,
+    forcing Triton raises it, and so does the launcher itself."""
+    from laplacianformer.ops import _runtime
+    from laplacianformer.ops.normalization_limits import TRITON_MAX_DIM, triton_unfit
+
+    monkeypatch.setattr(_runtime, "triton_interpreted", lambda: True)  # CPU tensors pass the device check
+    big = TRITON_MAX_DIM + 1
+    c, v = torch.rand(2, 20, 16), torch.rand(2, 20, 8)
+    c_big, v_big = torch.rand(2, 20, big), torch.rand(2, 20, big)
+    refusal = NORMALIZATION.by_name["triton"].refusal
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        assert refusal(c.to(dtype), c.to(dtype), v.to(dtype), "injective", 1e-6, None) in (
+            None, _runtime.triton_available()[1])
+        assert triton_unfit(dtype, TRITON_MAX_DIM, TRITON_MAX_DIM) is None
+    why = refusal(c, c, v_big, "injective", 1e-6, None)
+    assert why == triton_unfit(torch.float32, 16, big) and f"e={big}" in why and f"<= {TRITON_MAX_DIM}" in why
+    assert f"m={big}" in refusal(c_big, c_big, v, "inline", 1e-6, None)
+    assert NORMALIZATION.select(c, c, v_big, "injective", 1e-6, None).name != "triton"
+    # where the C loops do not serve either (float16 here, CUDA tensors on a GPU) "auto" runs PyTorch
+    half = (c.half(), c.half(), v_big.half())
+    assert NORMALIZATION.select(*half, "injective", 1e-6, None).name == "fused"
+    assert f"triton: {why}" in explain("normalization", *half, "injective", 1e-6, None)
+    with use(normalization="triton"), pytest.raises(ValueError, match=f"e={big}"):
+        normalize_nystrom(c, c, v_big, "injective")
+    if _runtime.triton_available()[0]:
+        from laplacianformer.ops.normalization_triton import normalize_triton
+
+        with pytest.raises(ValueError, match=f"m={big}"):
+            normalize_triton(c_big, c_big, v, "injective", 1e-6, None)
 
 
 def test_triton_suite_under_interpreter(triton_interpreter):

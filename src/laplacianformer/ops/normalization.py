@@ -31,6 +31,7 @@ import torch
 from . import _runtime, injective
 from .dispatch import Backend, Op
 from .injective import InjectiveNormalization, InlineNormalization, injective_forward, inline_forward
+from .normalization_limits import triton_unfit
 from .validation import NORMS, check_choice
 
 FUSED_NORMS = ("injective", "inline")
@@ -182,9 +183,9 @@ def _triton_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None, key_paddi
     why = _native_refusal(c_q, b, v, norm, eps, w_inv, "cuda", _TRITON_DTYPES, key_padding_mask)
     if why is not None:
         return why
-    m, e = b.shape[-1], v.shape[-1]
-    if max(m, e) > 64:
-        return f"m={m}, e={e}: the Triton passes take m, e <= 64 (register tiles and shared memory)"
+    why = triton_unfit(c_q.dtype, b.shape[-1], v.shape[-1])
+    if why is not None:
+        return why
     ok, why = _runtime.triton_available()
     return None if ok else why
 

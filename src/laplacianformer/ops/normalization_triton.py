@@ -6,20 +6,30 @@ w (m, m) = W⁺ or None (k is B), v (Nk, e); products accumulate in float32 (``t
 variances s_j must not lose the bits plain TF32 would), float64 for float64 inputs; inputs may be
 float32/float64/float16/bfloat16.
 
-- ``tn_kernel``: partial sums over row splits of (x − x̄)ᵀ (y − ȳ) and Σ y (the covariance S of C_q and
-  dM = C̃_qᵀ G), into a (G, splits, P, Q) workspace summed in a fixed order (deterministic, no atomics);
-- ``key_fwd_kernel``: t = k̃ S', s = rowsum(t ⊙ k̃), r = (max(s, 0) + eps)^(-1/2), stored t (for the
-  backward), r, −r³/2 [s ≥ 0]; partial sums of (r ⊙ k̃)ᵀ v, Σ r v, Σ v;
-- ``rows_kernel``: (x − x̄) B1 [+ y B2] + bias, row by row (out = C̃_q M + v̄ and dC_q);
-- ``key_bwd_kernel``: dv = r (k̃ dM') + Ḡ_k, Y = v dM'ᵀ, ds, dk̃ = r Y + 2 ds t (t recomputed when not
-  kept; dk may overwrite t), partial sums of k̃ᵀ (ds ⊙ k̃) and Σ ds k̃.
+Two kinds of pass, never mixed in one kernel (docs/KERNELS.md, "The fused normalisation"):
+
+- **Gram passes** (``gram_kernel``, a loop over a split of the rows): partial sums of
+  (s ⊙ (x − x̄))ᵀ (y [− ȳ]), Σ y and Σ s ⊙ (y [− ȳ]) over row splits, into (G, splits, ·) workspaces
+  summed in a fixed order (deterministic, no atomics): the covariance S of C_q, dM = C̃_qᵀ G, M' = (r ⊙ k̃)ᵀ v
+  (with Σ r v, Σ v) and dS' = k̃ᵀ (ds ⊙ k̃) (with Σ ds k̃);
+- **row passes** (one block of 16 rows per program): ``key_fwd_kernel`` t = k̃ S', s = rowsum(t ⊙ k̃),
+  r = (max(s, 0) + eps)^(-1/2), stores t (for the backward), r, −r³/2 [s ≥ 0]; ``key_bwd_kernel``
+  dv = r (k̃ dM') + Ḡ_k, Y = v dM'ᵀ, ds (stored for the Gram pass), dk̃ = r Y + 2 ds t (t recomputed when
+  not kept; dk may overwrite t);
+  ``rows_kernel`` (x − x̄) B1 [+ y B2] + bias (out = C̃_q M + v̄ and dC_q).
+
 The m×m and m×e algebra between the passes (S' = Wᵀ S W, M = W M', dS = W dS' Wᵀ, dW) is torch.
 
-m and e up to 64 (``MAX_DIM``): compiled for sm_90 (``triton.compile`` with ``GPUTarget("cuda", 90, 32)``)
-these passes use no spill stores with float32/bfloat16 tiles of 64 (products as "tf32x3", split TF32
-with float32 accuracy, on the tensor cores); at 128 they spilled and the key backward asked for more
-shared memory than a block gets. ``aot_specialisations`` lists every launch configuration for
-``benchmarks/triton_aot.py``.
+Why two kinds: Triton gives every ``tl.dot`` of a kernel whose dots are connected the warp layout of the
+first one it converts; a Gram product (an m × e result, the rows the reduced dimension) next to row
+products (row-block × m results) left one of them replicated across the warps, and the key passes spilled
+registers (100 of 888 specialisations, mostly on sm_80). Separated, each kernel's products share one
+shape. Every launch passes ``maxnreg`` (``MAXNREG``).
+
+m and e up to 64 (``TRITON_MAX_DIM`` of ``normalization_limits.py``, which the registry and the launcher
+ask). ``aot_specialisations`` lists every launch configuration for ``benchmarks/triton_aot.py``, which
+compiles them for sm_80 and sm_90 and checks (``--strict``) that none spills or exceeds a block's shared
+memory.
 """
 
 from __future__ import annotations
@@ -29,7 +39,9 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-MAX_DIM = 64
+from .normalization_limits import TRITON_MAX_DIM, triton_unfit
+
+MAX_DIM = TRITON_MAX_DIM
 _SPLITS = 16
 _TL = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
@@ -47,160 +59,193 @@ def _dot(a, b, ACC: tl.constexpr):
 
 
 @triton.jit
-def tn_kernel(X, XBAR, Y, YBAR, PART, YSUM, N, P, Q, rows_per_split, SPLITS,
-              CENTRE_Y: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr):
+def _vector(P, cols, C):
+    """Entries ``cols`` (< C) of the vector at P, 0 beyond."""
+    return tl.load(P + cols, mask=cols < C, other=0.0)
+
+
+@triton.jit
+def _tile(P, rn, rmask, cols, C, ACC: tl.constexpr):
+    """Rows ``rn`` (where ``rmask``) of the row-major (·, C) matrix at P, columns ``cols`` (< C), as ACC; 0
+    outside."""
+    return tl.load(P + rn[:, None] * C + cols[None, :], mask=rmask[:, None] & (cols[None, :] < C),
+                   other=0.0).to(ACC)
+
+
+@triton.jit
+def _centred(P, mean, rn, rmask, cols, C, ACC: tl.constexpr):
+    """``_tile`` minus the column means ``mean``, 0 outside (the masked rows add nothing to a sum)."""
+    inside = rmask[:, None] & (cols[None, :] < C)
+    return tl.where(inside, _tile(P, rn, rmask, cols, C, ACC) - mean[None, :], 0.0)
+
+
+@triton.jit
+def _matrix(P, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr):
+    """The row-major (R, C) matrix at P as a (BLOCK_R, BLOCK_C) tile, 0 outside."""
+    rows = tl.arange(0, BLOCK_R)
+    return _tile(P, rows, rows < R, tl.arange(0, BLOCK_C), C, ACC)
+
+
+@triton.jit
+def _store(P, value, rn, rmask, cols, C):
+    """``value`` into rows ``rn`` (where ``rmask``), columns ``cols`` (< C) of the row-major (·, C) matrix
+    at P, in P's dtype."""
+    tl.store(P + rn[:, None] * C + cols[None, :], value.to(P.dtype.element_ty),
+             mask=rmask[:, None] & (cols[None, :] < C))
+
+
+@triton.jit
+def _row_block(X, XBAR, N, C, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr):
+    """A row pass's block: its rows of the g-th (N, C) matrix at X minus the g-th mean at XBAR, with the
+    row indices, their mask and the column indices (program ids: row block, g)."""
+    pid, g = tl.program_id(0), tl.program_id(1)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rn < N
+    cols = tl.arange(0, BLOCK_C)
+    return _centred(X + g * N * C, _vector(XBAR + g * C, cols, C), rn, rmask, cols, C, ACC), rn, rmask, cols
+
+
+@triton.jit
+def gram_kernel(X, XBAR, S, Y, YBAR, PART, YSUM, SYSUM, N, P, Q, rows_per_split, SPLITS,
+                SCALE: tl.constexpr, CENTRE_Y: tl.constexpr, ACC: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """Over the rows of one split: Σ (s ⊙ (x − x̄))ᵀ ỹ (P, Q), Σ y and, with SCALE, Σ s ⊙ ỹ (Q), where
+    ỹ = y − ȳ with CENTRE_Y, else y."""
     split, g = tl.program_id(0), tl.program_id(1)
     rp = tl.arange(0, BLOCK_P)
     rq = tl.arange(0, BLOCK_Q)
-    xbar = tl.load(XBAR + g * P + rp, mask=rp < P, other=0.0)
-    ybar = tl.load(YBAR + g * Q + rq, mask=rq < Q, other=0.0)
+    xbar = _vector(XBAR + g * P, rp, P)
+    ybar = _vector(YBAR + g * Q, rq, Q)
     acc = tl.zeros((BLOCK_P, BLOCK_Q), dtype=ACC)
     ysum = tl.zeros((BLOCK_Q,), dtype=ACC)
+    sysum = tl.zeros((BLOCK_Q,), dtype=ACC)
     lo = split * rows_per_split
     for n0 in range(lo, lo + rows_per_split, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         rmask = rn < N
-        x = tl.load(X + g * N * P + rn[:, None] * P + rp[None, :], mask=rmask[:, None] & (rp[None, :] < P), other=0.0)
-        x = tl.where(rmask[:, None] & (rp[None, :] < P), x.to(ACC) - xbar[None, :], 0.0)
-        y = tl.load(Y + g * N * Q + rn[:, None] * Q + rq[None, :], mask=rmask[:, None] & (rq[None, :] < Q), other=0.0)
-        y = y.to(ACC)
+        x = _centred(X + g * N * P, xbar, rn, rmask, rp, P, ACC)
+        y = _tile(Y + g * N * Q, rn, rmask, rq, Q, ACC)
         ysum += tl.sum(y, axis=0)
         if CENTRE_Y:
             y = tl.where(rmask[:, None] & (rq[None, :] < Q), y - ybar[None, :], 0.0)
+        if SCALE:
+            s = tl.load(S + g * N + rn, mask=rmask, other=0.0).to(ACC)
+            x = x * s[:, None]
+            sysum += tl.sum(y * s[:, None], axis=0)
         acc += _dot(tl.trans(x), y, ACC)
-    base = (g * SPLITS + split) * P * Q
-    tl.store(PART + base + rp[:, None] * Q + rq[None, :], acc, mask=(rp[:, None] < P) & (rq[None, :] < Q))
-    tl.store(YSUM + (g * SPLITS + split) * Q + rq, ysum, mask=rq < Q)
+    base = g * SPLITS + split
+    _store(PART + base * P * Q, acc, rp, rp < P, rq, Q)
+    tl.store(YSUM + base * Q + rq, ysum, mask=rq < Q)
+    if SCALE:
+        tl.store(SYSUM + base * Q + rq, sysum, mask=rq < Q)
 
 
 @triton.jit
-def key_fwd_kernel(K, KBAR, SP, V, T, RINV, DSC, PART, RVS, VS, NK, M, E, eps, rows_per_split, SPLITS,
-                   INJ: tl.constexpr, SAVE_T: tl.constexpr, ACC: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
-    split, g = tl.program_id(0), tl.program_id(1)
-    rm = tl.arange(0, BLOCK_M)
-    re = tl.arange(0, BLOCK_E)
-    kbar = tl.load(KBAR + g * M + rm, mask=rm < M, other=0.0)
-    sp = tl.load(SP + g * M * M + rm[:, None] * M + rm[None, :], mask=(rm[:, None] < M) & (rm[None, :] < M), other=0.0)
-    acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=ACC)
-    rvs = tl.zeros((BLOCK_E,), dtype=ACC)
-    vs = tl.zeros((BLOCK_E,), dtype=ACC)
-    lo = split * rows_per_split
-    for n0 in range(lo, lo + rows_per_split, BLOCK_N):
-        rn = n0 + tl.arange(0, BLOCK_N)
-        rmask = rn < NK
-        kmask = rmask[:, None] & (rm[None, :] < M)
-        x = tl.load(K + g * NK * M + rn[:, None] * M + rm[None, :], mask=kmask, other=0.0)
-        x = tl.where(kmask, x.to(ACC) - kbar[None, :], 0.0)
-        vmask = rmask[:, None] & (re[None, :] < E)
-        v = tl.load(V + g * NK * E + rn[:, None] * E + re[None, :], mask=vmask, other=0.0).to(ACC)
-        if INJ:
-            t = _dot(x, sp, ACC)
-            s = tl.sum(t * x, axis=1)
-            r = 1.0 / tl.sqrt(tl.maximum(s, 0.0) + eps)
-            if SAVE_T:
-                tl.store(T + g * NK * M + rn[:, None] * M + rm[None, :], t, mask=kmask)
-            tl.store(RINV + g * NK + rn, r, mask=rmask)
-            tl.store(DSC + g * NK + rn, tl.where(s >= 0.0, -0.5 * r * r * r, 0.0), mask=rmask)
-            r = tl.where(rmask, r, 0.0)
-        else:
-            r = tl.where(rmask, 1.0, 0.0)
-        acc += _dot(tl.trans(x * r[:, None]), v, ACC)
-        rvs += tl.sum(v * r[:, None], axis=0)
-        vs += tl.sum(v, axis=0)
-    base = (g * SPLITS + split)
-    tl.store(PART + base * M * E + rm[:, None] * E + re[None, :], acc, mask=(rm[:, None] < M) & (re[None, :] < E))
-    tl.store(RVS + base * E + re, rvs, mask=re < E)
-    tl.store(VS + base * E + re, vs, mask=re < E)
+def key_fwd_kernel(K, KBAR, SP, T, RINV, DSC, NK, M, eps,
+                   SAVE_T: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    g = tl.program_id(1)
+    x, rn, rmask, rm = _row_block(K, KBAR, NK, M, BLOCK_N, BLOCK_M, ACC)
+    t = _dot(x, _matrix(SP + g * M * M, M, M, BLOCK_M, BLOCK_M, ACC), ACC)
+    s = tl.sum(t * x, axis=1)
+    r = 1.0 / tl.sqrt(tl.maximum(s, 0.0) + eps)
+    if SAVE_T:
+        _store(T + g * NK * M, t, rn, rmask, rm, M)
+    tl.store(RINV + g * NK + rn, r, mask=rmask)
+    tl.store(DSC + g * NK + rn, tl.where(s >= 0.0, -0.5 * r * r * r, 0.0), mask=rmask)
 
 
 @triton.jit
 def rows_kernel(X, XBAR, B1, Y, B2, BIAS, OUT, N, K1, K2, Q,
-                HAS_Y: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_K2: tl.constexpr,
-                BLOCK_Q: tl.constexpr):
-    pid, g = tl.program_id(0), tl.program_id(1)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K1)
-    rq = tl.arange(0, BLOCK_Q)
-    rmask = rn < N
-    xmask = rmask[:, None] & (rk[None, :] < K1)
-    x = tl.load(X + g * N * K1 + rn[:, None] * K1 + rk[None, :], mask=xmask, other=0.0)
-    xbar = tl.load(XBAR + g * K1 + rk, mask=rk < K1, other=0.0)
-    x = tl.where(xmask, x.to(ACC) - xbar[None, :], 0.0)
-    b1 = tl.load(B1 + g * K1 * Q + rk[:, None] * Q + rq[None, :], mask=(rk[:, None] < K1) & (rq[None, :] < Q), other=0.0)
-    acc = _dot(x, b1, ACC)
+                HAS_Y: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K1: tl.constexpr,
+                BLOCK_K2: tl.constexpr, BLOCK_Q: tl.constexpr):
+    g = tl.program_id(1)
+    x, rn, rmask, _ = _row_block(X, XBAR, N, K1, BLOCK_N, BLOCK_K1, ACC)
+    acc = _dot(x, _matrix(B1 + g * K1 * Q, K1, Q, BLOCK_K1, BLOCK_Q, ACC), ACC)
     if HAS_Y:
-        r2 = tl.arange(0, BLOCK_K2)
-        y = tl.load(Y + g * N * K2 + rn[:, None] * K2 + r2[None, :], mask=rmask[:, None] & (r2[None, :] < K2), other=0.0)
-        b2 = tl.load(B2 + g * K2 * Q + r2[:, None] * Q + rq[None, :], mask=(r2[:, None] < K2) & (rq[None, :] < Q),
-                     other=0.0)
-        acc += _dot(y.to(ACC), b2, ACC)
-    bias = tl.load(BIAS + g * Q + rq, mask=rq < Q, other=0.0)
-    acc += bias[None, :]
-    tl.store(OUT + g * N * Q + rn[:, None] * Q + rq[None, :], acc.to(OUT.dtype.element_ty),
-             mask=rmask[:, None] & (rq[None, :] < Q))
+        y = _tile(Y + g * N * K2, rn, rmask, tl.arange(0, BLOCK_K2), K2, ACC)
+        acc += _dot(y, _matrix(B2 + g * K2 * Q, K2, Q, BLOCK_K2, BLOCK_Q, ACC), ACC)
+    rq = tl.arange(0, BLOCK_Q)
+    _store(OUT + g * N * Q, acc + _vector(BIAS + g * Q, rq, Q)[None, :], rn, rmask, rq, Q)
 
 
 @triton.jit
-def key_bwd_kernel(K, KBAR, V, SP, DMK, GK, RINV, DSC, T, DK, DV, PART, USUM, NK, M, E, rows_per_split, SPLITS,
+def key_bwd_kernel(K, KBAR, V, SP, DMK, GK, RINV, DSC, T, DK, DV, DS, NK, M, E,
                    INJ: tl.constexpr, HAS_T: tl.constexpr, ACC: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
-    split, g = tl.program_id(0), tl.program_id(1)
-    rm = tl.arange(0, BLOCK_M)
+    g = tl.program_id(1)
+    x, rn, rmask, rm = _row_block(K, KBAR, NK, M, BLOCK_N, BLOCK_M, ACC)
     re = tl.arange(0, BLOCK_E)
-    mm_mask = (rm[:, None] < M) & (rm[None, :] < M)
-    me_mask = (rm[:, None] < M) & (re[None, :] < E)
-    kbar = tl.load(KBAR + g * M + rm, mask=rm < M, other=0.0)
-    dmk = tl.load(DMK + g * M * E + rm[:, None] * E + re[None, :], mask=me_mask, other=0.0)
-    gk = tl.load(GK + g * E + re, mask=re < E, other=0.0)
+    v = _tile(V + g * NK * E, rn, rmask, re, E, ACC)
+    dmk = _matrix(DMK + g * M * E, M, E, BLOCK_M, BLOCK_E, ACC)
+    dv = _dot(x, dmk, ACC)
+    y = _dot(v, tl.trans(dmk), ACC)
     if INJ:
-        sp = tl.load(SP + g * M * M + rm[:, None] * M + rm[None, :], mask=mm_mask, other=0.0)
-    acc = tl.zeros((BLOCK_M, BLOCK_M), dtype=ACC)
-    usum = tl.zeros((BLOCK_M,), dtype=ACC)
-    lo = split * rows_per_split
-    for n0 in range(lo, lo + rows_per_split, BLOCK_N):
-        rn = n0 + tl.arange(0, BLOCK_N)
-        rmask = rn < NK
-        kmask = rmask[:, None] & (rm[None, :] < M)
-        vmask = rmask[:, None] & (re[None, :] < E)
-        x = tl.load(K + g * NK * M + rn[:, None] * M + rm[None, :], mask=kmask, other=0.0)
-        x = tl.where(kmask, x.to(ACC) - kbar[None, :], 0.0)
-        v = tl.load(V + g * NK * E + rn[:, None] * E + re[None, :], mask=vmask, other=0.0).to(ACC)
-        dv = _dot(x, dmk, ACC)
-        y = _dot(v, tl.trans(dmk), ACC)
-        if INJ:
-            r = tl.load(RINV + g * NK + rn, mask=rmask, other=0.0)
-            dv = dv * r[:, None]
-            ds = tl.load(DSC + g * NK + rn, mask=rmask, other=0.0) * tl.sum(y * x, axis=1)
-            if HAS_T:
-                t = tl.load(T + g * NK * M + rn[:, None] * M + rm[None, :], mask=kmask, other=0.0)
-            else:
-                t = _dot(x, sp, ACC)
-            dk = r[:, None] * y + 2.0 * ds[:, None] * t
-            u = x * ds[:, None]
-            acc += _dot(tl.trans(u), x, ACC)
-            usum += tl.sum(u, axis=0)
+        r = tl.load(RINV + g * NK + rn, mask=rmask, other=0.0)
+        dv = dv * r[:, None]
+        ds = tl.load(DSC + g * NK + rn, mask=rmask, other=0.0) * tl.sum(y * x, axis=1)
+        tl.store(DS + g * NK + rn, ds, mask=rmask)
+        if HAS_T:
+            t = _tile(T + g * NK * M, rn, rmask, rm, M, ACC)
         else:
-            dk = y
-        tl.store(DV + g * NK * E + rn[:, None] * E + re[None, :], (dv + gk[None, :]).to(DV.dtype.element_ty), mask=vmask)
-        tl.store(DK + g * NK * M + rn[:, None] * M + rm[None, :], dk, mask=kmask)
-    base = g * SPLITS + split
-    tl.store(PART + base * M * M + rm[:, None] * M + rm[None, :], acc, mask=mm_mask)
-    tl.store(USUM + base * M + rm, usum, mask=rm < M)
+            t = _dot(x, _matrix(SP + g * M * M, M, M, BLOCK_M, BLOCK_M, ACC), ACC)
+        dk = r[:, None] * y + 2.0 * ds[:, None] * t
+    else:
+        dk = y
+    _store(DV + g * NK * E, dv + _vector(GK + g * E, re, E)[None, :], rn, rmask, re, E)
+    _store(DK + g * NK * M, dk, rn, rmask, rm, M)
+
+
+MAXNREG = 255
+"""``.maxnreg`` of every launch: without it ptxas, for some specialisations, picks a register target
+below what the kernel needs (64, 80, 96 or 128, an occupancy heuristic that differs between sm_80 and
+sm_90, dtypes and warp counts) and spills a few bytes; with it they use what they need (<= 255, which
+8 warps of 32 threads can always have)."""
+_OPTIONS = ("num_warps", "num_stages", "maxnreg")
 
 
 def _p2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def _config(m: int, e: int) -> tuple[int, int]:
-    """(BLOCK_N, num_warps) of the row passes for m, e: fewer rows per block for wide tiles (registers)."""
-    width = max(_p2(m), _p2(e))
-    if width <= 32:
-        return 32, 4
-    if width <= 64:
-        return 16, 8
-    return 16, 8
+def gram_config(p: int, q: int, dtype: torch.dtype) -> dict:
+    """BLOCK_N (rows per step), num_warps, num_stages of ``gram_kernel`` for a (p, q) result: 4 warps up to
+    32 × 32 (or 64 × 16) results, 8 beyond; steps of 32 rows up to width 32, of 16 beyond."""
+    width, area = max(_p2(p), _p2(q)), _p2(p) * _p2(q)
+    return dict(BLOCK_N=32 if width <= 32 else 16, num_warps=4 if area <= 32 * 32 else 8, num_stages=3,
+                maxnreg=MAXNREG)
+
+
+def row_config(width: int, dtype: torch.dtype) -> dict:
+    """BLOCK_N (rows per program), num_warps, num_stages of the row passes for their widest tile: blocks
+    of 16 rows (fewer rows than columns, so the products' warps split the columns), 4 warps up to width
+    32, 8 at 64."""
+    return dict(BLOCK_N=16, num_warps=4 if _p2(width) <= 32 else 8, num_stages=1, maxnreg=MAXNREG)
+
+
+def gram_spec(p: int, q: int, dtype: torch.dtype, centre_y: bool, scale: bool) -> dict:
+    return dict(SCALE=scale, CENTRE_Y=centre_y, ACC=_acc(dtype)[1], BLOCK_P=_p2(p), BLOCK_Q=_p2(q),
+                **gram_config(p, q, dtype))
+
+
+def key_fwd_spec(m: int, dtype: torch.dtype, save_t: bool) -> dict:
+    return dict(SAVE_T=save_t, ACC=_acc(dtype)[1], BLOCK_M=_p2(m), **row_config(m, dtype))
+
+
+def key_bwd_spec(m: int, e: int, dtype: torch.dtype, inj: bool, has_t: bool) -> dict:
+    return dict(INJ=inj, HAS_T=has_t, ACC=_acc(dtype)[1], BLOCK_M=_p2(m), BLOCK_E=_p2(e),
+                **row_config(max(m, e), dtype))
+
+
+def rows_spec(k1: int, k2: int, q: int, dtype: torch.dtype) -> dict:
+    """k2 = 0: without the second product."""
+    return dict(HAS_Y=k2 > 0, ACC=_acc(dtype)[1], BLOCK_K1=_p2(k1), BLOCK_K2=_p2(max(k2, 1)), BLOCK_Q=_p2(q),
+                **row_config(max(k1, k2, q), dtype))
+
+
+def _launch(spec: dict) -> tuple[dict, dict]:
+    """A spec -> (constexprs, launch options)."""
+    opts = {k: spec[k] for k in _OPTIONS}
+    return {k: v for k, v in spec.items() if k not in opts}, opts
 
 
 def _splits(n: int, block_n: int) -> tuple[int, int]:
@@ -210,18 +255,20 @@ def _splits(n: int, block_n: int) -> tuple[int, int]:
     return triton.cdiv(max(n, 1), rows), rows
 
 
-def _tn(x, xbar, y, ybar, centre_y: bool):
-    """(Σ (x − x̄)ᵀ (y − ȳ) (G, P, Q), Σ y (G, Q)) in float32; x (G, N, P), y (G, N, Q) contiguous."""
+def _gram(x, xbar, y, ybar, centre_y: bool, scale=None):
+    """(Σ (s ⊙ (x − x̄))ᵀ ỹ (G, P, Q), Σ y (G, Q), Σ s ⊙ ỹ (G, Q) or None) in the accumulation dtype;
+    x (G, N, P), y (G, N, Q) contiguous, s = ``scale`` (G, N) or 1, ỹ = y − ȳ if ``centre_y`` else y."""
     g, n, p = x.shape
     q = y.shape[2]
-    bn, warps = _config(p, q)
-    splits, rows = _splits(n, bn)
-    acc, acc_tl = _acc(x.dtype)
+    meta, opts = _launch(gram_spec(p, q, x.dtype, centre_y, scale is not None))
+    splits, rows = _splits(n, meta["BLOCK_N"])
+    acc = _acc(x.dtype)[0]
     part = x.new_empty(g, splits, p, q, dtype=acc)
     ysum = x.new_empty(g, splits, q, dtype=acc)
-    tn_kernel[(splits, g)](x, xbar, y, ybar, part, ysum, n, p, q, rows, splits, CENTRE_Y=centre_y, ACC=acc_tl,
-                           BLOCK_N=bn, BLOCK_P=_p2(p), BLOCK_Q=_p2(q), num_warps=warps)
-    return part.sum(1), ysum.sum(1)
+    sysum = None if scale is None else x.new_empty(g, splits, q, dtype=acc)
+    gram_kernel[(splits, g)](x, xbar, ysum if scale is None else scale, y, ybar, part, ysum,
+                             ysum if scale is None else sysum, n, p, q, rows, splits, **meta, **opts)
+    return part.sum(1), ysum.sum(1), None if sysum is None else sysum.sum(1)
 
 
 def _rows(x, xbar, b1, y, b2, bias, out_dtype):
@@ -230,40 +277,36 @@ def _rows(x, xbar, b1, y, b2, bias, out_dtype):
     q = b1.shape[2]
     k2 = 0 if y is None else y.shape[2]
     out = x.new_empty(g, n, q, dtype=out_dtype)
-    bn, warps = _config(max(k1, k2), q)
-    rows_kernel[(triton.cdiv(n, bn), g)](
+    meta, opts = _launch(rows_spec(k1, k2, q, x.dtype))
+    rows_kernel[(triton.cdiv(n, meta["BLOCK_N"]), g)](
         x, xbar, b1.contiguous(), x if y is None else y, b1 if b2 is None else b2.contiguous(), bias.contiguous(),
-        out, n, k1, max(k2, 1), q, HAS_Y=y is not None, ACC=_acc(x.dtype)[1], BLOCK_N=bn, BLOCK_K1=_p2(k1), BLOCK_K2=_p2(max(k2, 1)),
-        BLOCK_Q=_p2(q), num_warps=warps)
+        out, n, k1, max(k2, 1), q, **meta, **opts)
     return out
 
 
 def _forward(c, k, w, v, eps: float, inj: bool, keep_t: bool):
     g, nq, m = c.shape
     nk, e = k.shape[1], v.shape[2]
-    f32, acc_tl = _acc(c.dtype)
+    f32 = _acc(c.dtype)[0]
     c_mean = c.mean(1, dtype=f32) if inj else c.new_zeros(g, m, dtype=f32)
     k_mean = k.mean(1, dtype=f32)
+    zeros_e = c.new_zeros(g, e, dtype=f32)
+    t = rinv = dsc = sw = sp = None
     if inj:
-        cov, _ = _tn(c, c_mean, c, c_mean, True)
-        cov = cov / nq
+        cov = _gram(c, c_mean, c, c_mean, True)[0] / nq
         sw = cov if w is None else torch.bmm(cov, w.to(f32))
-        sp = sw if w is None else torch.bmm(w.to(f32).transpose(1, 2), sw)
-        sp = sp.contiguous()
+        sp = (sw if w is None else torch.bmm(w.to(f32).transpose(1, 2), sw)).contiguous()
+        t = c.new_empty(g, nk, m, dtype=f32) if keep_t else None
+        rinv = c.new_empty(g, nk, dtype=f32)
+        dsc = c.new_empty(g, nk, dtype=f32)
+        meta, opts = _launch(key_fwd_spec(m, c.dtype, t is not None))
+        key_fwd_kernel[(triton.cdiv(nk, meta["BLOCK_N"]), g)](
+            k, k_mean, sp, rinv if t is None else t, rinv, dsc, nk, m, float(eps), **meta, **opts)
+        m_k, v_sum, rv_sum = _gram(k, k_mean, v, zeros_e, False, scale=rinv)
     else:
-        sw = sp = c.new_zeros(g, m, m, dtype=f32)
-    bn, warps = _config(m, e)
-    splits, rows = _splits(nk, bn)
-    t = c.new_empty(g, nk, m, dtype=f32) if inj and keep_t else None
-    rinv = c.new_empty(g, nk, dtype=f32)
-    dsc = c.new_empty(g, nk, dtype=f32)
-    part = c.new_empty(g, splits, m, e, dtype=f32)
-    rvs = c.new_empty(g, splits, e, dtype=f32)
-    vs = c.new_empty(g, splits, e, dtype=f32)
-    key_fwd_kernel[(splits, g)](k, k_mean, sp, v, rinv if t is None else t, rinv, dsc, part, rvs, vs, nk, m, e,
-                                float(eps), rows, splits, INJ=inj, SAVE_T=t is not None, ACC=acc_tl, BLOCK_N=bn,
-                                BLOCK_M=_p2(m), BLOCK_E=_p2(e), num_warps=warps)
-    m_k, rv_sum, v_mean = part.sum(1), rvs.sum(1), vs.sum(1) / max(nk, 1)
+        m_k, v_sum, _ = _gram(k, k_mean, v, zeros_e, False)
+        rv_sum = v_sum
+    v_mean = v_sum / max(nk, 1)
     m_mat = m_k if w is None else torch.bmm(w.to(f32), m_k)
     out = _rows(c, c_mean, m_mat, None, None, v_mean, c.dtype)
     return out, t, (c_mean, k_mean, sw, sp, m_k, m_mat, rv_sum, v_mean, rinv, dsc)
@@ -273,25 +316,22 @@ def _backward(grad, c, k, w, v, inj: bool, saved, t):
     c_mean, k_mean, sw, sp, m_k, m_mat, rv_sum, v_mean, rinv, dsc = saved
     g, nq, m = c.shape
     nk, e = k.shape[1], v.shape[2]
-    f32, acc_tl = _acc(c.dtype)
+    f32 = _acc(c.dtype)[0]
     w32 = None if w is None else w.to(f32)
     zeros_e = grad.new_zeros(g, e, dtype=f32)
-    d_m, g_sum = _tn(c, c_mean, grad, zeros_e, False)
-    d_mk = d_m if w is None else torch.bmm(w32.transpose(1, 2), d_m)
-    d_mk = d_mk.contiguous()
+    d_m, g_sum, _ = _gram(c, c_mean, grad, zeros_e, False)
+    d_mk = (d_m if w is None else torch.bmm(w32.transpose(1, 2), d_m)).contiguous()
     g_k = g_sum / max(nk, 1)
-    bn, warps = _config(m, e)
-    splits, rows = _splits(nk, bn)
     d_k = t if t is not None else c.new_empty(g, nk, m, dtype=f32)
     d_v = v.new_empty(g, nk, e)
-    part = c.new_empty(g, splits, m, m, dtype=f32)
-    usum = c.new_empty(g, splits, m, dtype=f32)
-    key_bwd_kernel[(splits, g)](k, k_mean, v, sp, d_mk, g_k, rinv, dsc, d_k, d_k, d_v, part, usum, nk, m, e, rows,
-                                splits, INJ=inj, HAS_T=t is not None, ACC=acc_tl, BLOCK_N=bn, BLOCK_M=_p2(m), BLOCK_E=_p2(e),
-                                num_warps=warps)
+    ds = c.new_empty(g, nk, dtype=f32) if inj else None
+    meta, opts = _launch(key_bwd_spec(m, e, c.dtype, inj, t is not None))
+    key_bwd_kernel[(triton.cdiv(nk, meta["BLOCK_N"]), g)](
+        k, k_mean, v, d_mk if sp is None else sp, d_mk, g_k, *((g_k,) * 2 if rinv is None else (rinv, dsc)),
+        d_k, d_k, d_v, g_k if ds is None else ds, nk, m, e, **meta, **opts)
     m_t = m_mat.transpose(1, 2).contiguous()
     if inj:
-        d_sp, u_sum = part.sum(1), usum.sum(1)
+        d_sp, _, u_sum = _gram(k, k_mean, k, k_mean, True, scale=ds)
         mean_dk = (torch.bmm(rv_sum.unsqueeze(1), d_mk.transpose(1, 2))
                    + 2.0 * torch.bmm(u_sum.unsqueeze(1), sp)) / max(nk, 1)
         d_s = d_sp if w is None else torch.bmm(torch.bmm(w32, d_sp), w32.transpose(1, 2))
@@ -349,7 +389,11 @@ def backward_saved(grad: torch.Tensor, c: torch.Tensor, k: torch.Tensor, w: torc
 
 def normalize_triton(c: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm: str, eps: float,
                      w: torch.Tensor | None) -> torch.Tensor:
-    """(G, Nq, m), (G, Nk, m), (G, Nk, e), w (G, m, m) or None -> (G, Nq, e), autograd when needed."""
+    """(G, Nq, m), (G, Nk, m), (G, Nk, e), w (G, m, m) or None -> (G, Nq, e), autograd when needed;
+    ValueError for the m, e, dtype that ``normalization_limits.triton_unfit`` refuses."""
+    why = triton_unfit(c.dtype, k.shape[-1], v.shape[-1])
+    if why is not None:
+        raise ValueError(f"normalize_triton: {why}")
     c, k, v = c.contiguous(), k.contiguous(), v.contiguous()
     w = None if w is None else w.contiguous()
     inj = norm == "injective"
@@ -359,69 +403,66 @@ def normalize_triton(c: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm: st
     return _forward(c, k, w, v, eps, inj, keep_t=False)[0]
 
 
-def _signature(kernel, tname: str, workspaces=(), acc: str = "fp32") -> dict:
-    """Runtime arguments of ``kernel`` -> Triton types: pointers in ``tname`` (``acc`` for the workspaces
-    ``workspaces``), sizes i32, eps fp32."""
+_SIZES = {"N", "P", "Q", "M", "E", "NK", "K1", "K2", "SPLITS", "rows_per_split"}
+_INPUTS = {"X", "Y", "K", "V", "DV", "OUT"}
+"""Pointer arguments in the input dtype; the others are workspaces in the accumulation dtype."""
+
+
+def _signature(kernel, dtype: torch.dtype, constexprs: dict) -> dict:
+    """Runtime arguments of ``kernel`` (those not in ``constexprs``) -> Triton types: inputs in ``dtype``,
+    workspaces in its accumulation dtype, sizes i32, eps fp32."""
+    acc = _TL[_acc(dtype)[0]]
     sig = {}
-    for param in kernel.params:
-        if param.is_constexpr:
+    for name in kernel.arg_names:
+        if name in constexprs:
             continue
-        name = param.name
         if name == "eps":
             sig[name] = "fp32"
         elif name in _SIZES:
             sig[name] = "i32"
         else:
-            sig[name] = f"*{acc}" if name in workspaces else f"*{tname}"
+            sig[name] = f"*{_TL[dtype]}" if name in _INPUTS else f"*{acc}"
     return sig
 
 
-_SIZES = {"N", "P", "Q", "M", "E", "NK", "K1", "K2", "SPLITS", "rows_per_split"}
-
-
-_WORKSPACES = {
-    "tn": ("XBAR", "YBAR", "PART", "YSUM"),
-    "key_fwd": ("KBAR", "SP", "T", "RINV", "DSC", "PART", "RVS", "VS"),
-    "rows": ("XBAR", "B1", "B2", "BIAS"),
-    "key_bwd": ("KBAR", "SP", "DMK", "GK", "RINV", "DSC", "T", "DK", "PART", "USUM"),
-}
+def _launches(m: int, e: int, dtype: torch.dtype):
+    """(kernel, spec, label) of every launch of ``_forward`` / ``_backward`` for these m, e, dtype."""
+    tag_m = f"dtype={_TL[dtype]} m={m}"  # the launches that do not depend on e
+    tag = f"{tag_m} e={e}"
+    yield gram_kernel, gram_spec(m, m, dtype, True, False), f"norm_gram {tag_m} use=cov"
+    yield gram_kernel, gram_spec(m, e, dtype, False, True), f"norm_gram {tag} use=key_fwd"
+    yield gram_kernel, gram_spec(m, e, dtype, False, False), f"norm_gram {tag} use=dM"  # and the inline key_fwd
+    yield gram_kernel, gram_spec(m, m, dtype, True, True), f"norm_gram {tag_m} use=key_bwd"
+    for save_t in (True, False):
+        yield key_fwd_kernel, key_fwd_spec(m, dtype, save_t), f"norm_key_fwd {tag_m} save_t={int(save_t)}"
+    for inj, has_t in ((True, True), (True, False), (False, False)):
+        yield (key_bwd_kernel, key_bwd_spec(m, e, dtype, inj, has_t),
+               f"norm_key_bwd {tag} inj={int(inj)} has_t={int(has_t)}")
+    yield rows_kernel, rows_spec(m, 0, e, dtype), f"norm_rows {tag} use=out"
+    yield rows_kernel, rows_spec(m, e, m, dtype), f"norm_rows {tag} use=dc"
+    yield rows_kernel, rows_spec(e, 0, m, dtype), f"norm_rows {tag} use=dc_inline"
 
 
 def aot_specialisations(d_max: int = 128, m_max: int = 128):
-    """Every (kernel, signature, constexprs, num_warps, num_stages, label) the launchers above can produce
-    for m <= m_max landmarks and e <= d_max value features (benchmarks/triton_aot.py)."""
+    """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) the launchers above can
+    produce (``options``: the compile option ``maxnreg``) for m <= m_max landmarks and e <= d_max value
+    features within what the registry serves (``normalization_limits.triton_unfit``), from the same
+    ``*_spec`` functions (benchmarks/triton_aot.py).
+    m and e are enumerated as powers of two (the specs depend on them only through ``next_power_of_2``);
+    identical specialisations are yielded once, under the label of their first launch."""
+    dims = lambda top: [b for b in (16, 32, 64, 128) if b <= _p2(min(top, MAX_DIM))]  # noqa: E731
     seen = set()
-    for spec in _specialisations(d_max, m_max):
-        if spec[-1] not in seen:
-            seen.add(spec[-1])
-            yield spec
-
-
-def _specialisations(d_max: int, m_max: int):
-    pow2 = lambda top: [b for b in (16, 32, 64, 128) if b <= max(16, triton.next_power_of_2(min(top, MAX_DIM)))]
-    for dtype, tname in _TL.items():
-        acc = "fp64" if dtype == torch.float64 else "fp32"
-        acc_tl = _acc(dtype)[1]
-        for bm in pow2(m_max):
-            for be in pow2(d_max):
-                bn, warps = _config(bm, be)
-                for inj in (True, False):
-                    for flag in (True, False):
-                        yield (key_fwd_kernel, _signature(key_fwd_kernel, tname, _WORKSPACES["key_fwd"], acc),
-                               dict(INJ=inj, SAVE_T=flag, ACC=acc_tl, BLOCK_N=bn, BLOCK_M=bm, BLOCK_E=be), warps, 3,
-                               f"key_fwd dtype={tname} m={bm} e={be} inj={int(inj)} save_t={int(flag)}")
-                        yield (key_bwd_kernel, _signature(key_bwd_kernel, tname, _WORKSPACES["key_bwd"], acc),
-                               dict(INJ=inj, HAS_T=flag, ACC=acc_tl, BLOCK_N=bn, BLOCK_M=bm, BLOCK_E=be), warps, 3,
-                               f"key_bwd dtype={tname} m={bm} e={be} inj={int(inj)} has_t={int(flag)}")
-                # covariance (P = Q = m, centred y) and dM (P = m, Q = e)
-                for bp, bq, centre, label in ((bm, bm, True, "cov"), (bm, be, False, "dM")):
-                    bn_, warps_ = _config(bp, bq)
-                    yield (tn_kernel, _signature(tn_kernel, tname, _WORKSPACES["tn"], acc),
-                           dict(CENTRE_Y=centre, ACC=acc_tl, BLOCK_N=bn_, BLOCK_P=bp, BLOCK_Q=bq), warps_, 3,
-                           f"tn[{label}] dtype={tname} p={bp} q={bq}")
-                # out = c̃ M + v̄ (K1 = m, Q = e); injective dc (K1 = m, K2 = e, Q = m); inline dc (K1 = e, Q = m)
-                for k1, k2, q, label in ((bm, None, be, "out"), (bm, be, bm, "dc"), (be, None, bm, "dc_inline")):
-                    bn_, warps_ = _config(max(k1, k2 or 0), q)
-                    yield (rows_kernel, _signature(rows_kernel, tname, _WORKSPACES["rows"], acc),
-                           dict(HAS_Y=k2 is not None, ACC=acc_tl, BLOCK_N=bn_, BLOCK_K1=k1, BLOCK_K2=k2 or 16, BLOCK_Q=q),
-                           warps_, 3, f"rows[{label}] dtype={tname} k1={k1} k2={k2 or 0} q={q}")
+    for dtype in _TL:
+        for m in dims(m_max):
+            for e in dims(d_max):
+                if triton_unfit(dtype, m, e) is not None:
+                    continue
+                for kernel, spec, label in _launches(m, e, dtype):
+                    meta, opts = _launch(spec)
+                    sig = _signature(kernel, dtype, meta)
+                    key = (kernel.__name__, tuple(sorted(sig.items())),
+                           tuple(sorted((k, str(v)) for k, v in meta.items())), tuple(sorted(opts.items())))
+                    if key not in seen:
+                        seen.add(key)
+                        yield (kernel, sig, meta, opts["num_warps"], opts["num_stages"], label,
+                               {"maxnreg": opts["maxnreg"]})
