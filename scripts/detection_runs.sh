@@ -6,6 +6,7 @@
 #
 # Usage:  scripts/detection_runs.sh            (from anywhere; runs sequentially, about 7 h on 2 idle cores, about 30 h at load 11, see below)
 #         PYTHON=.venv/bin/python DATA=data/fashion-scenes RUNS=runs/detection THREADS=2 scripts/detection_runs.sh
+#         ORDER="maskrcnn-laplacian-s0 retinanet-gaussian-s1" scripts/detection_runs.sh   (these runs, in this order)
 #
 # Each run is resumable: a finished run (model.safetensors present) is skipped, an interrupted one
 # (checkpoint.safetensors present) continues with --resume, so the script can be killed and started again.
@@ -82,13 +83,20 @@ run() {  # run NAME STEPS TRAIN-FLAGS...
     fi
 }
 
+declare -A FLAGS=()
 for seed in 0 1 2; do
-    run "retinanet-laplacian-s$seed" "$RETINA_STEPS" --detector retinanet --seed "$seed"
-    run "retinanet-gaussian-s$seed" "$RETINA_STEPS" --detector retinanet --seed "$seed" --backbone-kwargs '{"attn": "gaussian"}'
-    run "retinanet-srsoftmax-s$seed" "$RETINA_STEPS" --detector retinanet --seed "$seed" --backbone-kwargs '{"attn": "softmax"}'
+    FLAGS[retinanet-laplacian-s$seed]="$RETINA_STEPS --detector retinanet --seed $seed"
+    FLAGS[retinanet-gaussian-s$seed]="$RETINA_STEPS --detector retinanet --seed $seed --backbone-kwargs {\"attn\":\"gaussian\"}"
+    FLAGS[retinanet-srsoftmax-s$seed]="$RETINA_STEPS --detector retinanet --seed $seed --backbone-kwargs {\"attn\":\"softmax\"}"
 done
-run "maskrcnn-laplacian-s0" "$MASK_STEPS" --detector maskrcnn --seed 0 --val-subset 100 \
-    --detector-kwargs '{"box_batch_size_per_image": 128, "rpn_post_nms_top_n_train": 1000}'
-
+FLAGS[maskrcnn-laplacian-s0]="$MASK_STEPS --detector maskrcnn --seed 0 --val-subset 100 --detector-kwargs {\"box_batch_size_per_image\":128,\"rpn_post_nms_top_n_train\":1000}"
+DEFAULT_ORDER="retinanet-laplacian-s0 retinanet-gaussian-s0 retinanet-srsoftmax-s0 retinanet-laplacian-s1
+  retinanet-gaussian-s1 retinanet-srsoftmax-s1 retinanet-laplacian-s2 retinanet-gaussian-s2 retinanet-srsoftmax-s2
+  maskrcnn-laplacian-s0"
+for name in ${ORDER:-$DEFAULT_ORDER}; do
+    [ -n "${FLAGS[$name]:-}" ] || { echo "ORDER: unknown run '$name' (known: $DEFAULT_ORDER)" >&2; exit 2; }
+    # shellcheck disable=SC2086  # the flags are word-split on purpose (no spaces inside a value)
+    run "$name" ${FLAGS[$name]}
+done
 echo "full-val results (bbox AP / AP50 per backbone, paired differences; results/detection/fashionscenes.md)"
 "$PY" -m laplacianformer.experiments.detection_report --runs "$KEEP" --out "${REPORT:-results/detection}"
