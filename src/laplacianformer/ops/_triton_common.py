@@ -23,12 +23,11 @@ def dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def load_block(P, rows, R, C, c0, BLOCK_C: tl.constexpr, CACHE: tl.constexpr = ""):
-    """The block in float32 (0 outside the matrix); ``CACHE`` the load's cache modifier (``".cg"`` for data
-    this program wrote itself)."""
+def load_block(P, rows, R, C, c0, BLOCK_C: tl.constexpr):
+    """The block in float32 (0 outside the matrix)."""
     cols = c0 + tl.arange(0, BLOCK_C)
     return tl.load(P + rows[:, None] * C + cols[None, :], mask=(rows[:, None] < R) & (cols[None, :] < C),
-                   other=0.0, cache_modifier=CACHE).to(tl.float32)
+                   other=0.0).to(tl.float32)
 
 
 @triton.jit
