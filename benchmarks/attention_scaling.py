@@ -17,7 +17,8 @@ token grids (default 32x32 ... 256x256, i.e. 1k to 64k tokens), m = 49 (7x7) lan
 On a shared CPU, --threads 1 gives far steadier numbers: with several threads every small op pays an
 OpenMP barrier, which costs milliseconds when the cores are oversubscribed.
 
-A method whose single call exceeds --cap-seconds is not run at larger N ("skipped (cap)"). Time is the
+A method whose single call exceeds --cap-seconds is not run at larger N ("skipped (cap)"), nor one whose call
+failed ("skipped (error)"; the error is in the JSON and on stderr). Time is the
 median of --repeats calls after one warm-up; memory is measured by benchmarks.common.peak_memory (a fresh
 subprocess per case on CPU). The time exponent is the least-squares slope of log time on log N between
 4k and 64k tokens.
@@ -136,7 +137,7 @@ def run(args) -> dict:
     from tqdm import tqdm
 
     sides = args.sizes
-    capped: dict[str, int] = {}
+    capped: dict[str, tuple[int, str]] = {}  # method -> (N, "cap" | "error") of the call that stopped it
     records = []
     cases = [(side, method) for side in sides for method in args.methods]
     for side, method in tqdm(cases, desc="attention scaling", unit="case"):
@@ -144,8 +145,10 @@ def run(args) -> dict:
         rec = {"method": method, "side": side, "n": n, "status": "ok", "time": None, "memory": None}
         records.append(rec)
         if method in capped:
-            rec["status"] = "skipped (cap)"
-            rec["note"] = f"a call at N={capped[method]} exceeded {args.cap_seconds:g} s or failed"
+            at, why = capped[method]
+            rec["status"] = f"skipped ({why})"
+            rec["note"] = (f"the call at N={at} failed" if why == "error"
+                           else f"a call at N={at} exceeded {args.cap_seconds:g} s")
             continue
         if method == "laplacian_exact" and n > args.exact_max_n:
             rec["status"] = "skipped (exact)"
@@ -170,10 +173,10 @@ def run(args) -> dict:
         except Exception as exc:
             rec["status"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             traceback.print_exc(file=sys.stderr)
-            capped[method] = n
+            capped[method] = (n, "error")
             continue
         if min(timing.warmup_ms + [timing.median_ms]) / 1e3 > args.cap_seconds:
-            capped[method] = n
+            capped[method] = (n, "cap")
     exponents = {}
     for method in args.methods:
         pts = [

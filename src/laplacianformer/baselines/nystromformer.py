@@ -11,7 +11,7 @@ A⁺ comes from the paper's third-order iteration (Razavi et al. 2014)
 started, for EACH matrix separately, at Z_0 = Aᵀ / (‖A‖_1 ‖A‖_∞) (max column sum times max row sum),
 which makes ‖I - A Z_0‖_2 < 1 for any non-singular A. Nyströmformer's released code took these
 norms as maxima over the whole batch, which couples samples (a known complaint of its users, docs/BASELINES.md); here they are per matrix.
-Segment means use adaptive average pooling, equal to the paper's means when m divides N. On a 2-D
+Segment means use adaptive average pooling (the library's pooling op), equal to the paper's means when m divides N. On a 2-D
 token grid the segments run over the row-major flattened sequence, as in the paper.
 The paper's optional depthwise convolution on V is not part of this op.
 """
@@ -19,9 +19,8 @@ The paper's optional depthwise convolution on V is not part of this op.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from ..ops.attention import masked_pool_matrix
+from ..ops.attention import masked_pool_matrix, pool_landmarks
 from ..ops.validation import check_float_tensor, check_key_padding_mask, check_positive, check_positive_int, check_qkv
 from ..layers.token_attention import TokenAttention
 from .softmax import softmax_attention, softmax_attention_naive
@@ -61,9 +60,9 @@ def segment_means(x: torch.Tensor, num_landmarks: int, key_padding_mask: torch.T
     key_padding_mask: (B, N) bool, True = padding: segments of each sequence's valid tokens only."""
     if key_padding_mask is not None:
         return masked_pool_matrix(key_padding_mask, num_landmarks, x.dtype)[:, None] @ x
-    b, h, n, d = x.shape
-    pooled = F.adaptive_avg_pool1d(x.reshape(b * h, n, d).transpose(1, 2), num_landmarks)
-    return pooled.transpose(1, 2).reshape(b, h, num_landmarks, d)
+    # the library's pooling op (same bins as F.adaptive_avg_pool1d, whose CUDA kernel fails at N = 8281, m = 49
+    # on torch 2.11: "Couldn't reduce launch bounds to accommodate sharedMemPerBlock limit")
+    return pool_landmarks(x, None, num_landmarks)
 
 
 def nystrom_attention(
