@@ -146,3 +146,18 @@ def test_compile_benchmark_smoke(tmp_path):
                         "--op-side", "8", "--op-repeats", "1", "--out", str(out)])
     data = json.loads(out.with_suffix(".json").read_text())["results"]
     assert data["models"][0]["max_abs_diff"] < 1e-4 and len(data["op_overhead"]) == 2
+
+
+def test_gpu_overhead_smoke_on_cpu(tmp_path):
+    """The CPU part of benchmarks/gpu_overhead (eager and a failing part reported, not raised); the profiler
+    and CUDA-graph parts need CUDA (they ran on the H200: benchmarks/results/gpu_check_h200)."""
+    from benchmarks import gpu_overhead
+
+    out = tmp_path / "overhead"
+    gpu_overhead.main(["--device", "cpu", "--model", "laplacianformer_micro", "--size", "32", "--batch", "1",
+                       "--attn", "laplacian", "softmax", "--repeats", "1", "--no-compile", "--out", str(out)])
+    rows = json.loads(out.with_suffix(".json").read_text())["results"]
+    assert [r["attn"] for r in rows] == ["laplacian", "softmax"] and all(r["eager_ms"] > 0 for r in rows)
+    table = out.with_suffix(".md").read_text().splitlines()
+    assert table[2].startswith("| attn | eager ms |") and len(table) == 6
+    assert gpu_overhead._error(RuntimeError("capture failed\nmore")) == "RuntimeError: capture failed"
