@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check for the fused kernels (docs/KERNELS.md), for a machine with CUDA and Triton.
-# Usage: bash benchmarks/gpu_check.sh OUTDIR      (run from anywhere; at most 8 minutes: 130 + 80 + 90 + 90 + 40 + 50 s)
+# Usage: bash benchmarks/gpu_check.sh OUTDIR      (run from anywhere; at most 9.2 minutes: 130 + 80 + 90 + 90 + 40 + 50 + 70 s)
 #   1. the Triton tests for real on CUDA (no interpreter): kernel primitives, Newton-Schulz, the normalisation
 #      and lean recompute (in parallel workers where pytest-xdist is installed: compiling dominates);
 #   2. benchmarks/kernels.py on CUDA and CPU (correctness-gated speedups, first-call compile times);
@@ -8,7 +8,9 @@
 #   4. benchmarks/model_throughput.py (Tiny, batch 8, 224² and 512²: the model-zoo target) and
 #      benchmarks/stage_attention.py (one attention layer per stage at 512²) on CUDA;
 #   5. benchmarks/roofline.py --measure: each Triton kernel at the Tiny model's shapes (224² and 1024²),
-#      measured vs the H100 roofline estimate of benchmarks/results/roofline_h100.json (docs/KERNELS.md).
+#      measured vs the H100 roofline estimate of benchmarks/results/roofline_h100.json (docs/KERNELS.md);
+#   6. benchmarks/detection_scaling.py on CUDA: RetinaNet with the Laplacian and SR-softmax Tiny backbones at
+#      1024 and 1536 px (inference and a training step; where the classification crossover lay on the H200).
 # Every step writes its log and results under OUTDIR; the script exits non-zero when a step fails,
 # after running the others.
 set -uo pipefail
@@ -63,6 +65,9 @@ step model_throughput 90 "$py" -m benchmarks.model_throughput --device cuda --ba
 step stage_attention 40 "$py" -m benchmarks.stage_attention --device cuda --batch 8 --repeats 20 \
   --out "$out/stage_attention_cuda"
 step roofline 50 "$py" -m benchmarks.roofline --measure --repeats 20 --out "$out/roofline_measured.json"
+step detection_scaling 70 "$py" -m benchmarks.detection_scaling --device cuda --sizes 1024 1536 \
+  --variants laplacian sr-softmax --repeats 5 --max-seconds 10 --memory rss --no-progress \
+  --out "$out/detection_scaling_cuda"
 cat "$out/roofline.log"
 echo "gpu_check: results in $out (status $status)"
 exit "$status"
