@@ -84,15 +84,20 @@ run() {  # run NAME STEPS TRAIN-FLAGS...
 }
 
 declare -A FLAGS=()
+DEFAULT_ORDER=""
+add() {  # add NAME STEPS TRAIN-FLAGS...: a run of the default order
+    local name=$1
+    shift
+    FLAGS[$name]="$*"
+    DEFAULT_ORDER="$DEFAULT_ORDER $name"
+}
 for seed in 0 1 2; do
-    FLAGS[retinanet-laplacian-s$seed]="$RETINA_STEPS --detector retinanet --seed $seed"
-    FLAGS[retinanet-gaussian-s$seed]="$RETINA_STEPS --detector retinanet --seed $seed --backbone-kwargs {\"attn\":\"gaussian\"}"
-    FLAGS[retinanet-srsoftmax-s$seed]="$RETINA_STEPS --detector retinanet --seed $seed --backbone-kwargs {\"attn\":\"softmax\"}"
+    add retinanet-laplacian-s$seed "$RETINA_STEPS" --detector retinanet --seed $seed
+    add retinanet-gaussian-s$seed "$RETINA_STEPS" --detector retinanet --seed $seed --backbone-kwargs '{"attn":"gaussian"}'
+    add retinanet-srsoftmax-s$seed "$RETINA_STEPS" --detector retinanet --seed $seed --backbone-kwargs '{"attn":"softmax"}'
 done
-FLAGS[maskrcnn-laplacian-s0]="$MASK_STEPS --detector maskrcnn --seed 0 --val-subset 100 --detector-kwargs {\"box_batch_size_per_image\":128,\"rpn_post_nms_top_n_train\":1000}"
-DEFAULT_ORDER="retinanet-laplacian-s0 retinanet-gaussian-s0 retinanet-srsoftmax-s0 retinanet-laplacian-s1
-  retinanet-gaussian-s1 retinanet-srsoftmax-s1 retinanet-laplacian-s2 retinanet-gaussian-s2 retinanet-srsoftmax-s2
-  maskrcnn-laplacian-s0"
+add maskrcnn-laplacian-s0 "$MASK_STEPS" --detector maskrcnn --seed 0 --val-subset 100 \
+    --detector-kwargs '{"box_batch_size_per_image":128,"rpn_post_nms_top_n_train":1000}'
 for name in ${ORDER:-$DEFAULT_ORDER}; do
     [ -n "${FLAGS[$name]:-}" ] || { echo "ORDER: unknown run '$name' (known: $DEFAULT_ORDER)" >&2; exit 2; }
     # shellcheck disable=SC2086  # the flags are word-split on purpose (no spaces inside a value)
