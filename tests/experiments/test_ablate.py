@@ -280,16 +280,22 @@ def test_solver_timing_helper_on_model_matrices(quick_protocol):
 
 
 def test_unsupported_variant_is_reported(tmp_path, quick_protocol):
-    f = resolve_variant(get_ablation("norm").variant("injective-nomean"), 32)
-    why = operator_support(f)
-    if why is None:
-        pytest.skip("the operator supports norm='injective_nomean' now")
-    assert why.startswith("needs operator support")
-    record = ablate.run_ablation(get_ablation("norm"), **_kw(
-        tmp_path, quick_protocol, seeds=[0], labels=["injective", "injective-nomean"],
+    """A value the operator rejects is listed as unsupported with the reason, never trained or recorded."""
+    import dataclasses
+
+    from laplacianformer.experiments.ablations import Variant
+
+    norm = get_ablation("norm")
+    bogus = Variant("no-such-norm", attn_kwargs={"norm": "no_such_norm"})
+    sweep = dataclasses.replace(norm, variants=(norm.variant("injective"), bogus))
+    assert operator_support(resolve_variant(norm.variant("injective-nomean"), 32)) is None
+    why = operator_support(resolve_variant(bogus, 32))
+    assert why.startswith("needs operator support") and "no_such_norm" in why
+    record = ablate.run_ablation(sweep, **_kw(
+        tmp_path, quick_protocol, seeds=[0], labels=["injective", "no-such-norm"],
         train_fn=lambda c: {"top1": 0.8, "loss": 0.5}))
     assert set(record["cells"]) == {"injective|seed=0"}
-    assert record["unsupported"]["injective-nomean"].startswith("needs operator support")
+    assert record["unsupported"]["no-such-norm"].startswith("needs operator support")
     assert record["complete"] is False
 
 

@@ -9,7 +9,7 @@ from laplacianformer.ops.kernel import laplace_kernel_naive
 from laplacianformer.ops.newton_schulz import regularise
 from laplacianformer.ops.normalization import normalize_dense, normalize_nystrom
 
-NORMS = ["injective", "inline", "rowsum", "none"]
+NORMS = ["injective", "inline", "rowsum", "none", "injective_nomean"]
 
 
 def qkv(b=2, h=2, n=30, d=8, dtype=torch.float64, dv=None, scale=1.0):

@@ -28,6 +28,7 @@ CONFIGS = {
     "tie_qk": dict(tie=True),
     "inline": dict(norm="inline"),
     "rowsum": dict(norm="rowsum"),
+    "injective_nomean": dict(norm="injective_nomean"),
     "none": dict(norm="none"),
     "none_tied": dict(norm="none", tie=True),
     "gaussian": dict(kernel="gaussian"),

@@ -137,7 +137,7 @@ def landmark_factors(groups=(2, 3), n_q=11, n_k=11, m=5, e=4, requires_grad=Fals
     return [t.requires_grad_(requires_grad) for t in (c, c_k, w, v)]
 
 
-@pytest.mark.parametrize("norm", ["injective", "inline", "rowsum", "none"])
+@pytest.mark.parametrize("norm", ["injective", "inline", "rowsum", "none", "injective_nomean"])
 @pytest.mark.parametrize("n_q,n_k", [(11, 11), (9, 13)])
 def test_w_inv_form_equals_composite_of_b(norm, n_q, n_k, block_elements):
     """Values and gradients for (c, c_k, W⁺, v) equal the composite applied to B = C_k W⁺ᵀ."""
@@ -261,3 +261,45 @@ def test_kept_scratch_works_across_inference_mode_and_training(block_elements):
     with torch.inference_mode():
         torch.testing.assert_close(normalize_nystrom(c, c_k, v, "injective", w_inv=w), ref.detach(),
                                    rtol=1e-8, atol=1e-10)
+
+
+# --- "injective_nomean": the injective map without subtracting the key mean mu_j (docs/DESIGN.md §4.4) ---
+
+
+def test_injective_nomean_equals_the_formula_written_out():
+    """z_ij = h_ij / sqrt(s_j² + eps) + 1/N with h_ij = ĝ_ij − mean_j ĝ_ij and s_j² = var_i h_ij (population),
+    element by element in float64, against the dense and the factor forms."""
+    c, b, v = factors(groups=(1,), n_q=6, n_k=7, m=3, e=2)
+    g = (c @ b.transpose(-1, -2))[0]
+    n_q, n_k = g.shape
+    eps = 1e-6
+    h = [[g[i, j].item() - sum(g[i, jj].item() for jj in range(n_k)) / n_k for j in range(n_k)] for i in range(n_q)]
+    var = []
+    for j in range(n_k):
+        mean = sum(h[i][j] for i in range(n_q)) / n_q
+        var.append(sum((h[i][j] - mean) ** 2 for i in range(n_q)) / n_q)
+    z = torch.tensor([[h[i][j] / (var[j] + eps) ** 0.5 + 1.0 / n_k for j in range(n_k)] for i in range(n_q)],
+                     dtype=torch.float64)
+    expected = z @ v[0]
+    torch.testing.assert_close(normalize_dense(g[None], v, "injective_nomean", eps)[0], expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(normalize_nystrom(c, b, v, "injective_nomean", eps)[0], expected, rtol=1e-10, atol=1e-12)
+    # it differs from "injective" by the query-side mean: out − out_injective = c̄ M for every row
+    diff = normalize_nystrom(c, b, v, "injective_nomean", eps) - normalize_nystrom(c, b, v, "injective", eps)
+    torch.testing.assert_close(diff, diff[..., :1, :].expand_as(diff), rtol=1e-10, atol=1e-12)
+    assert diff.abs().max() > 1e-6
+
+
+def test_injective_nomean_runs_the_composite_with_a_reason():
+    from laplacianformer import ops
+
+    c, b, v = factors(groups=(2,), n_q=8, n_k=8, m=3, e=2)
+    text = ops.explain("normalization", c, b, v, "injective_nomean", 1e-6, None)
+    assert "composite" in text and "no fused form" in text
+    assert torch.autograd.gradcheck(lambda c_, b_, v_: normalize_nystrom(c_, b_, v_, "injective_nomean", 1e-3),
+                                    [t.clone().requires_grad_() for t in (c, b, v)])
+
+
+def test_injective_nomean_needs_positive_eps():
+    q = torch.randn(1, 1, 16, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="norm_eps"):
+        laplacian_attention(q, q, q, hw=(4, 4), landmarks=(2, 2), norm="injective_nomean", norm_eps=0.0)

@@ -11,7 +11,7 @@ from laplacianformer.ops.attention import adaptive_pool_matrix, masked_pool_matr
 from laplacianformer.ops.dispatch import BackendRefused, explain
 from laplacianformer.ops.normalization import normalize_nystrom
 
-NORMS = ("injective", "inline", "rowsum", "none")
+NORMS = ("injective", "inline", "rowsum", "none", "injective_nomean")
 KERNELS = ("laplacian", "gaussian")
 
 

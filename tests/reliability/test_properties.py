@@ -22,7 +22,7 @@ from laplacianformer import laplacian_attention
 from laplacianformer.ops.kernel import laplace_kernel_naive
 from laplacianformer.ops.normalization import normalize_dense
 
-NORMS = ("injective", "inline", "rowsum", "none")
+NORMS = ("injective", "inline", "rowsum", "none", "injective_nomean")
 KERNELS = ("laplacian", "gaussian")
 _FUZZ = int(os.environ.get("LF_FUZZ_EXAMPLES", "0"))
 SETTINGS = settings(

@@ -30,6 +30,7 @@ from .normalization import normalize_dense, normalize_nystrom
 from .validation import (
     KERNELS,
     NORMS,
+    WHITENED_NORMS,
     SOLVERS,
     check_choice,
     check_finite,
@@ -173,7 +174,7 @@ def check_settings(head_dim: int, hw, grid, mask, lam, qk_scale, norm, solver, i
     check_choice("ns_backward", ns_backward, ("implicit", "unrolled"))
     check_positive_int("iters", iters)
     check_positive("ns_eps", ns_eps, allow_zero=True)
-    check_positive("norm_eps", norm_eps, allow_zero=norm != "injective")
+    check_positive("norm_eps", norm_eps, allow_zero=norm not in WHITENED_NORMS)
     # k(s·x, s·y; lam) = k(x, y; lam / s^p): the L1 distance is homogeneous of degree p = 1, the squared
     # L2 distance of degree 2, and the pooled landmarks of s·q are s times those of q. So q and k are used
     # unscaled with the bandwidth rescaled: the same function, without two passes over (N, d) tensors.
@@ -231,10 +232,11 @@ def laplacian_attention(
             Laplacian, SOFT's 2·sqrt(d) for the Gaussian; docs/DESIGN.md §1, §1.4).
         qk_scale: factor applied to q and k before the distance; None is the kernel's default
             (d**-0.5 for the Laplacian, 1 for the Gaussian, which SOFT applies to the raw q and k).
-        norm: "injective" | "inline" | "rowsum" | "none" (docs/DESIGN.md §4).
+        norm: "injective" | "inline" | "rowsum" | "none" | "injective_nomean" (the injective map without
+            subtracting the key mean μ_j, an ablation variant) (docs/DESIGN.md §4).
         solver: "newton_schulz" | "cg" | "exact" for (W + ns_eps·I)^{-1} (docs/DESIGN.md §3).
         iters: solver iterations; ns_eps: diagonal regulariser; norm_eps: whitening epsilon, > 0 for
-            "injective" (with 0 a key whose similarity column is constant, e.g. all-equal tokens, gives 0/0).
+            "injective" and "injective_nomean" (with 0 a key whose similarity column is constant, e.g. all-equal tokens, gives 0/0).
         kernel: "laplacian" exp(-||x-y||_1/lam) or "gaussian" exp(-||x-y||²/lam).
         ns_backward: "implicit" (default) or "unrolled" gradient of the Newton–Schulz solver.
         check_finite_inputs: raise ValueError when q, k or v holds NaN/Inf.

@@ -20,6 +20,8 @@ Two implementations of each variant, which tests hold equal:
 Injective variant, per image and head (Eq. 4 and 6 of the paper, with our choices of docs/DESIGN.md §4):
   h_ij = ĝ_ij - mean_j ĝ_ij,  mu_j = mean_i h_ij,  s_j² = var_i h_ij (population variance),
   z_ij = (h_ij - mu_j) / sqrt(s_j² + eps) + 1/N,  out_i = sum_j z_ij v_j.
+"injective_nomean" (ablation, docs/DESIGN.md §4.4): z_ij = h_ij / sqrt(s_j² + eps) + 1/N, the same s_j²;
+in factor form out_i = c_i M + v̄ instead of (c_i - c̄) M + v̄.  Composite backend only.
 """
 
 from __future__ import annotations
@@ -60,11 +62,11 @@ def normalize_dense(
         z = g / g.sum(-1, keepdim=True)
     elif norm == "inline":
         z = g - g.mean(-1, keepdim=True) + 1.0 / n_keys
-    elif norm == "injective":
+    elif norm in ("injective", "injective_nomean"):
         h = g - g.mean(-1, keepdim=True)
         mu = h.mean(-2, keepdim=True)
         var = h.var(-2, unbiased=False, keepdim=True)
-        z = (h - mu) / torch.sqrt(var + eps) + 1.0 / n_keys
+        z = (h - (mu if norm == "injective" else 0.0)) / torch.sqrt(var + eps) + 1.0 / n_keys
     else:
         check_choice("norm", norm, NORMS)
     return z @ v
@@ -86,7 +88,8 @@ def _normalize_dense_masked(g, v, norm, eps, mask):
         else:
             mu = (h * valid_q).sum(-2, keepdim=True) / count
             var = ((h - mu).square() * valid_q).sum(-2, keepdim=True) / count
-            z = ((h - mu) / torch.sqrt(var + eps) + 1.0 / count) * valid_k
+            shift = mu if norm == "injective" else 0.0
+            z = ((h - shift) / torch.sqrt(var + eps) + 1.0 / count) * valid_k
     return (z @ (v * valid_q)).masked_fill(mask[:, None, :, None], 0.0)
 
 
@@ -326,7 +329,7 @@ def _normalize_nystrom_masked(c_q, b, v, norm, eps, mask):
             cov_q = c_centred.transpose(-1, -2) @ c_centred / count
             var = ((b_centred @ cov_q) * b_centred).sum(-1).clamp_min(0.0)
             m_mat = (b_centred * torch.rsqrt(var + eps).unsqueeze(-1)).transpose(-1, -2) @ v
-            out = c_centred @ m_mat + v_mean
+            out = (c_centred if norm == "injective" else c_q * valid) @ m_mat + v_mean
     return out.masked_fill(mask[:, None, :, None], 0.0)
 
 
@@ -349,11 +352,12 @@ def normalize_nystrom_reference(
     b_centred = b - b.mean(-2, keepdim=True)
     if norm == "inline":
         return c_q @ (b_centred.transpose(-1, -2) @ v) + v_mean
-    c_centred = c_q - c_q.mean(-2, keepdim=True)  # injective
+    c_centred = c_q - c_q.mean(-2, keepdim=True)  # injective, injective_nomean
     cov_q = c_centred.transpose(-1, -2) @ c_centred / c_q.shape[-2]
     var = ((b_centred @ cov_q) * b_centred).sum(-1).clamp_min(0.0)
     m_mat = (b_centred * torch.rsqrt(var + eps).unsqueeze(-1)).transpose(-1, -2) @ v
-    return c_centred @ m_mat + v_mean
+    # mu_j = c̄ · b̃_j: subtracting it is centring the query factor (docs/DESIGN.md §4.3)
+    return (c_centred if norm == "injective" else c_q) @ m_mat + v_mean
 
 
 # ``saving(c_q, b, v, norm, eps, w_inv[, key_padding_mask])`` -> (out, saved tensors), without autograd;

@@ -15,7 +15,9 @@ import torch
 from . import _runtime
 
 KERNELS = ("laplacian", "gaussian")
-NORMS = ("injective", "inline", "rowsum", "none")
+NORMS = ("injective", "inline", "rowsum", "none", "injective_nomean")
+WHITENED_NORMS = ("injective", "injective_nomean")
+"""The variants that divide by √(s_j² + ε) (docs/DESIGN.md §4.1, §4.4): their ε must be > 0."""
 SOLVERS = ("newton_schulz", "cg", "exact")
 
 
