@@ -93,3 +93,29 @@ def test_cli_maps_on_untrained_model(tmp_path, capsys):
     assert (tmp_path / "maps.png").stat().st_size > 1000
     assert analyze.main(["spectrum", "--out", str(tmp_path)]) == 2
     assert "checkpoint:" in capsys.readouterr().err
+
+
+def test_output_gain_matches_the_operator_and_orders_the_variants():
+    """The gain is RMS(core output) / RMS(V) of the operator with only ``norm`` changed; with the exact kernel
+    (module a2) rowsum is a convex average of V (gain ≤ 1), and the injective map, whose every key column
+    has unit spread over the queries, amplifies more than inline."""
+    _, recs = _records()
+    res = analysis.output_gain(recs)
+    assert [r["name"] for r in res] == ["a1", "a2"]
+    assert set(res[0]["gain"]) == {"injective", "inline", "rowsum", "none", "injective_nomean"}
+    r = recs[0]
+    settings = {**r["settings"], "qk_scale": 1.0, "norm": "inline"}
+    out = laplacian_attention(r["q"], r["k"], r["v"], hw=r["hw"], landmarks=r["landmarks"], **settings)
+    assert res[0]["gain"]["inline"] == pytest.approx(float(out.square().mean().sqrt() / r["v"].square().mean().sqrt()))
+    exact = res[1]["gain"]
+    assert exact["rowsum"] <= 1.0 + 1e-12
+    assert exact["injective"] > exact["inline"]
+
+
+def test_cli_gain_on_untrained_model(tmp_path):
+    assert analyze.main(["gain", "--untrained", "--images", "2", "--img-size", "28", "--out", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "gain.json").read_text())
+    assert payload["model"].startswith("UNTRAINED") and "28 px" in payload["model"]
+    assert payload["modules"][0]["tokens"] == 196
+    assert "gain injective_nomean" in (tmp_path / "gain.md").read_text()
+    assert (tmp_path / "gain.png").stat().st_size > 1000

@@ -11,6 +11,7 @@ comparison, so keep N (tokens per image at a stage) in the hundreds.
 - ``singular_values``: normalised singular-value profiles of the Laplacian, Gaussian and softmax
   similarity matrices and of the Nyström approximation.
 - ``nystrom_error``: relative Frobenius error of C W⁺ Cᵀ against the exact kernel vs landmark count.
+- ``output_gain``: how much each normalisation variant (DESIGN.md §4) amplifies the values it mixes.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from __future__ import annotations
 import torch
 
 from ..layers import LaplacianAttention
-from ..ops.attention import pool_landmarks
+from ..ops.attention import laplacian_attention, pool_landmarks
 from ..ops.kernel import laplace_kernel
 from ..ops.kernel.composite import pairwise_distance
 from ..ops.newton_schulz import regularise, regularised_inverse
 from ..ops.normalization import normalize_dense, normalize_nystrom
-from ..ops.validation import resolve_landmarks
+from ..ops.validation import NORMS, resolve_landmarks
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
@@ -208,3 +209,47 @@ def landmark_matrices_from(records: list[dict]) -> dict[str, torch.Tensor]:
         w = laplace_kernel(marks, marks, s["lam"], _module_kernel(r))
         fams[f"W model {r['name']} ({r['hw'][0]}x{r['hw'][1]} tokens, lam={s['lam']:g})"] = regularise(w, s["ns_eps"]).flatten(0, 1)
     return fams
+
+
+@torch.no_grad()
+def output_gain(records: list[dict], norms=NORMS) -> list[dict]:
+    """Per attention module and normalisation variant (DESIGN.md §4): RMS of the attention core's output
+    Σ_j z_ij v_j over the RMS of V, on the module's own q, k, v and settings with only ``norm`` changed.
+
+    An average of the values (rowsum) keeps the gain at or below 1, the centred rows of inline add small
+    corrections to v̄, while the injective map gives every key's column unit spread over the queries, so
+    its output grows with the number of keys."""
+    out = []
+    for r in records:
+        settings = {k: v for k, v in r["settings"].items() if k != "norm"}
+        settings["qk_scale"] = 1.0  # the captured q and k are already scaled
+        q, k, v = (r[name].double() for name in ("q", "k", "v"))
+        v_rms = float(v.square().mean().sqrt())
+        gains = {}
+        for norm in norms:
+            o = laplacian_attention(q, k, v, hw=r["hw"], landmarks=r["landmarks"], norm=norm, **settings)
+            gains[norm] = float(o.square().mean().sqrt()) / v_rms
+        h, w = r["hw"]
+        out.append({"name": r["name"], "hw": [h, w], "tokens": h * w,
+                    "landmarks": None if r["landmarks"] is None else list(r["landmarks"]),
+                    "model_norm": r["settings"]["norm"], "v_rms": v_rms, "gain": gains,
+                    "key_scale_spread": _key_scale_spread(q, k, r)})
+    return out
+
+
+def _key_scale_spread(q: torch.Tensor, k: torch.Tensor, r: dict) -> dict:
+    """The injective map's per-key factors r_j = (s_j² + eps)^(-1/2) (DESIGN.md §4.1, s_j² the variance over
+    the queries of key j's centred similarity column), relative to their median within each image and head:
+    the p99 and the maximum of r_j / median_j r_j, averaged over images and heads."""
+    s = r["settings"]
+    if r["landmarks"] is None:
+        g = laplace_kernel(q, k, s["lam"], _module_kernel(r))
+    else:
+        c_q, b = _nystrom_factors(q, k, r["hw"], r["landmarks"], s["lam"], _module_kernel(r), s["solver"], s["iters"],
+                                  s["ns_eps"])
+        g = c_q @ b.transpose(-1, -2)
+    h = g - g.mean(-1, keepdim=True)
+    scale = torch.rsqrt(h.var(-2, unbiased=False) + 1e-6)  # (B, H, N keys)
+    rel = scale / scale.median(-1, keepdim=True).values
+    return {"p99_over_median": float(torch.quantile(rel.flatten(0, 1), 0.99, dim=-1).mean()),
+            "max_over_median": float(rel.amax(-1).mean())}

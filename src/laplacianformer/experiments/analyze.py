@@ -5,6 +5,7 @@
     analyze maps      --checkpoint RUN    attention rows: exact Laplacian vs Nyström-Laplacian vs Gaussian
     analyze spectrum  --checkpoint RUN    singular-value profiles of the similarity matrices
     analyze nystrom   --checkpoint RUN    Nyström approximation error vs landmark count
+    analyze gain      --checkpoint RUN    output RMS / V RMS of each normalisation variant, per module
     analyze all       --checkpoint RUN    everything above
 
 RUN is a training run directory (``laplacianformer train --out RUN``) or its checkpoint file; the model
@@ -24,7 +25,7 @@ import torch
 from . import analysis, solver_study
 from .common import environment, markdown_table, pyplot, write_json
 
-WHAT = ("solver", "distances", "maps", "spectrum", "nystrom")
+WHAT = ("solver", "distances", "maps", "spectrum", "nystrom", "gain")
 DEFAULT_OUT = "results/analysis"
 
 
@@ -47,7 +48,8 @@ def load_trained(checkpoint: str, images: int):
 
 
 def load_untrained(images: int, img_size: int = 32):
-    """A freshly initialised micro model (stem stride 2) and Fashion-MNIST test images, for smoke tests."""
+    """A freshly initialised micro model (stem stride 2) and Fashion-MNIST test images: smoke tests, and the
+    state at initialisation (``gain``)."""
     from ..data import build_datasets
     from ..models import create_model
     from ..train.augment import normalize
@@ -56,7 +58,7 @@ def load_untrained(images: int, img_size: int = 32):
     splits = build_datasets("fashion-mnist", img_size, test_subset=max(images, 16), train_subset=16, seed=0)
     model = create_model("laplacianformer_micro", num_classes=10, in_chans=1, stem_stride=2)
     x = normalize(splits.test.images[:images], splits.test.mean, splits.test.std)
-    return model.eval(), x, "UNTRAINED laplacianformer_micro (random init; smoke test, not a result)"
+    return model.eval(), x, f"UNTRAINED laplacianformer_micro (random init, stem stride 2, {img_size} px Fashion-MNIST)"
 
 
 def _save(out: Path, what: str, payload: dict, table: str) -> None:
@@ -185,12 +187,42 @@ def run_nystrom(out: Path, records, desc: str, quick: bool) -> None:
     _save(out, "nystrom", {"model": desc, "modules": res, "environment": environment()}, markdown_table(header, rows))
 
 
+def run_gain(out: Path, records, desc: str) -> None:
+    res = analysis.output_gain(records)
+    norms = list(res[0]["gain"])
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(1.2 + 1.3 * len(res), 3.6))
+    width = 0.8 / len(norms)
+    for i, norm in enumerate(norms):
+        ax.bar([j + (i - (len(norms) - 1) / 2) * width for j in range(len(res))], [r["gain"][norm] for r in res],
+               width, label=norm)
+    ax.set_xticks(range(len(res)))
+    ax.set_xticklabels([f"{r['name']}\n{r['tokens']} tokens" for r in res], fontsize=6)
+    ax.set_yscale("log")
+    ax.set_ylabel("RMS(output) / RMS(V)")
+    ax.axhline(1.0, color="k", lw=0.5)
+    ax.legend(fontsize=7)
+    ax.set_title(f"attention output gain per normalisation ({desc[:80]})", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "gain.png", dpi=110)
+    plt.close(fig)
+    rows = [[r["name"], r["tokens"], "exact" if r["landmarks"] is None else f"{r['landmarks'][0]}x{r['landmarks'][1]}"]
+            + [f"{r['gain'][n]:.3g}" for n in norms]
+            + [f"{r['key_scale_spread']['p99_over_median']:.3g}", f"{r['key_scale_spread']['max_over_median']:.3g}"]
+            for r in res]
+    header = (["module", "tokens", "landmarks"] + [f"gain {n}" for n in norms]
+              + ["injective r_j p99 / median", "max / median"])
+    _save(out, "gain", {"model": desc, "modules": res, "environment": environment()}, markdown_table(header, rows))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="laplacianformer analyze", description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=WHAT + ("all",), help="which analysis")
     p.add_argument("--checkpoint", default=None, help="training run directory or checkpoint file")
     p.add_argument("--untrained", action="store_true", help="use a randomly initialised micro model (smoke test)")
     p.add_argument("--images", type=int, default=8, help="test images fed to the model (default 8)")
+    p.add_argument("--img-size", type=int, default=32,
+                   help="image side of the --untrained model's inputs (default 32; the ablation protocol uses 28)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--quick", action="store_true", help="reduced sizes (smoke test)")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
@@ -214,7 +246,8 @@ def main(argv=None) -> int:
     records, images, desc = None, None, "no model (synthetic matrices only)"
     if args.checkpoint or args.untrained:
         try:
-            model, images, desc = load_trained(args.checkpoint, args.images) if args.checkpoint else load_untrained(args.images)
+            model, images, desc = (load_trained(args.checkpoint, args.images) if args.checkpoint
+                                   else load_untrained(args.images, args.img_size))
             records = analysis.capture_qk(model, images)
         except ValueError as exc:
             print(f"analyze: {exc}", file=sys.stderr)
@@ -228,6 +261,8 @@ def main(argv=None) -> int:
             run_maps(out, records, images, desc)
         elif w == "spectrum":
             run_spectrum(out, records, desc)
+        elif w == "gain":
+            run_gain(out, records, desc)
         else:
             run_nystrom(out, records, desc, args.quick)
     return 0
