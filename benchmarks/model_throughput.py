@@ -16,8 +16,11 @@ them alike; medians and IQRs over the rounds (wall time, and process CPU time).
 Memory: "peak RSS" is one call in a fresh subprocess (CPU: RSS high-water mark) or the CUDA allocator peak;
 "peak heap" (CPU) the live C-heap peak of one call sampled after every op (``benchmarks/common.py``);
 "activations" (training) what autograd keeps for the backward, counted from the saved tensors' storages.
-Ratios: each variant against softmax, and each recompute variant against "laplacian" (no recompute), per
-(size, mode), from the same run (side by side).
+Ratios: each variant against softmax, and each recompute / Newton–Schulz-iterations variant against
+"laplacian" (defaults), per (size, mode), from the same run (side by side).
+    python -m benchmarks.model_throughput --model laplacianformer_micro --sizes 28 --batch 128 \
+        --model-kwargs '{"stem_stride": 2, "in_chans": 1, "num_classes": 10}' \
+        --attn laplacian laplacian-ns10 laplacian-ns30 laplacian-ns40 softmax   # the ns_iters ablation's cost
 ``--retain-heap`` reruns the script with glibc tunables that keep freed memory mapped (``benchmarks/common.py``):
 with the default allocator part of each time is page faults on fresh memory, which moves with the order of
 all allocations; with it, times are steady-state compute. Writes
@@ -27,6 +30,7 @@ benchmarks/results/model_throughput_<device>[_retain].{json,md,png}.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -49,13 +53,18 @@ VARIANTS = {
                                  runtime=dict(recompute="checkpoint")),
     "gaussian": dict(attn="gaussian"),
     "softmax": dict(attn="softmax"),
+    **{f"laplacian-ns{n}": dict(attn="laplacian", attn_kwargs=dict(iters=n)) for n in (10, 30, 40)},
 }
-"""Benchmark rows: the three attentions of the backbone, and the Laplacian one with ``recompute=True``, lean
-(the default) or forced to checkpointing (``runtime``: the ``ops.use`` choices the calls run under). The
-recompute variants are identical to "laplacian" in inference and are measured in training only."""
+"""Benchmark rows: the three attentions of the backbone, the Laplacian one with ``recompute=True``, lean
+(the default) or forced to checkpointing (``runtime``: the ``ops.use`` choices the calls run under), and the
+Laplacian one with 10 / 30 / 40 Newton–Schulz iterations instead of the default 20 (opt-in rows, for the
+``ns_iters`` ablation's time side). The recompute variants are identical to "laplacian" in inference and are
+measured in training only."""
 
+DEFAULT_VARIANTS = ("laplacian", "laplacian-recompute", "laplacian-checkpoint", "gaussian", "softmax")
 TRAIN_ONLY = ("laplacian-recompute", "laplacian-checkpoint")
-RECOMPUTE_BASE = "laplacian"
+NS_ITERS_VARIANTS = ("laplacian-ns10", "laplacian-ns30", "laplacian-ns40")
+LAPLACIAN_BASE = "laplacian"
 
 
 def _split(attn: str) -> tuple[dict, dict]:
@@ -76,20 +85,23 @@ def _under(runtime: dict, fn):
     return call
 
 
-def make_case(model: str, attn: str, size: int, batch: int, mode: str, device: str = "cpu", seed: int = 0):
+def make_case(model: str, attn: str, size: int, batch: int, mode: str, device: str = "cpu", seed: int = 0,
+              model_kwargs: dict | None = None):
     """Factory: builds the model and inputs, returns the zero-argument callable to time (``mode`` infer|train).
 
-    ``attn`` is a key of ``VARIANTS``; the calls are ``laplacianformer.train.cost.make_call``'s."""
+    ``attn`` is a key of ``VARIANTS``; ``model_kwargs`` go to the model's constructor (e.g. ``stem_stride``);
+    the calls are ``laplacianformer.train.cost.make_call``'s."""
     spec, runtime = _split(attn)
-    net = build_net(model, **spec, device=device, seed=seed)
+    net = build_net(model, **spec, model_kwargs=model_kwargs, device=device, seed=seed)
     return _under(runtime, make_call(net, size, mode, batch=batch, device=device, seed=seed))
 
 
-def saved_activations_mb(model: str, attn: str, size: int, batch: int, device: str = "cpu") -> float:
+def saved_activations_mb(model: str, attn: str, size: int, batch: int, device: str = "cpu",
+                         model_kwargs: dict | None = None) -> float:
     """MiB of the distinct storages autograd keeps for the backward of one training forward (the
     activation memory, parameters excluded); deterministic, unlike an allocator or RSS peak."""
     spec, runtime = _split(attn)
-    net = build_net(model, **spec, device=device)
+    net = build_net(model, **spec, model_kwargs=model_kwargs, device=device)
     return _under(runtime, lambda: training_activation_mib(net, size, batch=batch, device=device))()
 
 
@@ -104,7 +116,8 @@ def run(args) -> list[dict]:
     groups = [(s, m) for s in args.sizes for m in ("infer", "train")]
     for size, mode in tqdm(groups, desc="model_throughput"):
         names = [a for a in args.attn if not (mode == "infer" and a in TRAIN_ONLY)]
-        kwargs = {a: dict(model=args.model, attn=a, size=size, batch=args.batch, mode=mode, device=args.device) for a in names}
+        kwargs = {a: dict(model=args.model, attn=a, size=size, batch=args.batch, mode=mode, device=args.device,
+                          model_kwargs=args.model_kwargs) for a in names}
         fns = {a: make_case(**kwargs[a]) for a in names}
         timings = time_interleaved(fns, device=args.device, repeats=args.repeats, max_seconds=args.max_seconds)
         heap = {a: peak_heap_memory(fn) if args.device == "cpu" else None for a, fn in fns.items()}
@@ -116,7 +129,8 @@ def run(args) -> list[dict]:
                     "benchmarks.model_throughput:make_case", kwargs[attn], device=args.device,
                     warmup_kwargs=dict(size=64, batch=1), threads=args.threads,
                 )["peak_mb"]
-            saved = saved_activations_mb(args.model, attn, size, args.batch, args.device) if mode == "train" else None
+            saved = (saved_activations_mb(args.model, attn, size, args.batch, args.device, args.model_kwargs)
+                     if mode == "train" else None)
             t = timings[attn]
             rows.append(dict(
                 model=args.model, attn=attn, size=size, batch=args.batch, mode=mode, median_ms=t["median_ms"],
@@ -145,15 +159,16 @@ def ratios(rows: list[dict]) -> list[dict]:
     return out
 
 
-def recompute_ratios(rows: list[dict]) -> list[dict]:
-    """Each recompute variant relative to "laplacian" (no recompute) in training, per size: wall and CPU time,
-    peak RSS, peak heap and activation ratios (<1: less), measured side by side in one run."""
+def ratios_to_laplacian(rows: list[dict], variants=TRAIN_ONLY) -> list[dict]:
+    """Each of ``variants`` relative to "laplacian" (default options) per (size, mode): wall and CPU time, peak
+    RSS, peak heap and activation ratios (<1: less), measured side by side in one run. With the default
+    ``variants`` these are the recompute variants against no recompute."""
     out = []
     key = {(r["size"], r["mode"], r["attn"]): r for r in rows}
     div = lambda a, b: a / b if a and b else None
     for (size, mode, attn), r in key.items():
-        base = key.get((size, mode, RECOMPUTE_BASE))
-        if attn not in TRAIN_ONLY or base is None:
+        base = key.get((size, mode, LAPLACIAN_BASE))
+        if attn not in variants or base is None:
             continue
         out.append(dict(
             size=size, mode=mode, attn=attn, time_vs_none=r["median_ms"] / base["median_ms"],
@@ -165,11 +180,25 @@ def recompute_ratios(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _json_object(text: str) -> dict:
+    """argparse type of ``--model-kwargs``: a JSON object, or a clear error naming the option."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="laplacianformer_tiny")
+    p.add_argument("--model-kwargs", type=_json_object, default=None, metavar="JSON",
+                   help='constructor options of the model, e.g. \'{"stem_stride": 2, "in_chans": 1, "num_classes": 10}\'')
     p.add_argument("--sizes", type=int, nargs="+", default=[224, 512])
-    p.add_argument("--attn", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--attn", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS),
+                   help=f"variants (default: {' '.join(DEFAULT_VARIANTS)}; opt-in: {' '.join(NS_ITERS_VARIANTS)})")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-seconds", type=float, default=60.0, help="cap on timed seconds per (size, mode) group")
@@ -179,11 +208,12 @@ def main(argv=None) -> None:
     load_before = start_timing_run(args, "benchmarks.model_throughput", argv)
     rows = run(args)
     rel = ratios(rows)
-    rec = recompute_ratios(rows)
+    rec = ratios_to_laplacian(rows)
+    ns = ratios_to_laplacian(rows, NS_ITERS_VARIANTS)
     load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
     stem = results_stem(args, "model_throughput")
-    write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, recompute_ratios=rec, load_average=load),
-               settings=vars(args))
+    write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, recompute_ratios=rec, ns_iters_ratios=ns,
+                                               load_average=load), settings=vars(args))
     table = markdown_table(
         ["attn", "size", "mode", "batch", "median ms", "IQR ms", "CPU ms", "images/s", "peak RSS MiB", "peak heap MiB",
          "activations MiB"],
@@ -203,6 +233,11 @@ def main(argv=None) -> None:
              "peak heap / none", "activations / none"],
             [[r["attn"], r["size"], r["mode"], r["time_vs_none"], r["cpu_time_vs_none"], r["memory_vs_none"],
               r["heap_vs_none"], r["activations_vs_none"]] for r in rec],
+        )
+    if ns:
+        table += "\n" + markdown_table(
+            ["Newton–Schulz iterations (default 20)", "size", "mode", "wall time / default", "CPU time / default"],
+            [[r["attn"], r["size"], r["mode"], r["time_vs_none"], r["cpu_time_vs_none"]] for r in ns],
         )
     header = report_header(f"{args.model} throughput", args, load)
     stem.with_suffix(".md").write_text(header + table)

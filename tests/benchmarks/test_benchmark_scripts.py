@@ -59,7 +59,7 @@ def test_model_throughput_smoke_and_activation_count(tmp_path):
     model_throughput.main(["--model", "laplacianformer_micro", "--sizes", "32", "--repeats", "2", "--no-memory", "--out", str(out)])
     rows = json.loads(out.with_suffix(".json").read_text())["results"]["rows"]
     got = {(r["attn"], r["mode"]) for r in rows}
-    assert got == {(a, m) for a in model_throughput.VARIANTS for m in ("infer", "train")} - {
+    assert got == {(a, m) for a in model_throughput.DEFAULT_VARIANTS for m in ("infer", "train")} - {
         (a, "infer") for a in model_throughput.TRAIN_ONLY}
     ratios = json.loads(out.with_suffix(".json").read_text())["results"]["recompute_ratios"]
     assert {(r["attn"], r["mode"]) for r in ratios} == {(a, "train") for a in model_throughput.TRAIN_ONLY}
@@ -72,6 +72,35 @@ def test_model_throughput_smoke_and_activation_count(tmp_path):
     lean = model_throughput.saved_activations_mb("laplacianformer_micro", "laplacian-recompute", 64, 1)
     checkpointed = model_throughput.saved_activations_mb("laplacianformer_micro", "laplacian-checkpoint", 64, 1)
     assert lean < full and checkpointed < full
+
+
+def test_model_throughput_ns_iters_rows_use_model_kwargs(tmp_path):
+    """The opt-in Newton–Schulz-iteration rows, timed against the default and built with --model-kwargs."""
+    from benchmarks import model_throughput
+
+    out = tmp_path / "ns"
+    model_throughput.main(["--model", "laplacianformer_micro", "--sizes", "28", "--repeats", "1", "--no-memory",
+                           "--model-kwargs", '{"stem_stride": 2, "in_chans": 1, "num_classes": 10}',
+                           "--attn", "laplacian", "laplacian-ns10", "laplacian-ns40", "--out", str(out)])
+    results = json.loads(out.with_suffix(".json").read_text())["results"]
+    assert {(r["attn"], r["mode"]) for r in results["ns_iters_ratios"]} == {
+        (a, m) for a in ("laplacian-ns10", "laplacian-ns40") for m in ("infer", "train")}
+    assert results["recompute_ratios"] == []
+    assert "Newton–Schulz iterations" in out.with_suffix(".md").read_text()
+    net = model_throughput.build_net("laplacianformer_micro", "laplacian", attn_kwargs=dict(iters=10),
+                                     model_kwargs=dict(stem_stride=2, in_chans=1, num_classes=10))
+    assert net.in_chans == 1 and net.num_classes == 10
+    from laplacianformer.layers import LaplacianAttention
+
+    assert {m.iters for m in net.modules() if isinstance(m, LaplacianAttention)} == {10}
+
+
+def test_model_throughput_rejects_bad_model_kwargs(capsys):
+    from benchmarks import model_throughput
+
+    with pytest.raises(SystemExit):
+        model_throughput.main(["--model-kwargs", "[1, 2]"])
+    assert "--model-kwargs" in capsys.readouterr().err
 
 
 def test_stage_attention_smoke_under_retained_heap(tmp_path):
