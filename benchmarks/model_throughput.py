@@ -30,7 +30,6 @@ benchmarks/results/model_throughput_<device>[_retain].{json,md,png}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -44,6 +43,7 @@ from benchmarks.common import (  # noqa: E402
     add_timing_options, markdown_table, peak_heap_memory, peak_memory, plot_loglog, report_header, results_stem,
     start_timing_run, write_json,
 )
+from laplacianformer.cmdline import json_object  # noqa: E402
 from laplacianformer.train.cost import build_net, make_call, round_robin, training_activation_mib  # noqa: E402
 
 VARIANTS = {
@@ -180,21 +180,10 @@ def ratios_to_laplacian(rows: list[dict], variants=TRAIN_ONLY) -> list[dict]:
     return out
 
 
-def _json_object(text: str) -> dict:
-    """argparse type of ``--model-kwargs``: a JSON object, or a clear error naming the option."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({e.msg})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="laplacianformer_tiny")
-    p.add_argument("--model-kwargs", type=_json_object, default=None, metavar="JSON",
+    p.add_argument("--model-kwargs", type=json_object('{"stem_stride": 2}'), default=None, metavar="JSON",
                    help='constructor options of the model, e.g. \'{"stem_stride": 2, "in_chans": 1, "num_classes": 10}\'')
     p.add_argument("--sizes", type=int, nargs="+", default=[224, 512])
     p.add_argument("--attn", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS),
