@@ -412,3 +412,20 @@ def test_results_page_section_is_generated_from_the_files(tmp_path, quick_protoc
     page.write_text("no markers\n")
     with pytest.raises(ValueError, match="^page: .*RESULTS.md must hold the markers"):
         results_page.rewrite(page, results)
+
+
+def test_seed_coverage_names_the_seed_count_of_each_value_when_they_differ():
+    from laplacianformer.experiments.evidence import seed_coverage, status
+    from laplacianformer.experiments.results_page import overview
+
+    def cells(label, seeds):
+        return {f"{label}|seed={s}": {"label": label, "seed": s, "top1": 0.88 + 0.001 * s} for s in seeds}
+
+    record = {"ablation": "lambda", "protocol": {"seeds": [0, 1, 2, 3, 4]}, "complete": False,
+              "cells": {**cells("lam=4", range(5)), **cells("lam=0.5", range(5)), **cells("lam=2", range(3))},
+              "missing": ["lam=2|seed=3", "lam=2|seed=4"]}
+    assert seed_coverage(record) == "n = 5: lam=0.5, lam=4; n = 3: lam=2"
+    assert status(record) == "INCOMPLETE: 13 of 15 cells"
+    assert "| 13 of 15 | 0, 1, 2, 3, 4 (n = 5: lam=0.5, lam=4; n = 3: lam=2) |" in overview({"lambda": record})
+    even = {**record, "cells": {**cells("lam=4", range(3)), **cells("lam=2", range(3))}}
+    assert seed_coverage(even) == ""

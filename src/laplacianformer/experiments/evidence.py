@@ -147,6 +147,22 @@ def status(record: dict) -> str:
     return "; ".join(parts) or "complete"
 
 
+def seed_coverage(record: dict) -> str:
+    """Which values hold how many seeds, when they differ (e.g. ``"n = 5: lam=0.5, lam=4; n = 3: lam=2"``).
+
+    A file extended with more seeds for some values only is incomplete under its own protocol, but every value it
+    reports still has its own n; this phrase says which, so no reader takes the file's n for every row's n.
+    """
+    counts = {label: len(seeds) for label, seeds in top1_by_label(record).items()}
+    if len(set(counts.values())) < 2:
+        return ""
+    by_n: dict[int, list[str]] = {}
+    for label in label_order(record, ablation_of(record)):
+        if label in counts:
+            by_n.setdefault(counts[label], []).append(label)
+    return "; ".join(f"n = {n}: {', '.join(labels)}" for n, labels in sorted(by_n.items(), reverse=True))
+
+
 def _pts(x, fmt="{:.2f}"):
     return "n/a" if x is None else fmt.format(100 * x)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .ablations import ABLATIONS
 from .common import markdown_table, read_json
-from .evidence import ablation_of, markdown, status
+from .evidence import ablation_of, markdown, seed_coverage, status
 
 BEGIN = "<!-- BEGIN generated ablations: python -m laplacianformer.experiments.results_page; do not edit by hand -->"
 END = "<!-- END generated ablations -->"
@@ -33,7 +33,8 @@ def _records(results: Path) -> dict[str, dict | None]:
 
 def _seeds(record: dict) -> str:
     seeds = sorted({int(c["seed"]) for c in record.get("cells", {}).values()})
-    return ", ".join(map(str, seeds)) or "none"
+    coverage = seed_coverage(record)
+    return (", ".join(map(str, seeds)) or "none") + (f" ({coverage})" if coverage else "")
 
 
 def overview(records: dict[str, dict | None]) -> str:
