@@ -80,7 +80,7 @@ def _fmt_ci(ci: PairedCI) -> str:
 
 
 def claim_verdict(claim: Claim, here: str, pool: dict, negligible: float = NEGLIGIBLE) -> dict:
-    """{claim, verdict, evidence, paper_side, comparisons} of one claim on the pooled cells."""
+    """{claim, verdict, evidence, claimed_side, comparisons} of one claim on the pooled cells."""
     comps, texts, selected = [], [], False
     for ra, rb in claim.pairs:
         (la, va, ha), (lb, vb, hb) = _resolve(ra, here, pool), _resolve(rb, here, pool)
@@ -102,7 +102,7 @@ def claim_verdict(claim: Claim, here: str, pool: dict, negligible: float = NEGLI
         evidence += ". " + SELECTION_NOTE
     side = None if claim.side is None else ("a − b > 0" if claim.side == 1 else "a − b < 0")
     return {"claim": claim.text, "verdict": combine([c["verdict"] for c in comps]), "evidence": evidence,
-            "paper_side": side, "comparisons": comps}
+            "claimed_side": side, "comparisons": comps}
 
 
 def sibling_pool(out: Path, record: dict) -> dict[str, dict[str, dict[int, float]]]:

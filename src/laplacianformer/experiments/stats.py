@@ -6,14 +6,15 @@ fraction, modified Lentz) inverted by bisection; ``math.lgamma`` gives the beta 
 Top-1 values are fractions in [0, 1]; a difference "a − b" is paired by seed (same seed: same data order
 and initialisation).  A CI needs n ≥ 2 pairs: n = 1 gives ``None``, never a made-up interval.
 
-Verdicts of one comparison whose paper side is "a − b > 0" (``side=+1``; ``-1`` for "< 0"):
+Verdicts of one comparison whose claimed side is "a − b > 0" (``side=+1``; ``-1`` for "< 0"); the claim is the
+paper's, or for our own open choices "our default is the best value":
 
-- ``reproduced``: the 95 % CI lies entirely on the paper's side of 0 (0 excluded);
+- ``reproduced``: the 95 % CI lies entirely on the claimed side of 0 (0 excluded);
 - ``reversed``: entirely on the other side;
 - ``not_reproduced``: the CI contains 0 and its half-width is ≤ ``NEGLIGIBLE`` (0.005 = 0.5 points):
   any effect is smaller than half a point;
 - ``undecided``: the CI contains 0 and is wider than that, or there is no CI (n < 2, missing cells);
-- ``no_claim``: the paper takes no side (our own open choices); the CI is reported all the same.
+- ``no_claim``: no side is claimed (a value compared with the default for information); the CI is reported all the same.
 
 A claim made of several comparisons (e.g. "λ = 4 best" = λ=4 beats each other λ) combines them as:
 any ``reversed`` → ``reversed``; else any ``undecided`` → ``undecided`` (more seeds could still change
@@ -146,7 +147,7 @@ def paired(a: Mapping[int, float], b: Mapping[int, float], confidence: float = 0
 
 
 def verdict(ci: PairedCI | None, side: int | None, negligible: float = NEGLIGIBLE) -> str:
-    """Verdict of one comparison a − b whose paper side is ``side`` (+1: a > b, −1: a < b, None: no claim)."""
+    """Verdict of one comparison a − b whose claimed side is ``side`` (+1: a > b, −1: a < b, None: no claim)."""
     if side is None:
         return "no_claim"
     if side not in (1, -1):
