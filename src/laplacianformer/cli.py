@@ -1,4 +1,4 @@
-"""Command-line interface: ``laplacianformer {train,eval,info,bench,demo,data,detect,ablate,analyze} ...``.
+"""Command-line interface: ``laplacianformer {train,eval,info,bench,demo,data,detect,ablate,analyze,accuracy} ...``.
 
 User errors (bad flag values, missing or corrupt data, unreadable checkpoints) end the process with exit
 status 2 and one line on stderr naming the flag or path; ``--debug`` shows the traceback instead.
@@ -148,7 +148,7 @@ def _add_demo_parser(sub, specs: dict) -> None:
 
 
 # the sub-commands handled by an experiments module's own parser (arguments forwarded as they are)
-FORWARDED = ("ablate", "analyze")
+FORWARDED = ("ablate", "analyze", "accuracy")
 
 
 def build_parser() -> argparse.ArgumentParser:

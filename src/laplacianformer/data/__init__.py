@@ -74,6 +74,22 @@ def _subset(images, labels, n: int | None, seed: int):
     return images[idx], labels[idx]
 
 
+def holdout_indices(n: int, holdout: int, seed: int) -> np.ndarray:
+    """The sorted indices of the ``holdout`` of ``n`` training items held out as a validation split: a
+    permutation seeded by ``seed`` alone (the same split for every run seed). ValueError when too large."""
+    if not 0 < holdout < n:
+        raise DataError(f"holdout: expected between 1 and {n - 1} (the training set has {n} items), got {holdout}")
+    return np.sort(np.random.default_rng(seed).permutation(n)[:holdout])
+
+
+def split_holdout(images, labels, holdout: int, seed: int):
+    """((train images, labels), (validation images, labels)): ``holdout_indices`` held out, the rest kept."""
+    val = holdout_indices(len(labels), holdout, seed)
+    keep = np.ones(len(labels), dtype=bool)
+    keep[val] = False
+    return (images[keep], labels[keep]), (images[val], labels[val])
+
+
 def build_datasets(
     data: str,
     img_size: int,
@@ -83,8 +99,17 @@ def build_datasets(
     test_subset: int | None = None,
     seed: int = 0,
     check_images: bool = True,
+    holdout: int | None = None,
+    holdout_seed: int = 0,
 ) -> DataSplits:
-    """Train/test data sets for ``data`` = 'fashion-mnist', 'digits', or an ImageFolder directory path."""
+    """Train/test data sets for ``data`` = 'fashion-mnist', 'digits', or an ImageFolder directory path.
+
+    ``holdout``: that many training images (``holdout_indices(.., holdout_seed)``) become the evaluation
+    split in place of the test set, and training uses the rest (built-in sets only); ``test_subset`` then
+    subsamples the held-out images."""
+    if holdout is not None and data not in BUILTIN:
+        raise DataError(f"holdout: supported for the built-in sets {list(BUILTIN)}; an image folder has its own "
+                        f"val/ split (got data={data!r})")
     if data in BUILTIN:
         if data == "fashion-mnist":
             (xtr, ytr), (xte, yte) = load_fashion_mnist("train"), load_fashion_mnist("test")
@@ -94,6 +119,8 @@ def build_datasets(
             classes, mean, std = digits.CLASSES, (0.3,), (0.4,)
         if in_chans not in (None, 1):
             raise DataError(f"in_chans: {data} is grayscale (1 channel), got in_chans={in_chans}")
+        if holdout is not None:
+            (xtr, ytr), (xte, yte) = split_holdout(xtr, ytr, holdout, holdout_seed)
         xtr, ytr = _subset(xtr, ytr, train_subset, seed)
         xte, yte = _subset(xte, yte, test_subset, seed + 1)
         train = TensorImageDataset(resize_uint8(xtr, img_size), torch.from_numpy(ytr), classes, mean, std)

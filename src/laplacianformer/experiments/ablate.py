@@ -155,10 +155,9 @@ class CellRunner:
         if self.train_fn is not None:
             return self.train_fn(config)
         if self.jobs == 1:
-            from ..train import TrainConfig, train
+            from .cell import run_cell
 
-            result = train(TrainConfig(**config))
-            return {k: result[k] for k in (*_KEEP, "interrupted") if k in result}
+            return run_cell(config)
         return self._subprocess(config)
 
     def _subprocess(self, config: dict) -> dict:

@@ -19,9 +19,10 @@ it cannot be saved with ``torch.jit.save``) and one node in a torch.fx graph (``
 from typing import Any, Dict, Optional, Tuple
 
 import torch
+from torch import nn
 
 from ..ops.attention import default_bandwidth, laplacian_attention
-from ..ops.validation import NORMS, SOLVERS, check_choice, check_landmarks, resolve_landmarks
+from ..ops.validation import NORM_SCALES, NORMS, SOLVERS, WHITENED_NORMS, check_choice, check_landmarks, resolve_landmarks
 from .token_attention import TokenAttention
 from .tracing import notrace
 
@@ -42,6 +43,8 @@ def laplacian_attention_leaf(
     ns_eps: float,
     kernel: str,
     key_padding_mask: Optional[torch.Tensor] = None,
+    norm_scale: str = "one",
+    norm_gain: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``laplacian_attention`` with the modules' landmark rule ``resolve_landmarks(..., clamp=True)``.
 
@@ -50,7 +53,7 @@ def laplacian_attention_leaf(
     grid = resolve_landmarks(landmarks, hw, q.shape[2], clamp=True)
     return laplacian_attention(
         q, k, v, hw=hw, landmarks=grid, lam=lam, qk_scale=qk_scale, norm=norm, solver=solver, iters=iters,
-        ns_eps=ns_eps, kernel=kernel, key_padding_mask=key_padding_mask,
+        ns_eps=ns_eps, kernel=kernel, key_padding_mask=key_padding_mask, norm_scale=norm_scale, norm_gain=norm_gain,
     )
 
 
@@ -72,6 +75,9 @@ class LaplacianAttention(TokenAttention):
         tie_qk: use K = Q (SOFT's symmetric variant); removes the key projection.
         dwconv: add a 3×3 depthwise conv of V on the token grid (1-D: kernel 3) to the output.
         attn_drop: dropout on the attention output before the projection; proj_drop: after it.
+        norm_scale: "one" (default) | "inv_sqrt_n" | "inv_n" | "learned": the output scale of the injective
+            map's whitened part (docs/DESIGN.md §4.6); "learned" is "inv_sqrt_n" times a per-head gain
+            ``norm_gain`` (a parameter, initialised at 1, no weight decay as a 1-D tensor).
         recompute: in training, keep x, V, the landmarks, W⁺ and the normalisation's small statistics, and
             recompute the q/k products and the two N×m kernel matrices in the backward (the lean recompute,
             docs/DESIGN.md §5.5; the exact kernel, autocast and graph capture checkpoint the core instead).
@@ -98,6 +104,7 @@ class LaplacianAttention(TokenAttention):
         iters: int = 20,
         ns_eps: float = 0.01,
         kernel: str = "laplacian",
+        norm_scale: str = "one",
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         recompute: bool = False,
@@ -111,6 +118,10 @@ class LaplacianAttention(TokenAttention):
         lam, qk_scale = default_bandwidth(kernel, self.head_dim, lam, qk_scale)
         check_choice("norm", norm, NORMS)
         check_choice("solver", solver, SOLVERS)
+        check_choice("norm_scale", norm_scale, (*NORM_SCALES, "learned"))
+        if norm_scale != "one" and norm not in WHITENED_NORMS:
+            raise ValueError(f"norm_scale: scales the whitened part of norm in {list(WHITENED_NORMS)} "
+                             f"(docs/DESIGN.md §4.6), got norm={norm!r} with norm_scale={norm_scale!r}")
         self.landmarks = check_landmarks(landmarks)
         # plain typed attributes (not a dict of mixed types), so the module scripts
         self.lam = float(lam)
@@ -120,12 +131,14 @@ class LaplacianAttention(TokenAttention):
         self.iters = iters
         self.ns_eps = float(ns_eps)
         self.kernel = kernel
+        self.norm_scale = "inv_sqrt_n" if norm_scale == "learned" else norm_scale
+        self.register_parameter("norm_gain", nn.Parameter(torch.ones(num_heads)) if norm_scale == "learned" else None)
 
     @property
     def attn_kwargs(self) -> dict:
         """The operator settings passed to ``laplacian_attention``."""
         return dict(lam=self.lam, qk_scale=self.qk_scale, norm=self.norm, solver=self.solver, iters=self.iters,
-                    ns_eps=self.ns_eps, kernel=self.kernel)
+                    ns_eps=self.ns_eps, kernel=self.kernel, norm_scale=self.norm_scale)
 
     def extra_repr(self) -> str:
         opts = ", ".join(f"{k}={v}" for k, v in self.attn_kwargs.items())
@@ -141,7 +154,8 @@ class LaplacianAttention(TokenAttention):
         q_weight, q_bias = self._row_block(0)
         k_weight, k_bias = (None, None) if self.tie_qk else self._row_block(1)
         return dict(q_weight=q_weight, q_bias=q_bias, k_weight=k_weight, k_bias=k_bias, num_heads=self.num_heads,
-                    landmarks=resolve_landmarks(self.landmarks, hw, x.shape[1], clamp=True), **self.attn_kwargs)
+                    landmarks=resolve_landmarks(self.landmarks, hw, x.shape[1], clamp=True), norm_gain=self.norm_gain,
+                    **self.attn_kwargs)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Optional[Tuple[int, int]],
                key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -150,5 +164,5 @@ class LaplacianAttention(TokenAttention):
         The landmarks are resolved from the padded length N, so every sequence of a batch takes one path."""
         return laplacian_attention_leaf(
             q, k, v, hw, self.landmarks, self.lam, self.qk_scale, self.norm, self.solver, self.iters, self.ns_eps,
-            self.kernel, key_padding_mask,
+            self.kernel, key_padding_mask, self.norm_scale, self.norm_gain,
         )

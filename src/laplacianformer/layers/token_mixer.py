@@ -22,7 +22,7 @@ __all__ = ["ATTENTIONS", "LAPLACIAN_ATTN_KWARGS", "SOFTMAX_ATTN_KWARGS", "check_
 ATTENTIONS = ("laplacian", "gaussian", "softmax")
 # ``attn_kwargs`` keys each kind accepts (forwarded to the module's constructor, which checks the values)
 LAPLACIAN_ATTN_KWARGS = (
-    "lam", "qk_scale", "norm", "solver", "iters", "ns_eps", "tie_qk", "landmarks", "dwconv", "recompute"
+    "lam", "qk_scale", "norm", "solver", "iters", "ns_eps", "tie_qk", "landmarks", "dwconv", "recompute", "norm_scale"
 )
 SOFTMAX_ATTN_KWARGS = ("sr_ratio",)
 

@@ -26,9 +26,10 @@ from . import _runtime
 from .dispatch import Backend, BackendRefused, Op
 from .kernel import laplace_kernel, laplace_kernel_matmul
 from .newton_schulz import pinv_residual, regularise, regularised_inverse
-from .normalization import normalize_dense, normalize_nystrom
+from .normalization import normalize_dense, normalize_nystrom, scale_whitened
 from .validation import (
     KERNELS,
+    NORM_SCALES,
     NORMS,
     WHITENED_NORMS,
     SOLVERS,
@@ -159,7 +160,7 @@ def default_bandwidth(kernel: str, head_dim: int, lam: float | None = None, qk_s
 
 
 def check_settings(head_dim: int, hw, grid, mask, lam, qk_scale, norm, solver, iters, ns_eps, norm_eps, kernel,
-                   ns_backward) -> float:
+                   ns_backward, norm_scale="one", norm_gain=None, heads=None) -> float:
     """Checks the operator's settings (after the inputs and the landmark grid) and returns the bandwidth to
     use on unscaled q and k (docs/DESIGN.md §1.2); shared by ``laplacian_attention`` and the lean recompute."""
     if mask is not None and hw is not None and grid is not None:
@@ -175,6 +176,17 @@ def check_settings(head_dim: int, hw, grid, mask, lam, qk_scale, norm, solver, i
     check_positive_int("iters", iters)
     check_positive("ns_eps", ns_eps, allow_zero=True)
     check_positive("norm_eps", norm_eps, allow_zero=norm not in WHITENED_NORMS)
+    check_choice("norm_scale", norm_scale, NORM_SCALES)
+    if (norm_scale != "one" or norm_gain is not None) and norm not in WHITENED_NORMS:
+        raise ValueError(f"norm_scale: scales the whitened part of norm in {list(WHITENED_NORMS)} "
+                         f"(docs/DESIGN.md §4.6), got norm={norm!r} with norm_scale={norm_scale!r}"
+                         f"{' and a norm_gain' if norm_gain is not None else ''}")
+    if norm_gain is not None:
+        if not isinstance(norm_gain, torch.Tensor) or not norm_gain.is_floating_point() or norm_gain.dim() != 1 \
+                or (heads is not None and norm_gain.shape[0] != heads):
+            got = tuple(norm_gain.shape) if isinstance(norm_gain, torch.Tensor) else type(norm_gain).__name__
+            raise ValueError(f"norm_gain: expected a floating tensor of shape ({heads if heads else 'H'},), one "
+                             f"gain per head, got {got}")
     # k(s·x, s·y; lam) = k(x, y; lam / s^p): the L1 distance is homogeneous of degree p = 1, the squared
     # L2 distance of degree 2, and the pooled landmarks of s·q are s times those of q. So q and k are used
     # unscaled with the bandwidth rescaled: the same function, without two passes over (N, d) tensors.
@@ -215,6 +227,8 @@ def laplacian_attention(
     norm_eps: float = 1e-6,
     kernel: str = "laplacian",
     ns_backward: str = "implicit",
+    norm_scale: str = "one",
+    norm_gain: torch.Tensor | None = None,
     check_finite_inputs: bool = False,
     return_stats: bool = False,
     key_padding_mask: torch.Tensor | None = None,
@@ -239,6 +253,11 @@ def laplacian_attention(
             "injective" and "injective_nomean" (with 0 a key whose similarity column is constant, e.g. all-equal tokens, gives 0/0).
         kernel: "laplacian" exp(-||x-y||_1/lam) or "gaussian" exp(-||x-y||²/lam).
         ns_backward: "implicit" (default) or "unrolled" gradient of the Newton–Schulz solver.
+        norm_scale: "one" (default, the map of §4.1) | "inv_sqrt_n" | "inv_n": the whitened part of the
+            injective map times N^-½ or N^-1 (N the valid keys), the 1/N row kept (docs/DESIGN.md §4.6);
+            norm="injective" / "injective_nomean" only.
+        norm_gain: (H,) per-head factor on the whitened part on top of ``norm_scale`` (the module's learned
+            gain), or None.
         check_finite_inputs: raise ValueError when q, k or v holds NaN/Inf.
         return_stats: also return a dict with the solver residual ||I - P W⁺||_F per (B, H).
         key_padding_mask: (B, N) bool, True = padding (``nn.MultiheadAttention``'s convention;
@@ -260,7 +279,7 @@ def laplacian_attention(
     grid = resolve_landmarks(landmarks, hw, n)
     mask = check_key_padding_mask(key_padding_mask, q.shape[0], n)
     lam = check_settings(q.shape[-1], hw, grid, mask, lam, qk_scale, norm, solver, iters, ns_eps, norm_eps, kernel,
-                         ns_backward)
+                         ns_backward, norm_scale, norm_gain, q.shape[1])
     if check_finite_inputs:
         for name, t in (("q", q), ("k", k), ("v", v)):
             check_finite(name, t)
@@ -292,6 +311,8 @@ def laplacian_attention(
                 with torch.no_grad():
                     stats["residual"] = pinv_residual(regularise(w, ns_eps), w_inv)
                     stats["landmarks"] = marks.shape[-2]
+        if norm in WHITENED_NORMS:
+            out = scale_whitened(out, vv, norm_scale, norm_gain, mask)
     out = out.to(out_dtype)
     return (out, stats) if return_stats else out
 

@@ -72,6 +72,37 @@ def normalize_dense(
     return z @ v
 
 
+NORM_SCALE_POWERS = {"one": 0.0, "inv_sqrt_n": 0.5, "inv_n": 1.0}
+
+
+def scale_whitened(out: torch.Tensor, v: torch.Tensor, norm_scale: str = "one", gain: torch.Tensor | None = None,
+                   key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The output of the scaled injective map (docs/DESIGN.md §4.6) from that of the unscaled one.
+
+    With z_ij = w_ij + 1/N (w the whitened part of §4.1, rows of 1/N summing V to v̄), the scaled map is
+    z_ij = α_h·w_ij + 1/N, so Z_α V = v̄ + α_h (Z V − v̄), with α_h = gain_h · N^(−p): p = 0, ½, 1 for
+    ``norm_scale`` "one", "inv_sqrt_n", "inv_n"; N the valid keys of each sequence.
+    out, v: (B, H, N, e) (v with padded rows 0, as the operator holds it); gain: (H,) or None;
+    key_padding_mask: (B, N) bool or None. Padded rows of the result are 0. Any backend's Z V enters here,
+    so one function scales them all (reference, C, Triton, fused, lean recompute)."""
+    power = NORM_SCALE_POWERS[norm_scale]
+    if power == 0.0 and gain is None:
+        return out
+    if key_padding_mask is None:
+        n = v.shape[-2]
+        v_bar = v.mean(-2, keepdim=True)
+        alpha = float(n) ** -power
+        valid = None
+    else:
+        valid, count = _valid(key_padding_mask, v.dtype)
+        v_bar = (v * valid).sum(-2, keepdim=True) / count
+        alpha = count.pow(-power)
+    if gain is not None:
+        alpha = gain.to(out.dtype).view(1, -1, 1, 1) * alpha
+    scaled = v_bar + alpha * (out - v_bar)
+    return scaled if valid is None else scaled * valid
+
+
 def _normalize_dense_masked(g, v, norm, eps, mask):
     check_choice("norm", norm, NORMS)
     valid_q, count = _valid(mask, g.dtype)

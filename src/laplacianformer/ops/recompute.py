@@ -42,8 +42,8 @@ from .attention import _compute_dtype, check_settings, landmarks_of, laplacian_a
 from .dispatch import Backend, Op
 from .kernel import KERNEL, KERNEL_MATMUL, laplace_kernel
 from .newton_schulz import regularised_inverse
-from .normalization import normalize_nystrom_grad, normalize_nystrom_saving
-from .validation import check_float_tensor, check_hw, check_key_padding_mask, resolve_landmarks
+from .normalization import normalize_nystrom_grad, normalize_nystrom_saving, scale_whitened
+from .validation import WHITENED_NORMS, check_float_tensor, check_hw, check_key_padding_mask, resolve_landmarks
 
 __all__ = ["laplacian_attention_recompute", "lean_refusal", "recompute_attention", "RECOMPUTE"]
 
@@ -223,15 +223,20 @@ def laplacian_attention_recompute(
     mask = check_key_padding_mask(key_padding_mask, x.shape[0], n)
     head_dim = q_weight.shape[0] // num_heads
     lam = check_settings(head_dim, hw, grid, mask, o["lam"], o["qk_scale"], o["norm"], o["solver"], o["iters"],
-                         o["ns_eps"], o["norm_eps"], o["kernel"], o["ns_backward"])
+                         o["ns_eps"], o["norm_eps"], o["kernel"], o["ns_backward"], o["norm_scale"], o["norm_gain"],
+                         num_heads)
     cfg = _Settings(num_heads, hw, grid, float(lam), o["kernel"], o["norm"], float(o["norm_eps"]), o["solver"],
                     int(o["iters"]), float(o["ns_eps"]), o["ns_backward"], _compute_dtype(x.dtype))
     with torch.autocast(device_type=x.device.type, enabled=False):
-        return _LeanAttention.apply(x, v, q_weight, q_bias, k_weight, k_bias, mask, cfg)
+        out = _LeanAttention.apply(x, v, q_weight, q_bias, k_weight, k_bias, mask, cfg)
+        if cfg.norm in WHITENED_NORMS:  # the scale of §4.6, outside the Function (autograd keeps nothing N-sized
+            vv = _pad_rows(v.to(cfg.dtype), mask)  # for a constant scale)
+            out = scale_whitened(out.to(cfg.dtype), vv, o["norm_scale"], o["norm_gain"], mask).to(v.dtype)
+        return out
 
 
 OPERATOR_OPTIONS = ("landmarks", "lam", "qk_scale", "norm", "solver", "iters", "ns_eps", "norm_eps", "kernel",
-                    "ns_backward")
+                    "ns_backward", "norm_scale", "norm_gain")
 
 
 def operator_options(options: dict) -> dict:

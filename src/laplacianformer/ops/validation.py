@@ -17,6 +17,7 @@ from . import _runtime
 KERNELS = ("laplacian", "gaussian")
 NORMS = ("injective", "inline", "rowsum", "none", "injective_nomean")
 WHITENED_NORMS = ("injective", "injective_nomean")
+NORM_SCALES = ("one", "inv_sqrt_n", "inv_n")  # the operator's; the module adds "learned" (docs/DESIGN.md §4.6)
 """The variants that divide by √(s_j² + ε) (docs/DESIGN.md §4.1, §4.4): their ε must be > 0."""
 SOLVERS = ("newton_schulz", "cg", "exact")
 

@@ -42,6 +42,8 @@ class TrainConfig:
     in_chans: int | None = None
     train_subset: int | None = None
     test_subset: int | None = None
+    holdout: int | None = None  # training images held out as the validation split, evaluated instead of test
+    holdout_seed: int = 0       # the split's seed (fixed per protocol, independent of ``seed``)
     epochs: int = 10
     batch_size: int = 64
     eval_batch_size: int = 256
@@ -94,7 +96,7 @@ class TrainConfig:
 
         for name in ("img_size", "epochs", "batch_size", "eval_batch_size"):
             pos_int(name)
-        for name in ("train_subset", "test_subset", "max_steps", "save_every_steps", "threads", "log_every"):
+        for name in ("train_subset", "test_subset", "holdout", "max_steps", "save_every_steps", "threads", "log_every"):
             pos_int(name, allow_none=True)
         if self.img_size < 8:
             raise ValueError(f"img_size: expected an integer >= 8, got {self.img_size}")
@@ -116,8 +118,10 @@ class TrainConfig:
             raise ValueError(f"in_chans: expected 1 or 3, got {self.in_chans!r}")
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 0:
             raise ValueError(f"num_workers: expected an integer >= 0, got {self.num_workers!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed: expected an integer >= 0, got {self.seed!r}")
+        for name in ("seed", "holdout_seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}: expected an integer >= 0, got {v!r}")
         for name in ("attn_kwargs", "model_kwargs"):
             if not isinstance(getattr(self, name), dict):
                 raise TypeError(f"{name}: expected a dict, got {type(getattr(self, name)).__name__}")

@@ -186,8 +186,10 @@ class Trainer:
         seed_everything(cfg.seed)
         self.splits = splits or build_datasets(
             cfg.data, cfg.img_size, in_chans=cfg.in_chans, train_subset=cfg.train_subset,
-            test_subset=cfg.test_subset, seed=cfg.seed, check_images=cfg.verify_images)
+            test_subset=cfg.test_subset, seed=cfg.seed, check_images=cfg.verify_images,
+            holdout=cfg.holdout, holdout_seed=cfg.holdout_seed)
         self.classes = self.splits.classes
+        self.eval_split = "val" if cfg.holdout else "test"  # what the history's test_* columns hold
         self.num_classes = len(self.classes)
         self.model = build_model(cfg, self.num_classes, self.splits.in_chans).to(self.device)
         self.model.pretrained_cfg = run_pretrained_cfg(self.model, cfg, self.splits)
@@ -384,7 +386,7 @@ class Trainer:
         if self.dist.is_main:
             self._say(f"epoch {row['epoch']}/{self.config.epochs}  step {self.global_step}/{self.total_steps}  "
                       f"train loss {row['train_loss']:.4f}  train top-1 {row['train_top1']:.3f}  "
-                      f"test loss {row['test_loss']:.4f}  test top-1 {row['test_top1']:.3f}  "
+                      f"{self.eval_split} loss {row['test_loss']:.4f}  {self.eval_split} top-1 {row['test_top1']:.3f}  "
                       f"lr {row['lr']:.2e}  {row['epoch_train_time']:.1f}s")
             write_epochs(self.run_dir, self.history)
             plot_curves({self.config.attn: self.history}, self.run_dir / CURVES,
@@ -518,6 +520,7 @@ class Trainer:
             "peak_memory_mb": peak,
             "peak_memory_kind": peak_kind,
             "history": self.history,
+            "eval_split": self.eval_split,
             "classes": [str(c) for c in self.classes],
         }
         if ev is not None:
