@@ -32,8 +32,8 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def capture_qk(model: torch.nn.Module, images: torch.Tensor) -> list[dict]:
-    """Runs ``model(images)`` and returns, for every ``LaplacianAttention`` module in call order:
+def capture_qk(model: torch.nn.Module, images: torch.Tensor, run=None) -> list[dict]:
+    """Runs ``model(images)`` (or ``run(images)``, e.g. a part of the model) and returns, for every ``LaplacianAttention`` module in call order:
     name, hw, scaled q and k (B, H, N, d) as the operator sees them (times qk_scale), v, the effective
     landmark grid (None: exact kernel) and the module's attention settings.  Half precision is upcast
     to float32."""
@@ -59,7 +59,7 @@ def capture_qk(model: torch.nn.Module, images: torch.Tensor) -> list[dict]:
     try:
         was_training = model.training
         model.eval()
-        model(images)
+        (model if run is None else run)(images)
         model.train(was_training)
     finally:
         for h in handles:
@@ -209,6 +209,49 @@ def landmark_matrices_from(records: list[dict]) -> dict[str, torch.Tensor]:
         w = laplace_kernel(marks, marks, s["lam"], _module_kernel(r))
         fams[f"W model {r['name']} ({r['hw'][0]}x{r['hw'][1]} tokens, lam={s['lam']:g})"] = regularise(w, s["ns_eps"]).flatten(0, 1)
     return fams
+
+
+# the normalisation variants of the gain-against-tokens table (docs/DESIGN.md §4.4, §4.6): label -> settings
+GAIN_VARIANTS = {
+    "injective": {"norm": "injective"},
+    "injective /√N": {"norm": "injective", "norm_scale": "inv_sqrt_n"},
+    "injective /N": {"norm": "injective", "norm_scale": "inv_n"},
+    "inline": {"norm": "inline"},
+    "rowsum": {"norm": "rowsum"},
+    "none": {"norm": "none"},
+}
+
+
+@torch.no_grad()
+def variant_gain(record: dict, variants: dict = GAIN_VARIANTS) -> dict[str, float]:
+    """RMS(core output) / RMS(V) of one captured module (``capture_qk``) per variant of ``variants`` (label ->
+    operator settings replacing the module's), in float64 on the module's own q, k, v."""
+    base = {k: v for k, v in record["settings"].items() if k not in ("norm", "norm_scale")}
+    base["qk_scale"] = 1.0  # the captured q and k are already scaled
+    q, k, v = (record[name].double() for name in ("q", "k", "v"))
+    v_rms = float(v.square().mean().sqrt())
+    out = {}
+    for label, settings in variants.items():
+        o = laplacian_attention(q, k, v, hw=record["hw"], landmarks=record["landmarks"], **{**base, **settings})
+        out[label] = float(o.square().mean().sqrt()) / v_rms
+    return out
+
+
+@torch.no_grad()
+def synthetic_gain(tokens: int, variants: dict = GAIN_VARIANTS, heads: int = 2, head_dim: int = 32,
+                   seed: int = 0) -> dict[str, float]:
+    """Output std of the operator for unit-variance random q, k, v (B 1, ``heads``, ``tokens`` on a square grid
+    when it is one, else 1-D; d = ``head_dim``; default settings, 7×7 landmarks clamped as the module clamps)
+    per variant, float64, with SDPA softmax (``"softmax (SDPA)"``) for scale."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, heads, tokens, head_dim, generator=gen, dtype=torch.float64) for _ in range(3))
+    side = int(round(tokens ** 0.5))
+    hw = (side, side) if side * side == tokens else None
+    grid = resolve_landmarks((7, 7), hw, tokens, clamp=True)
+    out = {label: float(laplacian_attention(q, k, v, hw=hw, landmarks=grid, **settings).std())
+           for label, settings in variants.items()}
+    out["softmax (SDPA)"] = float(torch.nn.functional.scaled_dot_product_attention(q, k, v).std())
+    return out
 
 
 @torch.no_grad()

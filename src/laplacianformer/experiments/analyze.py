@@ -25,7 +25,10 @@ import torch
 from . import analysis, solver_study
 from .common import environment, markdown_table, pyplot, write_json
 
-WHAT = ("solver", "distances", "maps", "spectrum", "nystrom", "gain")
+WHAT = ("solver", "distances", "maps", "spectrum", "nystrom", "gain", "gain-tokens")
+# (image side, stem stride) of the micro model giving 49, 196, 1,024, 4,096 and 16,384 stage-1 tokens (only
+# stage 1 runs, so 14 px need not pass the whole model's minimum size)
+GAIN_POINTS = ((14, 2), (28, 2), (64, 2), (128, 2), (256, 2))
 DEFAULT_OUT = "results/analysis"
 
 
@@ -47,7 +50,7 @@ def load_trained(checkpoint: str, images: int):
     return model.eval(), x, desc
 
 
-def load_untrained(images: int, img_size: int = 32):
+def load_untrained(images: int, img_size: int = 32, stem_stride: int = 2):
     """A freshly initialised micro model (stem stride 2) and Fashion-MNIST test images: smoke tests, and the
     state at initialisation (``gain``)."""
     from ..data import build_datasets
@@ -56,9 +59,9 @@ def load_untrained(images: int, img_size: int = 32):
 
     torch.manual_seed(0)
     splits = build_datasets("fashion-mnist", img_size, test_subset=max(images, 16), train_subset=16, seed=0)
-    model = create_model("laplacianformer_micro", num_classes=10, in_chans=1, stem_stride=2)
+    model = create_model("laplacianformer_micro", num_classes=10, in_chans=1, stem_stride=stem_stride)
     x = normalize(splits.test.images[:images], splits.test.mean, splits.test.std)
-    return model.eval(), x, f"UNTRAINED laplacianformer_micro (random init, stem stride 2, {img_size} px Fashion-MNIST)"
+    return model.eval(), x, f"UNTRAINED laplacianformer_micro (random init, stem stride {stem_stride}, {img_size} px Fashion-MNIST)"
 
 
 def _save(out: Path, what: str, payload: dict, table: str) -> None:
@@ -215,6 +218,56 @@ def run_gain(out: Path, records, desc: str) -> None:
     _save(out, "gain", {"model": desc, "modules": res, "environment": environment()}, markdown_table(header, rows))
 
 
+def run_gain_tokens(out: Path, images: int, points=GAIN_POINTS) -> dict:
+    """Output gain at initialisation against the stage-1 token count (docs/DESIGN.md §4.6): the untrained micro
+    model at each (image side, stem stride) of ``points``, gain of every variant on its stage-1 modules
+    (mean over them), and the operator's output std for unit-variance random q, k, v at the same token
+    counts. Writes gain_tokens.json / .md / .png (log–log)."""
+    rows = []
+    for size, stem in points:
+        model, x, _ = load_untrained(images, size, stem)
+        records = analysis.capture_qk(model, x, run=lambda images: model.stages[0](model.patch_embed(images)))
+        per_module = [analysis.variant_gain(r) for r in records]
+        gain = {lb: sum(g[lb] for g in per_module) / len(per_module) for lb in per_module[0]}
+        tokens = records[0]["hw"][0] * records[0]["hw"][1]
+        rows.append({"img_size": size, "stem_stride": stem, "tokens": tokens, "modules": [r["name"] for r in records],
+                     "landmarks": None if records[0]["landmarks"] is None else list(records[0]["landmarks"]),
+                     "model_gain": gain, "synthetic_std": analysis.synthetic_gain(tokens)})
+        print(f"gain-tokens: {tokens} tokens done", flush=True)
+    labels = list(rows[0]["model_gain"])
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    toks = [r["tokens"] for r in rows]
+    for lb in labels:
+        axes[0].plot(toks, [r["model_gain"][lb] for r in rows], "o-", label=lb)
+    for lb in list(rows[0]["synthetic_std"]):
+        axes[1].plot(toks, [r["synthetic_std"][lb] for r in rows], "o-", label=lb)
+    ref = [rows[0]["model_gain"]["injective"] * (t / toks[0]) ** 0.5 for t in toks]
+    axes[0].plot(toks, ref, "k:", lw=0.8, label="∝ √N")
+    for ax, title, ylab in ((axes[0], "micro at init, stage 1 (mean over its modules)", "RMS(output) / RMS(V)"),
+                            (axes[1], "operator, unit-variance q, k, v (B1 H2 d32)", "output std")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("stage-1 tokens N")
+        ax.set_ylabel(ylab)
+        ax.set_title(title, fontsize=9)
+        ax.axhline(1.0, color="k", lw=0.4)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out / "gain_tokens.png", dpi=110)
+    plt.close(fig)
+    table = markdown_table(["tokens", "img px / stem", "landmarks"] + [f"model {lb}" for lb in labels],
+                           [[r["tokens"], f"{r['img_size']} / {r['stem_stride']}", "exact" if r["landmarks"] is None else "x".join(map(str, r["landmarks"]))]
+                            + [f"{r['model_gain'][lb]:.3g}" for lb in labels] for r in rows])
+    syn = list(rows[0]["synthetic_std"])
+    table += "\n\n" + markdown_table(["tokens"] + [f"operator std {lb}" for lb in syn],
+                                      [[r["tokens"]] + [f"{r['synthetic_std'][lb]:.3g}" for lb in syn] for r in rows])
+    payload = {"model": "UNTRAINED laplacianformer_micro (seed 0) on Fashion-MNIST test images",
+               "images": images, "rows": rows, "environment": environment()}
+    _save(out, "gain_tokens", payload, table)
+    return payload
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="laplacianformer analyze", description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=WHAT + ("all",), help="which analysis")
@@ -237,7 +290,7 @@ def main(argv=None) -> int:
         print(f"analyze: images: expected an integer >= 1, got {args.images}", file=sys.stderr)
         return 2
     what = list(WHAT) if args.what == "all" else [args.what]
-    needs_model = any(w != "solver" for w in what)
+    needs_model = any(w not in ("solver", "gain-tokens") for w in what)
     if needs_model and not (args.checkpoint or args.untrained):
         print(f"analyze: checkpoint: '{args.what}' needs --checkpoint RUN (a training run) or --untrained", file=sys.stderr)
         return 2
@@ -263,6 +316,9 @@ def main(argv=None) -> int:
             run_spectrum(out, records, desc)
         elif w == "gain":
             run_gain(out, records, desc)
+        elif w == "gain-tokens":
+            run_gain_tokens(out, min(args.images, 4) if args.quick else args.images,
+                            GAIN_POINTS[:2] if args.quick else GAIN_POINTS)
         else:
             run_nystrom(out, records, desc, args.quick)
     return 0
