@@ -1,9 +1,8 @@
-"""Shared plumbing for the experiments: atomic JSON, Markdown tables, mean ± std, headless plotting."""
+"""Shared plumbing for the experiments: atomic JSON, Markdown tables, headless plotting."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import tempfile
@@ -37,18 +36,6 @@ def read_json(path: str | Path):
         return None
     with open(path) as fh:
         return json.load(fh)
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single value)."""
-    vals = [float(v) for v in values]
-    if not vals:
-        return math.nan, math.nan
-    mean = sum(vals) / len(vals)
-    if len(vals) < 2:
-        return mean, 0.0
-    var = sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)
-    return mean, math.sqrt(var)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
