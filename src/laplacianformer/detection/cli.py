@@ -26,7 +26,7 @@ _json_object = json_object('{"attn": "gaussian"}')
 
 def _add_train(sub) -> None:
     from .builders import DETECTORS
-    from .engine import AMP_MODES
+    from ..train.config import AMP_MODES
 
     S = argparse.SUPPRESS
     p = sub.add_parser("train", help="train RetinaNet / Mask R-CNN on a COCO-layout folder (DDP under torchrun)",
@@ -133,18 +133,19 @@ def _given(args: argparse.Namespace) -> dict:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .engine import CHECKPOINT_NAME, CONFIG_NAME, RESUME_MAY_CHANGE, DetectConfig, train_detector
+    from ..hub import CHECKPOINT_NAME, TRAIN_CONFIG_NAME
+    from .engine import RESUME_MAY_CHANGE, DetectConfig, train_detector
 
     out = Path(args.out)
     given = _given(args)
     if args.resume:
         if not (out / CHECKPOINT_NAME).exists():
             raise ValueError(f"--resume: {out / CHECKPOINT_NAME} does not exist (nothing to resume; drop --resume)")
-        config = DetectConfig.load(out / CONFIG_NAME)
+        config = DetectConfig.load(out / TRAIN_CONFIG_NAME)
         changed = sorted(k for k, v in given.items() if getattr(config, k) != v and k not in RESUME_MAY_CHANGE)
         if changed:
             flags = ", ".join(f"--{k.replace('_', '-')}" for k in changed)
-            raise ValueError(f"--resume: {flags} differ from the run's {out / CONFIG_NAME}; a resumed run keeps its "
+            raise ValueError(f"--resume: {flags} differ from the run's {out / TRAIN_CONFIG_NAME}; a resumed run keeps its "
                              f"settings (only {', '.join('--' + k.replace('_', '-') for k in RESUME_MAY_CHANGE)} may change)")
         for k in RESUME_MAY_CHANGE:
             if k in given:

@@ -39,7 +39,8 @@ import torch
 from ..checkpoint import (
     CheckpointError, TrainingState, load_checkpoint, load_training_state, read_metadata, save_training_state, save_weights,
 )
-from ..hub import CHECKPOINT_NAME, WEIGHTS_NAME
+from ..hub import CHECKPOINT_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME
+from ..train.config import AMP_MODES
 from ..train.distributed import barrier, broadcast_object, cleanup, init_device, resolve_device
 from ..train.engine import param_groups
 from ..train.evaluate import autocast_context
@@ -51,12 +52,10 @@ from .coco import AnnotationError, CocoDetection, CocoSet, collate, load_coco, s
 from .evaluate import coco_metrics, predict_results
 
 FORMAT = "laplacianformer.detect/1"
-CONFIG_NAME = "train_config.json"
 HISTORY_NAME = "history.json"
 METRICS_NAME = "metrics.json"
 LOSSES_PNG = "losses.png"
 AP_PNG = "ap.png"
-AMP_MODES = ("bf16", "fp16", "off")
 RESUME_MAY_CHANGE = ("progress", "threads", "workers", "save_every_steps", "eval_batch_size", "device")
 """Settings a resumed run may change; every other one must match the run's train_config.json."""
 
@@ -233,7 +232,7 @@ class DetectionTrainer:
         elif self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.is_main:
-            config.save(self.run_dir / CONFIG_NAME)
+            config.save(self.run_dir / TRAIN_CONFIG_NAME)
         barrier(self.dist)
         self.model = self.net
         if self.dist.enabled:
@@ -474,7 +473,7 @@ def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu") -> tupl
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"checkpoint: {run_dir}: no such run directory")
-    config = DetectConfig.load(run_dir / CONFIG_NAME)
+    config = DetectConfig.load(run_dir / TRAIN_CONFIG_NAME)
     weights = run_dir / WEIGHTS_NAME
     if weights.exists():
         state, meta = load_checkpoint(weights), read_metadata(weights)
