@@ -60,7 +60,7 @@ GATED = {
     f"{PKG}.ops._triton_common": {"triton"},
     f"{PKG}.ops.kernel.triton": {"triton"},
     f"{PKG}.ops.newton_schulz.triton": {"triton"},
-    f"{PKG}.ops.normalization_triton": {"triton"},
+    f"{PKG}.ops.normalization.triton": {"triton"},
 }
 
 

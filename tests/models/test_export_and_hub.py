@@ -10,7 +10,7 @@ import torch
 
 from laplacianformer.hub import from_pretrained, read_config, save_pretrained
 from laplacianformer.models import create_model, list_models
-from laplacianformer.ops.kernel.backend import backend as kernel_backend
+from laplacianformer.ops import use
 
 
 def _small(**kw):
@@ -26,7 +26,7 @@ def test_torch_compile_fullgraph_matches_eager_on_plain_pytorch_path(compile_bac
     torch._dynamo.reset()
     model = _small()
     x = torch.randn(2, 3, 64, 64)
-    with torch.no_grad(), kernel_backend("composite"):
+    with torch.no_grad(), use(kernel="composite", newton_schulz="torch", newton_schulz_grad="torch"):
         ref = model(x)
         out = torch.compile(model, fullgraph=True, backend=compile_backend)(x)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)

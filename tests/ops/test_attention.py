@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from laplacianformer import laplacian_attention
-from laplacianformer.ops.attention import pool_landmarks
+from laplacianformer.ops.pooling import pool_landmarks
 from laplacianformer.ops.kernel import laplace_kernel_naive
 from laplacianformer.ops.newton_schulz import regularise
 from laplacianformer.ops.normalization import normalize_dense, normalize_nystrom

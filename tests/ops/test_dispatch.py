@@ -14,12 +14,12 @@ import torch
 
 import laplacianformer.ops as ops
 from laplacianformer.ops import _runtime, dispatch
-from laplacianformer.ops.attention import POOLING, pool_landmarks, reference_pooling
-from laplacianformer.ops.kernel import KERNEL, KERNEL_MATMUL, backend, laplace_kernel, laplace_kernel_matmul, native
+from laplacianformer.ops.pooling import POOLING, pool_landmarks
+from laplacianformer.ops.kernel import KERNEL, KERNEL_MATMUL, laplace_kernel, laplace_kernel_matmul, native
 from laplacianformer.ops.newton_schulz import NEWTON_SCHULZ, NEWTON_SCHULZ_GRAD, implicit_grad, newton_schulz_iterate
 from laplacianformer.ops.newton_schulz import native as ns_native
 from laplacianformer.ops.newton_schulz import regularise, regularised_inverse
-from laplacianformer.ops.normalization import NORMALIZATION, normalize_nystrom, reference_normalization
+from laplacianformer.ops.normalization import NORMALIZATION, normalize_nystrom
 
 OPS_DIR = Path(ops.__file__).parent
 ALL_OPS = ("kernel", "kernel_matmul", "newton_schulz", "newton_schulz_grad", "normalization", "pooling")
@@ -145,7 +145,7 @@ def test_pooling_backends_always_serve_and_agree():
 # --- automatic selection runs the first backend that serves -------------------------------------------
 
 
-from laplacianformer.ops import normalization_cpu as norm_native  # noqa: E402
+from laplacianformer.ops.normalization import cpu as norm_native  # noqa: E402
 
 
 def _first_serving(op, *inputs):
@@ -267,24 +267,20 @@ def test_use_is_thread_local():
     assert seen["choice"] == "auto"
 
 
-def test_legacy_wrappers_map_to_the_runtime():
-    with backend("composite"):
-        assert [_runtime.choice(op) for op in ("kernel", "kernel_matmul", "newton_schulz", "newton_schulz_grad")] == [
-            "composite", "composite", "torch", "torch"]
-        with backend("auto"):
-            assert _runtime.choice("newton_schulz") == "auto"
-    with reference_normalization(), reference_pooling():
-        assert _runtime.choice("normalization") == "composite" and _runtime.choice("pooling") == "adaptive_avg_pool"
-    from laplacianformer.ops.kernel import get_backend, set_backend
+def test_use_is_the_one_way_to_force_a_backend():
+    """No op keeps a switch of its own (docs/DESIGN.md §6.4): the selection API of earlier releases is gone."""
+    import laplacianformer.ops.attention as attention
+    import laplacianformer.ops.kernel as kernel
+    import laplacianformer.ops.normalization as normalization
 
-    try:
-        set_backend("naive")
-        assert get_backend() == "naive" and _runtime.choice("newton_schulz") == "torch"
-        with backend("cpu"):
-            assert get_backend() == "cpu"
-    finally:
-        set_backend("auto")
-    assert get_backend() == "auto" and _runtime.choice("newton_schulz") == "auto"
+    for module, name in ((kernel, "set_backend"), (kernel, "backend"), (kernel, "explain_dispatch"),
+                         (attention, "reference_pooling"), (normalization, "reference_normalization")):
+        assert not hasattr(module, name), name
+    assert not (OPS_DIR / "kernel" / "backend.py").exists()
+    with ops.use(kernel="composite", normalization="composite", pooling="adaptive_avg_pool"):
+        assert [_runtime.choice(op) for op in ("kernel", "kernel_matmul", "newton_schulz", "normalization",
+                                               "pooling")] == ["composite", "composite", "auto", "composite",
+                                                               "adaptive_avg_pool"]
 
 
 def test_capture_reason_names_the_mode(monkeypatch):

@@ -1,5 +1,5 @@
 """Kernel primitives: the fast CPU path against the naive reference (float64 values + gradcheck, with and
-without the C loops), the backend selector, explain_dispatch, fallback logging and torch.compile.
+without the C loops), forcing a backend (``ops.use``), ``ops.explain``, fallback logging and torch.compile.
 Random inputs come from the fixed, printed seeds of the ``seeded`` fixture (tests/ops/conftest.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from laplacianformer.ops import kernel as K
 from laplacianformer.ops.kernel import cpu as kcpu
-from laplacianformer.ops import _runtime
+from laplacianformer.ops import _runtime, explain, use
 from laplacianformer.ops.kernel import native
 
 KINDS = ["laplacian", "gaussian"]
@@ -51,7 +51,7 @@ def test_cpu_path_matches_naive(nan_empty, loops, kind, dtype, seeded):
     grads = {}
     for name in ("cpu", "naive"):
         ins = [t.to(dtype if name == "cpu" else torch.float64).requires_grad_() for t in (x, y, v)]
-        with K.backend(name):
+        with use(kernel=name):
             c = K.laplace_kernel(ins[0], ins[1], 3.0, kind)
             o = K.laplace_kernel_matmul(*ins, 3.0, kind)
         (c.sum() + (o * o).sum()).backward()
@@ -76,27 +76,28 @@ def test_sign_zero_gives_zero_gradient(loops):
 
 def test_backend_selection_and_explain():
     x = torch.randn(1, 2, 30, 8)
-    assert K.get_backend() == "auto"
-    with K.backend("composite"):
-        assert K.get_backend() == "composite"
-        with K.backend("naive"):
-            assert "runs 'naive'" in K.explain_dispatch(x, x)
-        assert K.get_backend() == "composite"
-    assert K.get_backend() == "auto"
-    text = K.explain_dispatch(x, x, x)
+    assert _runtime.choice("kernel") == "auto"
+    with use(kernel="composite"):
+        assert _runtime.choice("kernel") == _runtime.choice("kernel_matmul") == "composite"
+        with use(kernel="naive"):
+            assert "runs 'naive'" in explain("kernel", x, x, 4.0, "laplacian")
+        assert _runtime.choice("kernel") == "composite"
+    assert _runtime.choice("kernel") == "auto"
+    text = explain("kernel_matmul", x, x, x, 4.0, "laplacian")
     # why Triton is not used here: no CUDA tensor, or (CPU-only torch builds) no triton package at all
     assert text.startswith("kernel_matmul: selection 'auto'") and "triton:" in text
     assert "cuda" in text or "triton package is not installed" in text, text
-    with pytest.raises(ValueError, match="^name: expected one of"):
-        K.set_backend("fast")
-    with K.backend("cpu"), pytest.raises(ValueError, match="^backend: 'cpu' cannot run this kernel call: dtype"):
+    with pytest.raises(ValueError, match="^kernel: expected one of"):
+        with use(kernel="fast"):
+            pass
+    with use(kernel="cpu"), pytest.raises(ValueError, match="^backend: 'cpu' cannot run this kernel call: dtype"):
         K.laplace_kernel(x.half(), x.half())
 
 
 def test_triton_refused_on_cpu_without_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     x = torch.randn(1, 30, 8)
-    with K.backend("triton"), pytest.raises(ValueError, match="^backend: 'triton' cannot run this kernel call: tensors on \\['cpu'\\], not cuda"):
+    with use(kernel="triton"), pytest.raises(ValueError, match="^backend: 'triton' cannot run this kernel call: tensors on \\['cpu'\\], not cuda"):
         K.laplace_kernel(x, x)
 
 
@@ -113,8 +114,8 @@ def test_fallback_logged_once(caplog, monkeypatch):
 def test_onnx_export_uses_composite(monkeypatch):
     monkeypatch.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
     x = torch.randn(1, 10, 4)
-    assert "runs 'composite'" in K.explain_dispatch(x, x)
-    assert "onnx" in K.explain_dispatch(x, x)
+    assert "runs 'composite'" in explain("kernel", x, x, 4.0, "laplacian")
+    assert "onnx" in explain("kernel", x, x, 4.0, "laplacian")
 
 
 def test_cpu_path_compiles_without_graph_breaks():
@@ -125,10 +126,10 @@ def test_cpu_path_compiles_without_graph_breaks():
     def f(a):
         return (K.laplace_kernel(a, y).sum() + K.laplace_kernel_matmul(a, y, v).sum())
 
-    with K.backend("cpu"):
+    with use(kernel="cpu"):
         out = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
         out.backward()
-    with K.backend("naive"):
+    with use(kernel="naive"):
         xr = x.detach().requires_grad_()
         ref = f(xr)
         ref.backward()
@@ -225,7 +226,7 @@ def test_cpu_path_strided_inputs(nan_empty, kind, monkeypatch, seeded):
     v = torch.randn(2, 13, 4, dtype=torch.float64, generator=gen).requires_grad_()
 
     def f(a, b, c, name):
-        with K.backend(name):
+        with use(kernel=name):
             return K.laplace_kernel(a[..., :9], b[..., 9:], 2.0, kind), K.laplace_kernel_matmul(a[..., 9:], b[..., :9], c, 2.0, kind)
 
     outs = {}

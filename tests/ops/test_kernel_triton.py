@@ -12,7 +12,8 @@ import os
 import pytest
 import torch
 
-from laplacianformer.ops.kernel import backend, laplace_kernel, laplace_kernel_matmul
+from laplacianformer.ops import use
+from laplacianformer.ops.kernel import laplace_kernel, laplace_kernel_matmul
 from laplacianformer.ops.kernel.naive import laplace_kernel_matmul_naive, laplace_kernel_naive
 
 pytestmark = pytest.mark.triton
@@ -37,7 +38,7 @@ def _inputs(shape, dtype, seeded):
 
 
 def _check(op, ref, args, kind, dtype, seed):
-    with backend("triton"):
+    with use(kernel="triton"):
         out = op(*args, 2.0, kind)
     ref_args = [a.detach().double().requires_grad_() for a in args]
     want = ref(*ref_args, 2.0, kind)
@@ -93,11 +94,11 @@ def test_compiles_without_graph_breaks_on_cuda(seeded):
     def f(a, b, c):
         return laplace_kernel(a, b, 4.0).sum() + laplace_kernel_matmul(a, b, c, 4.0).square().sum()
 
-    with backend("triton"):
+    with use(kernel="triton"):
         out = torch.compile(f, fullgraph=True)(x, y, v)
         got = torch.autograd.grad(out, (x, y, v))
     ref_args = [t.detach().double().requires_grad_() for t in (x, y, v)]
-    with backend("naive"):
+    with use(kernel="naive"):
         ref = f(*ref_args)
     exp = torch.autograd.grad(ref, ref_args)
     assert _rel(out, ref) < 1e-5, f"seed {seed}"

@@ -231,10 +231,10 @@ def test_c_loop_result_does_not_depend_on_the_thread_count(c_loop, tol):
 
 def test_newton_schulz_iterate_dispatch(c_loop, monkeypatch):
     """The C loop for plain symmetric float32/float64 CPU solves; the torch loop for gradients, symmetric=False,
-    modes that must see the ops (FlopCounterMode), the composite backend, and without the library."""
+    modes that must see the ops (FlopCounterMode), the forced torch backend, and without the library."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from laplacianformer.ops.kernel.backend import backend
+    from laplacianformer.ops import use
 
     calls = []
     real = ns_native.newton_schulz_native
@@ -257,7 +257,7 @@ def test_newton_schulz_iterate_dispatch(c_loop, monkeypatch):
     with FlopCounterMode(display=False) as counter:
         assert not runs_c(lambda: newton_schulz_iterate(p, 20))
     assert counter.get_total_flops() > 0
-    with backend("composite"):
+    with use(newton_schulz="torch"):
         assert not runs_c(lambda: newton_schulz_iterate(p, 20))
     with torch.no_grad():
         assert runs_c(lambda: newton_schulz_iterate(p.clone().requires_grad_(), 20))

@@ -1,11 +1,11 @@
-"""Fused injective / inline normalisation (ops/injective.py, backend ``fused``; the C backend, which "auto"
+"""Fused injective / inline normalisation (ops/normalization/fused.py, backend ``fused``; the C backend, which "auto"
 runs first on CPU, is switched off here and tested in test_normalization_native.py) vs the autograd composite and the
 materialised formula: values, gradients (gradcheck), block sizes, degenerate keys, dispatch."""
 
 import pytest
 import torch
 
-import laplacianformer.ops.injective as injective
+import laplacianformer.ops.normalization.fused as injective
 from laplacianformer import laplacian_attention
 from laplacianformer.ops.normalization import normalize_dense, normalize_nystrom, normalize_nystrom_reference
 
@@ -24,7 +24,7 @@ def factors(groups=(2, 3), n_q=11, n_k=11, m=5, e=4, requires_grad=False):
 @pytest.fixture(autouse=True)
 def fused_backend(monkeypatch):
     """"auto" passes over the C backend in this file, so the PyTorch ``fused`` backend runs where it serves."""
-    from laplacianformer.ops import normalization_cpu
+    from laplacianformer.ops.normalization import cpu as normalization_cpu
 
     monkeypatch.setattr(normalization_cpu, "available", lambda: False)
 
@@ -223,10 +223,10 @@ def test_w_inv_form_empty_inputs():
 
 @pytest.mark.parametrize("norm", FUSED)
 @pytest.mark.parametrize("tied", [False, True], ids=["q!=k", "k is q"])
-def test_attention_fused_equals_reference_normalization(norm, tied):
+def test_attention_fused_equals_composite_normalization(norm, tied):
     """laplacian_attention (Newton–Schulz, implicit backward: dW⁺ flows from the fused op into the solver)
     gives the same values and gradients with the fused normalisation as with the composite."""
-    from laplacianformer.ops.normalization import reference_normalization
+    from laplacianformer.ops import use
 
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 36, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -237,7 +237,7 @@ def test_attention_fused_equals_reference_normalization(norm, tied):
         return out, torch.autograd.grad(out, (q, v) if tied else (q, k, v), probe)
 
     out, grads = run()
-    with reference_normalization():
+    with use(normalization="composite"):
         ref, ref_grads = run()
     torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-10)
     for a, r in zip(grads, ref_grads):

@@ -1,4 +1,4 @@
-"""The C (``ops/normalization_cpu.py``) and Triton (``ops/normalization_triton.py``) backends of the op
+"""The C (``ops/normalization/cpu.py``) and Triton (``ops/normalization/triton.py``) backends of the op
 ``normalization`` against the plain PyTorch composite ``normalize_nystrom_reference``: values, every
 gradient (C_q, C_k or B, W⁺, V), gradcheck, second backward, thread count, dispatch.
 
@@ -24,7 +24,7 @@ SHAPES = [((2, 3), 11, 13, 5, 4), ((2,), 70, 45, 20, 17), ((1,), 300, 257, 49, 3
 
 
 def _cpu_available() -> bool:
-    from laplacianformer.ops import normalization_cpu
+    from laplacianformer.ops.normalization import cpu as normalization_cpu
 
     return normalization_cpu.available()
 
@@ -169,13 +169,13 @@ def test_cpu_is_chosen_automatically_and_refusals():
 @needs_c
 def test_attention_default_runs_cpu_backend_and_equals_reference():
     from laplacianformer import laplacian_attention
-    from laplacianformer.ops.normalization import reference_normalization
+    from laplacianformer.ops import use
 
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 64, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
     out = laplacian_attention(q, k, v, hw=(8, 8), landmarks=(3, 3))
     grads = torch.autograd.grad(out.sum(), (q, k, v))
-    with reference_normalization():
+    with use(normalization="composite"):
         ref = laplacian_attention(q, k, v, hw=(8, 8), landmarks=(3, 3))
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-11)
     for a, b in zip(grads, torch.autograd.grad(ref.sum(), (q, k, v))):
@@ -250,7 +250,7 @@ def test_triton_at_the_largest_width(seeded, dtype, norm):
     partial last block: against the float64 reference, values and every gradient, for the first backward
     (t kept by the forward), a second one through the same graph (t recomputed) and the forward without
     gradient (t not kept)."""
-    from laplacianformer.ops.normalization_limits import TRITON_MAX_DIM
+    from laplacianformer.ops.normalization.limits import TRITON_MAX_DIM
 
     m = e = TRITON_MAX_DIM
     c, k, v, w = _factors(seeded, (2,), 300, 270, m, e, True, dtype, DEVICE)
@@ -284,7 +284,7 @@ def test_triton_at_the_largest_width(seeded, dtype, norm):
 def test_triton_launches_are_among_the_aot_specialisations(seeded, monkeypatch):
     """Every launch configuration of a forward + backward and a forward without gradient (both norms,
     float32 and float64, m and e between powers of two) is one that ``aot_specialisations`` enumerates."""
-    from laplacianformer.ops import normalization_triton as nt
+    from laplacianformer.ops.normalization import triton as nt
 
     launched = []
     real = nt._launch
@@ -314,8 +314,8 @@ def test_triton_launches_are_among_the_aot_specialisations(seeded, monkeypatch):
 
 def test_triton_aot_specialisations_cover_the_launchers():
     pytest.importorskip("triton")
-    from laplacianformer.ops import normalization_triton as nt
-    from laplacianformer.ops.normalization_limits import TRITON_MAX_DIM
+    from laplacianformer.ops.normalization import triton as nt
+    from laplacianformer.ops.normalization.limits import TRITON_MAX_DIM
 
     specs = list(nt.aot_specialisations())
     labels = [s[5] for s in specs]
@@ -341,7 +341,7 @@ def test_triton_refuses_m_or_e_beyond_the_compiled_range(monkeypatch):
     """Beyond TRITON_MAX_DIM the registry's Triton refusal gives the reason, "auto" takes the next backend,
     forcing Triton raises it, and so does the launcher itself."""
     from laplacianformer.ops import _runtime
-    from laplacianformer.ops.normalization_limits import TRITON_MAX_DIM, triton_unfit
+    from laplacianformer.ops.normalization.limits import TRITON_MAX_DIM, triton_unfit
 
     monkeypatch.setattr(_runtime, "triton_interpreted", lambda: True)  # CPU tensors pass the device check
     big = TRITON_MAX_DIM + 1
@@ -363,7 +363,7 @@ def test_triton_refuses_m_or_e_beyond_the_compiled_range(monkeypatch):
     with use(normalization="triton"), pytest.raises(ValueError, match=f"e={big}"):
         normalize_nystrom(c, c, v_big, "injective")
     if _runtime.triton_available()[0]:
-        from laplacianformer.ops.normalization_triton import normalize_triton
+        from laplacianformer.ops.normalization.triton import normalize_triton
 
         with pytest.raises(ValueError, match=f"m={big}"):
             normalize_triton(c_big, c_big, v, "injective", 1e-6, None)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from laplacianformer.ops import laplacian_attention, use
-from laplacianformer.ops.attention import adaptive_pool_matrix, masked_pool_matrix
+from laplacianformer.ops.pooling import adaptive_pool_matrix, masked_pool_matrix
 from laplacianformer.ops.dispatch import BackendRefused, explain
 from laplacianformer.ops.normalization import normalize_nystrom
 

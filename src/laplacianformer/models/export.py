@@ -1,7 +1,8 @@
 """ONNX export of LaplacianFormer models through the plain-PyTorch (composite) path.
 
-While exporting, the kernel primitives run on the composite backend (``ops/kernel/backend.py``), whose
-L1 distance is ``torch.cdist(p=1)``. The ONNX exporter has no translation for ``aten._cdist_forward``, so
+While exporting, the kernel primitives run on their composite backend (``ops/kernel/composite.py``; the
+fast paths refuse ONNX export in the op's registry, docs/DESIGN.md §6.3), whose L1 distance is
+``torch.cdist(p=1)``. The ONNX exporter has no translation for ``aten._cdist_forward``, so
 ``onnx_translation_table`` supplies one written with standard ONNX ops: |x_i - y_j| summed over the last
 axis (the broadcast (..., N, M, d) tensor exists only inside the ONNX graph). Newton–Schulz, the
 normalisation and the rest of the model are plain matmuls and element-wise ops.

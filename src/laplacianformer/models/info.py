@@ -17,14 +17,17 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from ..ops.kernel.backend import backend as kernel_backend
-from ..ops.attention import reference_pooling
-from ..ops.normalization import reference_normalization
-
+from ..ops import use
 from .laplacianformer import LaplacianFormer, create_model
 from .registry import PAPER
 
 __all__ = ["count_macs", "model_info", "format_model_info"]
+
+# The backends the count runs on (``ops.use``): the composite kernel (every L1 distance one
+# ``aten._cdist_forward``), the torch Newton–Schulz loop, the plain normalisation composite, and
+# ``adaptive_avg_pool`` landmarks (pooling is not counted; its matrix-product form would be).
+COUNTING_BACKENDS = dict(kernel="composite", kernel_matmul="composite", newton_schulz="torch",
+                         newton_schulz_grad="torch", normalization="composite", pooling="adaptive_avg_pool")
 
 
 def _cdist_flops(x_shape, y_shape, *args, **kwargs) -> int:
@@ -51,7 +54,7 @@ def count_macs(model: nn.Module, x: torch.Tensor) -> tuple[int, dict[str, int]]:
             lambda q_shape, k_shape, v_shape, *a, out_shape=None, **k: sdpa_flop_count(q_shape, k_shape, v_shape)),
     }
     counter = FlopCounterMode(display=False, custom_mapping=mapping)
-    with torch.no_grad(), kernel_backend("composite"), reference_normalization(), reference_pooling(), counter:
+    with torch.no_grad(), use(**COUNTING_BACKENDS), counter:
         model(x)
     per_module = {}
     for name, counts in counter.get_flop_counts().items():

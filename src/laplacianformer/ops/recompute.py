@@ -38,7 +38,8 @@ from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from . import _runtime
-from .attention import _compute_dtype, check_settings, landmarks_of, laplacian_attention, padded_inputs
+from .attention import _compute_dtype, check_settings, laplacian_attention, padded_inputs
+from .pooling import landmarks_of
 from .dispatch import Backend, Op
 from .kernel import KERNEL, KERNEL_MATMUL, laplace_kernel
 from .newton_schulz import regularised_inverse

@@ -1,5 +1,5 @@
 /* Fused injective / inline normalisation of the Nyström factors on the CPU (DESIGN.md §4.3, §6); the
- * formulas are those of ops/injective.py, the calling code ops/normalization_cpu.py.
+ * formulas are those of ops/normalization/fused.py, the calling code ops/normalization/cpu.py.
  * Plain C with OpenMP, no Python or torch headers, so it builds in a few seconds at first use.
  *
  * Per group (batch·head) g: c (nq, m) = C_q, k (nk, m) = C_k, w (m, m) = W⁺ or NULL (then k is B itself),

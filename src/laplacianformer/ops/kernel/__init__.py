@@ -7,7 +7,7 @@ Backends, in the order automatic selection tries them: ``triton`` (``triton.py``
 automatically for CUDA tensors only), ``cpu`` (``cpu.py``, the C loops; chosen automatically only when
 they are built), ``composite`` (``composite.py``, torch.cdist; the reference, always serves) and
 ``naive`` (``naive.py``, the broadcasting ground truth; never chosen automatically).
-``backend.py`` keeps the older selection API (``set_backend``, ``backend``, ``explain_dispatch``).
+Forcing a backend is ``ops.use(kernel=...)`` (``ops/_runtime.py``); ``ops.explain("kernel", x, y, lam, kernel)`` says why.
 
 Under torch.compile and torch.export both functions call ``torch.library`` custom ops,
 ``laplacianformer::laplace_kernel`` and ``laplacianformer::laplace_kernel_matmul`` (fake implementations
@@ -24,7 +24,6 @@ from .. import _runtime
 from ..dispatch import Backend, Op
 from ..validation import KERNELS, check_choice, check_float_tensor, check_positive
 from . import native
-from .backend import BACKENDS, backend, explain_dispatch, get_backend, set_backend
 from .composite import (
     laplace_kernel_composite,
     laplace_kernel_grad_composite,
@@ -43,11 +42,6 @@ __all__ = [
     "laplace_kernel_matmul",
     "KERNEL",
     "KERNEL_MATMUL",
-    "BACKENDS",
-    "backend",
-    "set_backend",
-    "get_backend",
-    "explain_dispatch",
     "laplace_kernel_cpu",
     "laplace_kernel_matmul_cpu",
     "laplace_kernel_naive",

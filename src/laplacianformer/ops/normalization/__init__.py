@@ -1,21 +1,18 @@
-"""Normalisation of the similarity matrix and its product with V (docs/DESIGN.md §4).
+"""The op ``normalization`` of docs/DESIGN.md §4: Z(ĝ)·V from the Nyström factors, and its registry (§6.3).
 
-Two implementations of each variant, which tests hold equal:
-- ``normalize_dense(g, v, norm)``: the formula applied to a materialised (B, H, N, N) matrix ĝ;
-- ``normalize_nystrom(c_q, b, v, norm)``: the same output from the Nyström factors ĝ = C_q Bᵀ with
-  C_q (B, H, N, m) and B = C_k W⁺ᵀ (B, H, N, m), in O(N·m² + N·m·d) time and O(N·m) memory;
-  ``normalize_nystrom(c_q, c_k, v, norm, w_inv=W⁺)`` takes C_k and W⁺ (B, H, m, m) instead of B
-  (the attention's call: "injective" then never forms B).
-  ``normalize_nystrom`` is the dispatched op ``normalization`` (``ops/dispatch.py``, docs/DESIGN.md §6)
-  with four backends, in the order "auto" tries them: ``triton`` (``normalization_triton.py``, CUDA),
-  ``cpu`` (``normalization_cpu.py``: one C call per forward and per backward), ``fused`` (the PyTorch
-  functions of ``ops/injective.py``), all three "injective" and "inline" only, hand-written first-order
-  backward, eager only; and ``composite`` (``normalize_nystrom_reference``, the plain autograd composite
-  they are tested against, every norm).
+- ``normalize_nystrom(c_q, b, v, norm)``: Z(C_q Bᵀ) V with C_q (B, H, N, m) and B = C_k W⁺ᵀ (B, H, N, m), in
+  O(N·m² + N·m·d) time and O(N·m) memory; ``normalize_nystrom(c_q, c_k, v, norm, w_inv=W⁺)`` takes C_k and
+  W⁺ (B, H, m, m) instead of B (the attention's call: "injective" then never forms B). Backends, in the
+  order "auto" tries them: ``triton`` (``triton.py``, CUDA), ``cpu`` (``cpu.py``: one C call per forward
+  and per backward), ``fused`` (the PyTorch functions of ``fused.py``), all three "injective" and "inline"
+  only, hand-written first-order backward, eager only; and ``composite`` (``reference.py``'s
+  ``normalize_nystrom_reference``, the plain autograd composite they are tested against, every norm).
 - ``normalize_nystrom_saving`` / ``normalize_nystrom_grad``: the same op split into a forward without
   autograd that returns small saved statistics and a backward from them and the (recomputed) factors,
   each backend's ``saving`` / ``grad``; the lean recompute (``ops/recompute.py``, docs/DESIGN.md §5.5)
   runs them.
+- ``normalize_dense``, ``scale_whitened``, ``normalize_nystrom_reference``: ``reference.py``.
+  ``limits.py``: what the Triton backend serves, without importing Triton.
 
 Injective variant, per image and head (Eq. 4 and 6 of the paper, with our choices of docs/DESIGN.md §4):
   h_ij = ĝ_ij - mean_j ĝ_ij,  mu_j = mean_i h_ij,  s_j² = var_i h_ij (population variance),
@@ -26,110 +23,20 @@ in factor form out_i = c_i M + v̄ instead of (c_i - c̄) M + v̄.  Composite ba
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from . import _runtime, injective
-from .dispatch import Backend, Op
-from .injective import InjectiveNormalization, InlineNormalization, injective_forward, inline_forward
-from .normalization_limits import triton_unfit
-from .validation import NORMS, check_choice
+from .. import _runtime
+from ..dispatch import Backend, Op
+from ..validation import NORMS, check_choice
+from . import fused
+from .fused import InjectiveNormalization, InlineNormalization, injective_forward, inline_forward
+from .limits import triton_unfit
+from .reference import NORM_SCALE_POWERS, normalize_dense, normalize_nystrom_reference, scale_whitened
+
+__all__ = ["NORMALIZATION", "FUSED_NORMS", "NORM_SCALE_POWERS", "normalize_dense", "normalize_nystrom",
+           "normalize_nystrom_grad", "normalize_nystrom_reference", "normalize_nystrom_saving", "scale_whitened"]
 
 FUSED_NORMS = ("injective", "inline")
-
-
-def _valid(mask: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, N) padding mask -> valid tokens as (B, 1, N, 1) weights of ``dtype`` and their count (B, 1, 1, 1)
-    (at least 1, so a sequence without valid tokens divides by 1, not 0)."""
-    valid = (~mask).to(dtype)[:, None, :, None]
-    return valid, valid.sum(-2, keepdim=True).clamp_min(1.0)
-
-
-def normalize_dense(
-    g: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e-6, key_padding_mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Z(ĝ) V for a materialised ĝ.  g: (B, H, N, N) queries × keys, v: (B, H, N, e) -> (B, H, N, e).
-
-    key_padding_mask: (B, N) bool, True = padding (docs/DESIGN.md §2.5): padded keys weigh 0, the row
-    means, column statistics and 1/N count valid tokens only, padded query rows of the output are 0."""
-    if key_padding_mask is not None:
-        return _normalize_dense_masked(g, v, norm, eps, key_padding_mask)
-    n_keys = g.shape[-1]
-    if norm == "none":
-        z = g
-    elif norm == "rowsum":
-        z = g / g.sum(-1, keepdim=True)
-    elif norm == "inline":
-        z = g - g.mean(-1, keepdim=True) + 1.0 / n_keys
-    elif norm in ("injective", "injective_nomean"):
-        h = g - g.mean(-1, keepdim=True)
-        mu = h.mean(-2, keepdim=True)
-        var = h.var(-2, unbiased=False, keepdim=True)
-        z = (h - (mu if norm == "injective" else 0.0)) / torch.sqrt(var + eps) + 1.0 / n_keys
-    else:
-        check_choice("norm", norm, NORMS)
-    return z @ v
-
-
-NORM_SCALE_POWERS = {"one": 0.0, "inv_sqrt_n": 0.5, "inv_n": 1.0}
-
-
-def scale_whitened(out: torch.Tensor, v: torch.Tensor, norm_scale: str = "one", gain: torch.Tensor | None = None,
-                   key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The output of the scaled injective map (docs/DESIGN.md §4.6) from that of the unscaled one.
-
-    With z_ij = w_ij + 1/N (w the whitened part of §4.1, rows of 1/N summing V to v̄), the scaled map is
-    z_ij = α_h·w_ij + 1/N, so Z_α V = v̄ + α_h (Z V − v̄), with α_h = gain_h · N^(−p): p = 0, ½, 1 for
-    ``norm_scale`` "one", "inv_sqrt_n", "inv_n"; N the valid keys of each sequence.
-    out, v: (B, H, N, e) (v with padded rows 0, as the operator holds it); gain: (H,) or None;
-    key_padding_mask: (B, N) bool or None. Padded rows of the result are 0. Any backend's Z V enters here,
-    so one function scales them all (reference, C, Triton, fused, lean recompute)."""
-    power = NORM_SCALE_POWERS[norm_scale]
-    if power == 0.0 and gain is None:
-        return out
-    if key_padding_mask is None:
-        n = v.shape[-2]
-        v_bar = v.mean(-2, keepdim=True)
-        alpha = float(n) ** -power
-        valid = None
-    else:
-        valid, count = _valid(key_padding_mask, v.dtype)
-        v_bar = (v * valid).sum(-2, keepdim=True) / count
-        alpha = count.pow(-power)
-    if gain is not None:
-        alpha = gain.to(out.dtype).view(1, -1, 1, 1) * alpha
-    scaled = v_bar + alpha * (out - v_bar)
-    return scaled if valid is None else scaled * valid
-
-
-def _normalize_dense_masked(g, v, norm, eps, mask):
-    check_choice("norm", norm, NORMS)
-    valid_q, count = _valid(mask, g.dtype)
-    valid_k = valid_q.transpose(-1, -2)
-    g_k = g * valid_k
-    if norm == "none":
-        z = g_k
-    elif norm == "rowsum":
-        z = g_k / g_k.sum(-1, keepdim=True)
-    else:
-        h = g - g_k.sum(-1, keepdim=True) / count
-        if norm == "inline":
-            z = (h + 1.0 / count) * valid_k
-        else:
-            mu = (h * valid_q).sum(-2, keepdim=True) / count
-            var = ((h - mu).square() * valid_q).sum(-2, keepdim=True) / count
-            shift = mu if norm == "injective" else 0.0
-            z = ((h - shift) / torch.sqrt(var + eps) + 1.0 / count) * valid_k
-    return (z @ (v * valid_q)).masked_fill(mask[:, None, :, None], 0.0)
-
-
-@contextlib.contextmanager
-def reference_normalization():
-    """Within this block ``normalize_nystrom`` runs the plain autograd composite (benchmarks, debugging,
-    the MAC counter): ``_runtime.use(normalization="composite")``, thread-local."""
-    with _runtime.use(normalization="composite"):
-        yield
 
 
 def normalize_nystrom(
@@ -206,10 +113,10 @@ def _cpu_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None, key_padding_
     why = _native_refusal(c_q, b, v, norm, eps, w_inv, "cpu", (torch.float32, torch.float64), key_padding_mask)
     if why is not None:
         return why
-    from . import normalization_cpu
+    from . import cpu
 
-    if not normalization_cpu.available():
-        return f"C loops unavailable ({normalization_cpu.load_error()})"
+    if not cpu.available():
+        return f"C loops unavailable ({cpu.load_error()})"
     return None
 
 
@@ -239,7 +146,7 @@ def _flatten(c_q, b, v, w_inv):
 
 
 def _cpu(c_q, b, v, norm, eps, w_inv):
-    from .normalization_cpu import normalize_cpu
+    from .cpu import normalize_cpu
 
     batch, c3, k3, v3, w3 = _flatten(c_q, b, v, w_inv)
     out = normalize_cpu(c3, k3, v3, norm, eps, w3)
@@ -247,7 +154,7 @@ def _cpu(c_q, b, v, norm, eps, w_inv):
 
 
 def _triton(c_q, b, v, norm, eps, w_inv):
-    from .normalization_triton import normalize_triton
+    from .triton import normalize_triton
 
     batch, c3, k3, v3, w3 = _flatten(c_q, b, v, w_inv)
     out = normalize_triton(c3, k3, v3, norm, eps, w3)
@@ -295,35 +202,35 @@ def _flat_grad(module, grad_out, saved, c_q, b, v, norm, eps, w_inv):
 
 
 def _cpu_saving(*inputs):
-    from . import normalization_cpu
+    from . import cpu
 
-    return _flat_saving(normalization_cpu, *inputs)
+    return _flat_saving(cpu, *inputs)
 
 
 def _cpu_grad(*inputs):
-    from . import normalization_cpu
+    from . import cpu
 
-    return _flat_grad(normalization_cpu, *inputs)
+    return _flat_grad(cpu, *inputs)
 
 
 def _triton_saving(*inputs):
-    from . import normalization_triton
+    from . import triton
 
-    return _flat_saving(normalization_triton, *inputs)
+    return _flat_saving(triton, *inputs)
 
 
 def _triton_grad(*inputs):
-    from . import normalization_triton
+    from . import triton
 
-    return _flat_grad(normalization_triton, *inputs)
+    return _flat_grad(triton, *inputs)
 
 
 def _fused_saving(*inputs):
-    return _flat_saving(injective, *inputs)
+    return _flat_saving(fused, *inputs)
 
 
 def _fused_grad(*inputs):
-    return _flat_grad(injective, *inputs)
+    return _flat_grad(fused, *inputs)
 
 
 def _composite_saving(c_q, b, v, norm, eps, w_inv, key_padding_mask=None):
@@ -340,55 +247,6 @@ def _composite_grad(grad_out, saved, c_q, b, v, norm, eps, w_inv, key_padding_ma
     grads = iter(torch.autograd.grad(out, wanted, grad_out, allow_unused=True))
     d_c, d_b, d_v, d_w = (None if t is None else next(grads) for t in leaves)
     return d_c, d_b, d_w, d_v
-
-
-def _normalize_nystrom_masked(c_q, b, v, norm, eps, mask):
-    valid, count = _valid(mask, b.dtype)
-    b = b * valid
-    v = v * valid
-    if norm == "none":
-        out = c_q @ (b.transpose(-1, -2) @ v)
-    elif norm == "rowsum":
-        out = (c_q @ (b.transpose(-1, -2) @ v)) / (c_q @ b.sum(-2).unsqueeze(-1))
-    else:
-        v_mean = v.sum(-2, keepdim=True) / count
-        b_centred = (b - b.sum(-2, keepdim=True) / count) * valid
-        if norm == "inline":
-            out = c_q @ (b_centred.transpose(-1, -2) @ v) + v_mean
-        else:
-            c_centred = (c_q - (c_q * valid).sum(-2, keepdim=True) / count) * valid
-            cov_q = c_centred.transpose(-1, -2) @ c_centred / count
-            var = ((b_centred @ cov_q) * b_centred).sum(-1).clamp_min(0.0)
-            m_mat = (b_centred * torch.rsqrt(var + eps).unsqueeze(-1)).transpose(-1, -2) @ v
-            out = (c_centred if norm == "injective" else c_q * valid) @ m_mat + v_mean
-    return out.masked_fill(mask[:, None, :, None], 0.0)
-
-
-def normalize_nystrom_reference(
-    c_q: torch.Tensor, b: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e-6,
-    key_padding_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Plain autograd composite of ``normalize_nystrom`` (same arguments and shapes; double-differentiable)."""
-    check_choice("norm", norm, NORMS)
-    if key_padding_mask is not None:
-        return _normalize_nystrom_masked(c_q, b, v, norm, eps, key_padding_mask)
-    n_keys = b.shape[-2]
-    if norm == "none":
-        return c_q @ (b.transpose(-1, -2) @ v)
-    if norm == "rowsum":
-        num = c_q @ (b.transpose(-1, -2) @ v)
-        den = c_q @ b.sum(-2).unsqueeze(-1)
-        return num / den
-    v_mean = v.mean(-2, keepdim=True)
-    b_centred = b - b.mean(-2, keepdim=True)
-    if norm == "inline":
-        return c_q @ (b_centred.transpose(-1, -2) @ v) + v_mean
-    c_centred = c_q - c_q.mean(-2, keepdim=True)  # injective, injective_nomean
-    cov_q = c_centred.transpose(-1, -2) @ c_centred / c_q.shape[-2]
-    var = ((b_centred @ cov_q) * b_centred).sum(-1).clamp_min(0.0)
-    m_mat = (b_centred * torch.rsqrt(var + eps).unsqueeze(-1)).transpose(-1, -2) @ v
-    # mu_j = c̄ · b̃_j: subtracting it is centring the query factor (docs/DESIGN.md §4.3)
-    return (c_centred if norm == "injective" else c_q) @ m_mat + v_mean
 
 
 # ``saving(c_q, b, v, norm, eps, w_inv[, key_padding_mask])`` -> (out, saved tensors), without autograd;

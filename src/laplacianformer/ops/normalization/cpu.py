@@ -1,8 +1,8 @@
-"""The fused injective / inline normalisation in C (``csrc/normalization.c``, docs/DESIGN.md §4.3, §6).
+"""The fused injective / inline normalisation in C (``ops/csrc/normalization.c``, docs/DESIGN.md §4.3, §6).
 
 Backend ``cpu`` of the op ``normalization``: forward and backward are one C call each (OpenMP over
 (batch·head, row chunk) tasks, register-blocked products, the centring, scaling and reductions fused into
-the row passes; formulas in ``ops/injective.py``). Per batch·head, c (Nq, m) = C_q, k (Nk, m) = C_k,
+the row passes; formulas in ``ops/normalization/fused.py``). Per batch·head, c (Nq, m) = C_q, k (Nk, m) = C_k,
 w (m, m) = W⁺ (or None: k is B itself), v (Nk, e) -> out (Nq, e).
 
 Temporaries: the forward allocates the output and, when a gradient is needed, t = k̃ S' (Nk, m), which
@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._clib import CLibrary, threads_for_work
+from .._clib import CLibrary, threads_for_work
 
-_SRC = Path(__file__).with_name("csrc") / "normalization.c"
+_SRC = Path(__file__).parents[1] / "csrc" / "normalization.c"
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 
 

@@ -47,7 +47,7 @@ and s, M', dS' are products of centred k̃.
 
 The backward is first order only: a second derivative through it raises a RuntimeError
 (``once_differentiable``).  Callers wanting double backward use the composite
-``normalization.normalize_nystrom_reference``.
+``reference.normalize_nystrom_reference``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import threading
 import torch
 from torch.autograd.function import once_differentiable
 
-from .layout import last_dim_contiguous
+from ..layout import last_dim_contiguous
 
 
 BLOCK_ELEMENTS = 1 << 18

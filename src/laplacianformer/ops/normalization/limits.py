@@ -1,5 +1,5 @@
 """What the Triton backend of the fused normalisation serves, in pure Python (the registry asks without
-importing Triton; ``normalization_triton.py`` enumerates its specialisations within it): the range
+importing Triton; ``triton.py`` enumerates its specialisations within it): the range
 ``benchmarks/triton_aot.py --strict`` compiles and checks for register spills and shared memory on sm_80
 and sm_90 (docs/KERNELS.md, "The fused normalisation")."""
 

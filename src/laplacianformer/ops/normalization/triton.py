@@ -1,5 +1,5 @@
 """The fused injective / inline normalisation in Triton (docs/DESIGN.md §4.3, §6); formulas in
-``ops/injective.py``, the CPU twin in ``csrc/normalization.c``.
+``ops/normalization/fused.py``, the CPU twin in ``ops/csrc/normalization.c``.
 
 Backend ``triton`` of the op ``normalization``. Per batch·head, c (Nq, m) = C_q, k (Nk, m) = C_k,
 w (m, m) = W⁺ or None (k is B), v (Nk, e); products accumulate in float32 (``tl.dot`` as "tf32x3": the
@@ -26,7 +26,7 @@ products (row-block × m results) left one of them replicated across the warps, 
 registers (100 of 888 specialisations, mostly on sm_80). Separated, each kernel's products share one
 shape. Every launch passes ``maxnreg`` (``MAXNREG``).
 
-m and e up to 64 (``TRITON_MAX_DIM`` of ``normalization_limits.py``, which the registry and the launcher
+m and e up to 64 (``TRITON_MAX_DIM`` of ``limits.py``, which the registry and the launcher
 ask). ``aot_specialisations`` lists every launch configuration for ``benchmarks/triton_aot.py``, which
 compiles them for sm_80 and sm_90 and checks (``--strict``) that none spills or exceeds a block's shared
 memory.
@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from .normalization_limits import TRITON_MAX_DIM, triton_unfit
+from .limits import TRITON_MAX_DIM, triton_unfit
 
 MAX_DIM = TRITON_MAX_DIM
 _SPLITS = 16
@@ -390,7 +390,7 @@ def backward_saved(grad: torch.Tensor, c: torch.Tensor, k: torch.Tensor, w: torc
 def normalize_triton(c: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm: str, eps: float,
                      w: torch.Tensor | None) -> torch.Tensor:
     """(G, Nq, m), (G, Nk, m), (G, Nk, e), w (G, m, m) or None -> (G, Nq, e), autograd when needed;
-    ValueError for the m, e, dtype that ``normalization_limits.triton_unfit`` refuses."""
+    ValueError for the m, e, dtype that ``limits.triton_unfit`` refuses."""
     why = triton_unfit(c.dtype, k.shape[-1], v.shape[-1])
     if why is not None:
         raise ValueError(f"normalize_triton: {why}")
@@ -446,7 +446,7 @@ def _launches(m: int, e: int, dtype: torch.dtype):
 def aot_specialisations(d_max: int = 128, m_max: int = 128):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) the launchers above can
     produce (``options``: the compile option ``maxnreg``) for m <= m_max landmarks and e <= d_max value
-    features within what the registry serves (``normalization_limits.triton_unfit``), from the same
+    features within what the registry serves (``limits.triton_unfit``), from the same
     ``*_spec`` functions (benchmarks/triton_aot.py).
     m and e are enumerated as powers of two (the specs depend on them only through ``next_power_of_2``);
     identical specialisations are yielded once, under the label of their first launch."""
