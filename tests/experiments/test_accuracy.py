@@ -126,3 +126,19 @@ def test_quick_cell_trains_on_the_split_and_scores_test(tmp_path):
     assert first["final_test_n"] == accuracy.QUICK_VAL["test_subset"]
     again = run_cell(config)
     assert again.get("resumed") and again["steps"] == 3
+
+
+def test_results_page_accuracy_block_is_generated(tmp_path):
+    from laplacianformer.experiments import results_page
+
+    accuracy.run_cells(["default", "inline"], [0, 1, 2], protocol=_protocol(), out=tmp_path, runs=tmp_path,
+                       progress=False, train_fn=_fake_train)
+    accuracy.write_reports(tmp_path)
+    assert (tmp_path / "selection.png").stat().st_size > 0
+    (tmp_path / "ablations").mkdir()
+    page = tmp_path / "RESULTS.md"
+    page.write_text(f"{results_page.BEGIN}\n{results_page.END}\nprose\n{results_page.ACCURACY_BEGIN}\nold\n"
+                    f"{results_page.ACCURACY_END}\n")
+    assert results_page.rewrite(page, tmp_path / "ablations", tmp_path, tmp_path / "missing.md")
+    text = page.read_text()
+    assert "Chosen: **inline**" in text and "old" not in text and "prose" in text and "selection.png" in text

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from .ablate import CellRunner, _fmt_time, _jsonable, build_protocol
-from .common import environment, markdown_table, read_json, write_json
+from .common import environment, markdown_table, pyplot, read_json, write_json
 from .protocol import PROTOCOL, QUICK, same_protocol
 from .stats import describe, paired, verdict
 
@@ -255,6 +255,31 @@ def confirmation_markdown(conf: dict) -> str:
             f"{'' if conf['complete'] else '; incomplete'}).\n\n{table}\n\n{claims}")
 
 
+def _plot(path: Path, rows: list[tuple[str, dict[str, float]]], xlabel: str, title: str, mark: str | None) -> None:
+    """Per configuration: its per-seed values (dots) and their mean (bar), in points; ``mark`` drawn bold."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.38 * len(rows)))
+    for i, (label, per_seed) in enumerate(rows):
+        vals = [100 * v for v in per_seed.values()]
+        if not vals:
+            continue
+        mean = sum(vals) / len(vals)
+        ax.barh(i, mean, color="tab:orange" if label == mark else "tab:blue", alpha=0.45)
+        ax.plot(vals, [i] * len(vals), "k.", ms=4)
+        ax.text(mean, i, f" {mean:.2f}", va="center", fontsize=7)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([lb for lb, _ in rows], fontsize=7)
+    lo = min((100 * v for _, d in rows for v in d.values()), default=0.0)
+    hi = max((100 * v for _, d in rows for v in d.values()), default=100.0)
+    ax.set_xlim(lo - 1.0, hi + 1.0)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_reports(out: Path, chosen: str | None = None) -> dict:
     """selection.json/.md and (when a choice exists) confirmation.json/.md from OUT/cells.json."""
     record = read_json(out / "cells.json")
@@ -263,12 +288,17 @@ def write_reports(out: Path, chosen: str | None = None) -> dict:
     sel = selection(record)
     write_json(out / "selection.json", sel)
     (out / "selection.md").write_text(selection_markdown(sel) + "\n")
+    order = sel["ranking"] + [lb for lb in sel["candidates"] if lb not in sel["ranking"]]
+    _plot(out / "selection.png", [(lb, sel["candidates"][lb]["val_top1"]) for lb in order], "validation top-1 (%)",
+          f"selection on validation data ({sel['protocol']['name']}); dots: seeds", sel["chosen"])
     done = {"selection": sel}
     chosen = chosen or sel["chosen"]
     if chosen is not None and any(c["label"] in BASELINES for c in record["cells"].values()):
         conf = confirmation(record, chosen)
         write_json(out / "confirmation.json", conf)
         (out / "confirmation.md").write_text(confirmation_markdown(conf) + "\n")
+        _plot(out / "confirmation.png", [(lb, c["test_top1"]) for lb, c in conf["configurations"].items()],
+              "test top-1 (%)", f"confirmation on the test set (chosen on validation: {chosen})", chosen)
         done["confirmation"] = conf
     return done
 

@@ -1,10 +1,14 @@
-"""docs/RESULTS.md's ablation section, generated from the results files (docs/DESIGN.md §7).
+"""docs/RESULTS.md's generated sections, from the results files (docs/DESIGN.md §7).
 
-The page keeps its prose by hand; the block between ``BEGIN`` and ``END`` below is rewritten from
-``results/ablations/NAME.json`` so that no number in it is copied by hand: an overview (status, cells, seeds,
-verdicts per ablation), every claim's verdict, then each ablation's table and plot.
+The page keeps its prose by hand; two blocks between markers are rewritten so that no number in them is
+copied by hand:
+- ablations (``BEGIN`` … ``END``), from ``results/ablations/NAME.json``: an overview (status, cells, seeds,
+  verdicts per ablation), every claim's verdict, then each ablation's table and plot;
+- accuracy (``ACCURACY_BEGIN`` … ``ACCURACY_END``), from ``results/accuracy/`` (selection on validation
+  data, confirmation on test; DESIGN §7.5) and ``results/analysis/gain_tokens.md`` (DESIGN §4.6).
 
-    python -m laplacianformer.experiments.results_page [--results results/ablations] [--page docs/RESULTS.md]
+    python -m laplacianformer.experiments.results_page [--results results/ablations] [--accuracy results/accuracy]
+                                                       [--page docs/RESULTS.md]
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from .evidence import ablation_of, markdown, seed_coverage, status
 
 BEGIN = "<!-- BEGIN generated ablations: python -m laplacianformer.experiments.results_page; do not edit by hand -->"
 END = "<!-- END generated ablations -->"
+ACCURACY_BEGIN = "<!-- BEGIN generated accuracy: python -m laplacianformer.experiments.results_page; do not edit by hand -->"
+ACCURACY_END = "<!-- END generated accuracy -->"
 
 
 def _records(results: Path) -> dict[str, dict | None]:
@@ -79,27 +85,55 @@ def section(results: Path, page_dir: Path) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-def rewrite(page: Path, results: Path) -> bool:
-    """Replace the block between the markers of ``page``; True if the file changed."""
+def accuracy_section(accuracy: Path, gain_md: Path, page_dir: Path) -> str:
+    """The generated accuracy block: the gain table, the selection and the confirmation as recorded."""
+    parts = []
+    for title, path in (("Output gain against tokens at initialisation (DESIGN §4.6)", gain_md),
+                        ("Selection on validation data (DESIGN §7.5)", accuracy / "selection.md"),
+                        ("Confirmation on the test set (DESIGN §7.5)", accuracy / "confirmation.md")):
+        body = path.read_text(encoding="utf-8").strip() if path.is_file() else "Not recorded yet."
+        body = "\n".join(line for line in body.splitlines() if not line.startswith("### analysis"))
+        parts += [f"### {title}", "", body.strip(), ""]
+        png = path.with_suffix(".png")
+        if png.is_file():
+            parts += [f"![{path.stem}]({Path(os.path.relpath(png, page_dir)).as_posix()})", ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def replace_block(page: Path, begin: str, end: str, body: str) -> bool:
+    """Replace the text between the markers ``begin`` and ``end`` of ``page`` by ``body``; True if it changed."""
     text = page.read_text(encoding="utf-8")
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"page: {page} must hold the markers {BEGIN!r} and {END!r} once each, in that order")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    new = f"{head}{BEGIN}\n{section(results, page.parent)}{END}{tail}"
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError(f"page: {page} must hold the markers {begin!r} and {end!r} once each, in that order")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    new = f"{head}{begin}\n{body}{end}{tail}"
     if new != text:
         page.write_text(new, encoding="utf-8")
     return new != text
 
 
+def rewrite(page: Path, results: Path, accuracy: Path | None = None, gain_md: Path | None = None) -> bool:
+    """Rewrite the ablation block of ``page`` (and the accuracy block when ``accuracy`` is given); True if the
+    file changed."""
+    changed = replace_block(page, BEGIN, END, section(results, page.parent))
+    if accuracy is not None:
+        gain_md = gain_md or Path("results/analysis/gain_tokens.md")
+        changed |= replace_block(page, ACCURACY_BEGIN, ACCURACY_END, accuracy_section(accuracy, gain_md, page.parent))
+    return changed
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", type=Path, default=Path("results/ablations"), help="folder of NAME.json files")
+    p.add_argument("--accuracy", type=Path, default=Path("results/accuracy"),
+                   help="folder of selection/confirmation files (DESIGN §7.5)")
+    p.add_argument("--gain", type=Path, default=Path("results/analysis/gain_tokens.md"), help="gain-tokens table")
     p.add_argument("--page", type=Path, default=Path("docs/RESULTS.md"), help="page holding the markers")
     args = p.parse_args(argv)
     if not args.page.is_file():
         p.error(f"--page: {args.page} does not exist")
-    changed = rewrite(args.page, args.results)
+    changed = rewrite(args.page, args.results, args.accuracy, args.gain)
     print(f"{args.page}: {'rewritten' if changed else 'unchanged'} from {args.results}")
     return 0
 
