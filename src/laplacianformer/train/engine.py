@@ -48,6 +48,7 @@ from .config import TrainConfig, resolve_data
 from .distributed import barrier, broadcast_object, cleanup, init_device, resolve_device
 from .ema import ModelEma
 from .evaluate import autocast_context, evaluate
+from .geometry import model_kwargs_for
 from .interrupt import StopFlag
 from .plots import plot_curves
 from .runlog import StepLog, write_epochs
@@ -58,19 +59,13 @@ SUMMARY = "summary.json"
 CURVES = "curves.png"
 
 
-def model_kwargs_for(config: TrainConfig) -> dict:
-    """Model overrides: ``config.model_kwargs`` plus stem_stride=2 for images under 128 px unless given."""
-    kw = dict(config.model_kwargs)
-    if "stem_stride" not in kw and config.img_size < 128:
-        kw["stem_stride"] = 2
-    return kw
-
-
 def build_model(config: TrainConfig, num_classes: int, in_chans: int) -> nn.Module:
-    """``laplacianformer.models.create_model`` with the run's attention, drop path and overrides."""
+    """``laplacianformer.models.create_model`` with the run's attention, drop path and model overrides
+    (``geometry.model_kwargs_for``: the same model the protocols check)."""
     return create_model(
         config.model, num_classes=num_classes, in_chans=in_chans, attn=config.attn,
-        attn_kwargs=dict(config.attn_kwargs) or None, drop_path_rate=config.drop_path, **model_kwargs_for(config),
+        attn_kwargs=dict(config.attn_kwargs) or None, drop_path_rate=config.drop_path,
+        **model_kwargs_for(config.model_kwargs, config.img_size),
     )
 
 

@@ -1,6 +1,10 @@
-"""The resolution rule of the training protocols: enough stage-1 tokens per Nyström landmark
-(docs/DESIGN.md §2, §5.3; used by the ablation protocol, docs/DESIGN.md §7, and the demo).
+"""The resolution rules of training: the stem stride of small images, and enough stage-1 tokens per
+Nyström landmark (docs/DESIGN.md §2, §5.3; used by the training engine, the ablation protocol,
+docs/DESIGN.md §7, and the demo).
 
+``model_kwargs_for`` is the one place that turns a recipe's model overrides and image size into the
+model's constructor options (stem stride 2 below ``SMALL_IMAGE`` px unless given): the engine builds the
+trained model with it and ``geometry`` the model it checks, so both are the same model.
 ``geometry(rec)`` reads the stage-1 token count, landmark count and head dim off the recipe's model (one
 forward of a blank image); ``check_geometry`` refuses fewer than ``MIN_TOKENS_PER_LANDMARK`` tokens per
 landmark, where the Nyström approximation would barely be exercised (m close to N is nearly the exact kernel).
@@ -9,9 +13,20 @@ landmark, where the Nyström approximation would barely be exercised (m close to
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 MIN_TOKENS_PER_LANDMARK = 4
+SMALL_IMAGE = 128
+"""Images under this many pixels get stem stride 2 (instead of the model's 4) unless the recipe sets one."""
+
+
+def model_kwargs_for(model_kwargs: Mapping | None, img_size: int) -> dict:
+    """A recipe's model overrides plus ``stem_stride=2`` for images under ``SMALL_IMAGE`` px unless given."""
+    kw = dict(model_kwargs or {})
+    if "stem_stride" not in kw and img_size < SMALL_IMAGE:
+        kw["stem_stride"] = 2
+    return kw
 
 
 def in_chans_of(rec: dict) -> int:
@@ -33,7 +48,8 @@ def geometry(rec: dict) -> dict[str, Any]:
     from ..models import create_model
 
     chans = in_chans_of(rec)
-    model = create_model(rec["model"], num_classes=10, in_chans=chans, **dict(rec.get("model_kwargs") or {}))
+    model = create_model(rec["model"], num_classes=10, in_chans=chans,
+                         **model_kwargs_for(rec.get("model_kwargs"), rec["img_size"]))
     layers = [m for m in model.modules() if isinstance(m, LaplacianAttention)]
     if not layers:
         raise ValueError(f"protocol: model {rec['model']!r} has no Laplacian attention layer")
@@ -58,7 +74,7 @@ def check_geometry(geom: dict, rec: dict) -> None:
     """ValueError when stage 1 has fewer than ``MIN_TOKENS_PER_LANDMARK`` tokens per landmark."""
     n, m = geom["stage1_tokens"], geom["landmarks"]
     if n < MIN_TOKENS_PER_LANDMARK * m:
-        stride = (rec.get("model_kwargs") or {}).get("stem_stride", "?")
+        stride = model_kwargs_for(rec.get("model_kwargs"), rec["img_size"]).get("stem_stride", "the model's")
         raise ValueError(
             f"protocol: stage 1 has {n} tokens (img_size {rec['img_size']}, stem stride {stride}) for m = {m} "
             f"landmarks, fewer than {MIN_TOKENS_PER_LANDMARK} × m = {MIN_TOKENS_PER_LANDMARK * m}: the Nyström "
