@@ -1,6 +1,7 @@
 """Numerical robustness and crash-safety measurements (docs/RELIABILITY.md).
 
-    .venv/bin/python -m benchmarks.robustness            # full run, writes benchmarks/results/robustness.{json,md,png}
+    .venv/bin/python -m benchmarks.robustness            # full run, writes runs/bench/robustness/robustness.{json,md,png}
+    .venv/bin/python -m benchmarks.robustness --publish  # the same into benchmarks/results/
     .venv/bin/python -m benchmarks.robustness --quick    # fewer kills, a smoke run
 
 Three parts:
@@ -30,9 +31,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from benchmarks.common import REPO_ROOT, markdown_table, plot_loglog, write_json
+from laplacianformer.bench.output import add_output_options, output_stem
+from laplacianformer.bench.report import markdown_table, plot_loglog, write_json, write_text
 
-sys.path.insert(0, str(REPO_ROOT / "tests" / "reliability"))
+# the fault-injection and ill-conditioned cases of the test suite: this benchmark runs from a checkout only
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "reliability"))
 
 from fault_cases import slow_saving_loop  # noqa: E402
 from numerics_cases import (  # noqa: E402
@@ -151,24 +154,25 @@ def report(solvers: list[dict], attention: list[dict], kills: dict) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 SIGKILL trials instead of 60")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results")
+    add_output_options(parser)
     args = parser.parse_args(argv)
+    stem = output_stem(args, "robustness", "robustness")
     torch.manual_seed(0)
     solvers = solver_part()
     attention = attention_part()
     kills = kill_part(10 if args.quick else 60)
     settings = {"condition_numbers": list(CONDITION_NUMBERS), "iters": list(SOLVER_ITERS), "cases": list(CASES),
                 "dtypes": list(DTYPES), "norms": list(NORMS), "kill_trials": kills["trials"]}
-    write_json(args.out / "robustness.json", {"solvers": solvers, "attention": attention, "kills": kills}, settings=settings)
+    write_json(stem.with_suffix(".json"), {"solvers": solvers, "attention": attention, "kills": kills}, settings=settings)
     text = report(solvers, attention, kills)
-    (args.out / "robustness.md").write_text(text)
+    write_text(stem.with_suffix(".md"), text)
     series = {}
     for r in solvers:
         if r["solver"] == "newton_schulz" and r["dtype"] == "float32" and r["iters"] in (20, 40):
             series.setdefault(f"NS {r['iters']} it, eps={r['eps']}", ([], []))
             series[f"NS {r['iters']} it, eps={r['eps']}"][0].append(r["cond_W"])
             series[f"NS {r['iters']} it, eps={r['eps']}"][1].append(r.get("residual"))
-    plot_loglog(args.out / "robustness.png", [{"ylabel": "||I - P V||_F (float32)", "series": series}],
+    plot_loglog(stem.with_suffix(".png"), [{"ylabel": "||I - P V||_F (float32)", "series": series}],
                 xlabel="cond(W) of the 7×7 landmark kernel matrix", title="Newton–Schulz residual vs conditioning")
     print(text)
 

@@ -38,7 +38,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 MODULES = [
     "laplacianformer.ops.kernel.triton",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -91,7 +90,7 @@ def _add_flags(p: argparse.ArgumentParser, specs: dict, default, *names: str, **
 
 
 def _attns(text: str) -> list[str]:
-    from .train.demo import parse_attns
+    from .demo.recipe import parse_attns
 
     try:
         return parse_attns(text)
@@ -104,7 +103,7 @@ _attns.__name__ = "attention list"
 
 def _add_demo_parser(sub, specs: dict) -> None:
     """The ``demo`` sub-command; each help line shows the default (and ``--quick``'s where it differs)."""
-    from .train.demo import COST, COST_QUICK, DEFAULTS, QUICK
+    from .demo.recipe import COST, COST_QUICK, DEFAULTS, QUICK
 
     def default(key, fmt=str):
         d, q = DEFAULTS[key], QUICK[key]
@@ -192,11 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--landmarks", default=None, help="lh,lw (2-D) or m (1-D); default 7,7 or 49")
     p.add_argument("--backward", action="store_true", help="also run the backward (the solver's implicit gradient)")
 
-    p = sub.add_parser("bench", help="run the benchmark scripts under benchmarks/")
-    p.add_argument("names", nargs="*", help="benchmark script names (default: all); see --list")
-    p.add_argument("--quick", action="store_true", help="pass --quick to each script (small sizes)")
+    p = sub.add_parser("bench", help="run benchmarks (results under runs/bench/ of the current directory)")
+    p.add_argument("names", nargs="*", help="benchmark names (default: all); see --list")
+    p.add_argument("--quick", action="store_true", help="smoke-test sizes (seconds each; the numbers are not results)")
     p.add_argument("--list", action="store_true", help="list the available benchmarks")
-    p.add_argument("--dir", default=None, help="benchmarks directory (default: ./benchmarks or the source tree's)")
+    from .bench.output import add_publish_option
+
+    add_publish_option(p)
 
     _add_demo_parser(sub, specs)
 
@@ -352,58 +353,18 @@ def cmd_info(args) -> int:
     return 0
 
 
-def _bench_dir(explicit: str | None) -> Path:
-    if explicit:
-        d = Path(explicit)
-        if not d.is_dir():
-            raise UserError(f"--dir: {d}: not a directory")
-        return d
-    for d in (Path.cwd() / "benchmarks", Path(__file__).resolve().parents[2] / "benchmarks"):
-        if d.is_dir():
-            return d
-    raise UserError("bench: no benchmarks/ directory found (run from the source checkout or pass --dir)")
-
-
-def _bench_scripts(d: Path) -> dict[str, Path]:
-    """Benchmark modules of ``d``: every ``*.py`` except shared helpers (``common.py``, ``_*.py``)."""
-    return {p.stem: p for p in sorted(d.glob("*.py")) if p.stem not in ("common", "__init__")
-            and not p.stem.startswith("_")}
-
-
-def _first_doc_line(p: Path) -> str:
-    text = p.read_text()
-    if '"""' not in text:
-        return ""
-    lines = text.split('"""')[1].strip().splitlines()
-    return lines[0] if lines else ""
-
-
 def cmd_bench(args) -> int:
-    d = _bench_dir(args.dir)
-    scripts = _bench_scripts(d)
-    if not scripts:
-        raise UserError(f"bench: no benchmark scripts in {d}")
+    from .bench import registry
+
     if args.list:
-        for name, p in scripts.items():
-            print(f"{name:<24} {_first_doc_line(p)}")
+        for name in registry.check_names(args.names):
+            print(f"{name:<20} {registry.describe(name)}")
         return 0
-    names = args.names or list(scripts)
-    unknown = [n for n in names if n not in scripts]
-    if unknown:
-        raise UserError(f"bench: unknown benchmark {unknown[0]!r}; available: {', '.join(scripts)}")
-    rc = 0
-    for n in names:
-        quick = args.quick and '"--quick"' in scripts[n].read_text()
-        cmd = [sys.executable, "-m", f"{d.name}.{n}"] + (["--quick"] if quick else [])
-        if args.quick and not quick:
-            print(f"[bench] {n} has no --quick option; running its defaults", file=sys.stderr)
-        print(f"$ {' '.join(cmd)}", flush=True)
-        rc = subprocess.call(cmd, cwd=d.parent) or rc
-    return rc
+    return registry.run(args.names, quick=args.quick, publish=args.publish)
 
 
 def cmd_demo(args) -> int:
-    from .train.demo import run_demo
+    from .demo.run import run_demo
 
     run_demo(out=args.out, attns=args.attns, data=args.data, quick=args.quick, jobs=args.jobs, cost=args.cost,
              publish=args.publish, cost_sizes=args.cost_sizes, time_budget=args.time_budget, progress=args.progress,

@@ -1,3 +1,5 @@
+"""The benchmarks of ``laplacianformer.bench`` and their shared harness, at smoke-test sizes."""
+
 import json
 import sys
 from pathlib import Path
@@ -5,12 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from laplacianformer.bench import attention_scaling
+from laplacianformer.bench.harness import peak_memory, round_robin, time_call
+from laplacianformer.bench.report import fit_exponent, markdown_table
 
-from benchmarks import attention_scaling  # noqa: E402
-from benchmarks.common import fit_exponent, markdown_table, peak_memory, time_call  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def allocate(mb: int):
@@ -22,7 +23,8 @@ def allocate(mb: int):
     return fn
 
 
-def test_peak_memory_subprocess_sees_an_allocation():
+def test_peak_memory_subprocess_sees_an_allocation(monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)  # the child imports the factory's module from the current directory
     spec = "tests.benchmarks.test_benchmark_scripts:allocate"
     big = peak_memory(spec, {"mb": 96}, warmup_kwargs={"mb": 1}, threads=1)
     assert 90 <= big["peak_mb"] <= 140, big
@@ -31,7 +33,14 @@ def test_peak_memory_subprocess_sees_an_allocation():
 
 def test_time_call_and_helpers():
     t = time_call(lambda: sum(range(1000)), warmup=1, repeats=4)
-    assert t.repeats == 4 and t.q1_ms <= t.median_ms <= t.q3_ms and len(t.warmup_ms) == 1
+    assert t.repeats == 4 and t.q1_ms <= t.median_ms <= t.q3_ms and len(t.warmup_ms) == 1 and t.cpu_ms >= 0
+    # round-robin: the same statistics per callable, one warm-up call each unless told otherwise
+    calls = []
+    rr = round_robin({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3)
+    assert calls == ["a", "b"] * 4 and {n: (t.repeats, len(t.warmup_ms)) for n, t in rr.items()} == {"a": (3, 1), "b": (3, 1)}
+    calls.clear()
+    round_robin({"a": lambda: calls.append("a")}, repeats=2, warmup=False)
+    assert calls == ["a", "a"]
     assert fit_exponent([1024, 4096, 16384], [2.0, 8.0, 32.0]) == pytest.approx(1.0)
     assert fit_exponent([1024], [2.0]) is None
     table = markdown_table(["a", "b"], [[1, 0.123456], ["x", None]])
@@ -53,7 +62,7 @@ def test_attention_scaling_quick_smoke(tmp_path):
 
 
 def test_model_throughput_smoke_and_activation_count(tmp_path):
-    from benchmarks import model_throughput
+    from laplacianformer.bench import model_throughput
 
     out = tmp_path / "mt"
     model_throughput.main(["--model", "laplacianformer_micro", "--sizes", "32", "--repeats", "2", "--no-memory", "--out", str(out)])
@@ -76,7 +85,7 @@ def test_model_throughput_smoke_and_activation_count(tmp_path):
 
 def test_model_throughput_ns_iters_rows_use_model_kwargs(tmp_path):
     """The opt-in Newton–Schulz-iteration rows, timed against the default and built with --model-kwargs."""
-    from benchmarks import model_throughput
+    from laplacianformer.bench import model_throughput
 
     out = tmp_path / "ns"
     model_throughput.main(["--model", "laplacianformer_micro", "--sizes", "28", "--repeats", "1", "--no-memory",
@@ -96,7 +105,7 @@ def test_model_throughput_ns_iters_rows_use_model_kwargs(tmp_path):
 
 
 def test_model_throughput_rejects_bad_model_kwargs(capsys):
-    from benchmarks import model_throughput
+    from laplacianformer.bench import model_throughput
 
     with pytest.raises(SystemExit):
         model_throughput.main(["--model-kwargs", "[1, 2]"])
@@ -112,9 +121,9 @@ def test_stage_attention_smoke_under_retained_heap(tmp_path):
 
     out = tmp_path / "sa"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    cmd = [sys.executable, "-m", "benchmarks.stage_attention", "--model", "laplacianformer_micro", "--size", "64",
+    cmd = [sys.executable, "-m", "laplacianformer.bench.stage_attention", "--model", "laplacianformer_micro", "--size", "64",
            "--repeats", "2", "--retain-heap", "--out", str(out)]
-    subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=True, capture_output=True, timeout=600)
+    subprocess.run(cmd, cwd=tmp_path, env=env, check=True, capture_output=True, timeout=600)
     data = json.loads(out.with_suffix(".json").read_text())
     assert data["settings"]["allocator"] == "glibc-retain"
     rows = data["results"]["rows"]
@@ -137,7 +146,7 @@ def test_stage_attention_smoke_under_retained_heap(tmp_path):
 
 
 def test_peak_heap_memory_sees_a_live_allocation():
-    from benchmarks.common import heap_in_use, peak_heap_memory
+    from laplacianformer.bench.harness import heap_in_use, peak_heap_mib as peak_heap_memory
 
     if heap_in_use() is None:
         pytest.skip("needs glibc mallinfo2")
@@ -147,7 +156,7 @@ def test_peak_heap_memory_sees_a_live_allocation():
 
 
 def test_cpu_pitfalls_measurements_run():
-    from benchmarks import cpu_pitfalls
+    from laplacianformer.bench import cpu_pitfalls
 
     pages = cpu_pitfalls.fresh_page_fill(mib=1, repeats=3)
     assert pages["pages"] == 256 and pages["fresh_ms"] > 0 and pages["touched_ms"] > 0
@@ -157,7 +166,7 @@ def test_cpu_pitfalls_measurements_run():
 
 
 def test_padding_benchmark_smoke(tmp_path):
-    from benchmarks import padding
+    from laplacianformer.bench import padding
 
     out = tmp_path / "padding"
     padding.main(["--max-len", "32", "--batch", "2", "--dim", "16", "--repeats", "1", "--out", str(out)])
@@ -168,7 +177,7 @@ def test_padding_benchmark_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_compile_benchmark_smoke(tmp_path):
-    from benchmarks import compile as compile_bench
+    from laplacianformer.bench import compile as compile_bench
 
     out = tmp_path / "compile"
     compile_bench.main(["--models", "laplacianformer_micro", "--size", "32", "--backend", "aot_eager", "--repeats", "1",
@@ -178,9 +187,9 @@ def test_compile_benchmark_smoke(tmp_path):
 
 
 def test_gpu_overhead_smoke_on_cpu(tmp_path):
-    """The CPU part of benchmarks/gpu_overhead (eager and a failing part reported, not raised); the profiler
+    """The CPU part of bench.gpu_overhead (eager and a failing part reported, not raised); the profiler
     and CUDA-graph parts need CUDA (they ran on the H200: benchmarks/results/gpu_check_h200)."""
-    from benchmarks import gpu_overhead
+    from laplacianformer.bench import gpu_overhead
 
     out = tmp_path / "overhead"
     gpu_overhead.main(["--device", "cpu", "--model", "laplacianformer_micro", "--size", "32", "--batch", "1",

@@ -1,18 +1,12 @@
-"""Smoke test of ``benchmarks/detection_scaling.py`` at tiny sides (micro backbone, 16-channel FPN)."""
+"""Smoke test of ``laplacianformer.bench.detection_scaling`` at tiny sides (micro backbone, 16-channel FPN)."""
 
 import json
-import sys
-from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
 
 def test_detection_scaling_smoke_and_skip_rule(tmp_path):
-    from benchmarks import detection_scaling
+    from laplacianformer.bench import detection_scaling
 
     prev = torch.get_num_threads()
     out = tmp_path / "ds"

@@ -1,5 +1,6 @@
 """CLI (issue 4.1, 4.5): user errors end with exit status 2 and one line naming the flag or path, no
-traceback (``--debug`` re-raises), and nothing already written is changed; eval/info/bench work."""
+traceback (``--debug`` re-raises), and nothing already written is changed; eval/info work (bench:
+tests/benchmarks/test_output.py)."""
 
 from __future__ import annotations
 
@@ -109,18 +110,6 @@ def test_info_and_unknown_model(capsys):
     assert main(["info", "laplacianformer_micro", "--img-size", "32"]) == 0
     assert "params" in capsys.readouterr().out
     _one_line_error(capsys, ["info", "no_such_model"], "no_such_model")
-
-
-def test_bench_lists_and_runs_scripts(capsys, tmp_path):
-    bench = tmp_path / "benchmarks"
-    bench.mkdir()
-    (bench / "common.py").write_text("")
-    (bench / "hello.py").write_text('"""Prints hello."""\nimport sys\nprint("hello", sys.argv[1:])  # "--quick"\n')
-    assert main(["bench", "--dir", str(bench), "--list"]) == 0
-    listed = capsys.readouterr().out
-    assert "hello" in listed and "Prints hello." in listed and "common" not in listed
-    assert main(["bench", "--dir", str(bench), "hello", "--quick"]) == 0
-    _one_line_error(capsys, ["bench", "--dir", str(bench), "nope"], "nope")
 
 
 def test_missing_experiment_module_is_one_line(capsys):

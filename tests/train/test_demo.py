@@ -11,8 +11,9 @@ import json
 import pytest
 
 from laplacianformer.cli import build_parser, main
-from laplacianformer.train import demo
-from laplacianformer.train.demo import DEFAULTS, parse_attns, run_demo
+from laplacianformer.demo import report
+from laplacianformer.demo.recipe import DEFAULTS, parse_attns
+from laplacianformer.demo.run import RESULTS_FILES, run_demo
 
 from train_helpers import run_cli
 
@@ -91,17 +92,17 @@ def test_key_ratios_crossover_and_rows():
         cells += [_cell(size, "infer", "laplacian", lap, 10.0), _cell(size, "infer", "softmax", soft, 10.05),
                   _cell(size, "train", "laplacian", 3 * lap, 30.0, 40.0),
                   _cell(size, "train", "softmax", 3 * soft, 20.0, 30.0)]
-    r = demo.key_ratios(cells, ["laplacian", "softmax"])["laplacian"]
+    r = report.key_ratios(cells, ["laplacian", "softmax"])["laplacian"]
     assert r["infer"]["size"] == 1024 and r["infer"]["time"] == pytest.approx(0.25)
     assert r["infer"]["crossover_time"] == 512          # equal at 512, faster at 1024
     assert r["infer"]["crossover_peak_heap"] == 224     # within 1 %: equal
     assert r["train"]["crossover_peak_heap"] is None    # always more memory
     assert r["train"]["activations"] == pytest.approx(40 / 30)
-    rows = demo.cost_rows(cells + [dict(size=2048, mode="train", attn="softmax", batch=1, skipped="over the cap")])
+    rows = report.cost_rows(cells + [dict(size=2048, mode="train", attn="softmax", batch=1, skipped="over the cap")])
     row = next(x for x in rows if (x["size"], x["attn"]) == (224, "laplacian"))
     assert row["forward_ms"] == 2.0 and row["train_step_ms"] == 6.0 and row["activations_mib"] == 40.0
     assert next(x for x in rows if x["size"] == 2048)["train_step_skipped"] == "over the cap"
-    assert "never in 224–1024²" in demo._ratio_lines({"laplacian": r}, [224, 512, 1024])
+    assert "never in 224–1024²" in report._ratio_lines({"laplacian": r}, [224, 512, 1024])
 
 
 def test_quick_demo_end_to_end(tmp_path):
@@ -125,7 +126,7 @@ def test_quick_demo_end_to_end(tmp_path):
     sizes = {(c["size"], c["attn"]) for c in res["cost"]["rows"]}
     assert sizes == {(32, "laplacian"), (32, "softmax")}
     assert all(c["forward_ms"] > 0 and c["train_step_peak_mib"] > 0 for c in res["cost"]["rows"])
-    for name in demo.RESULTS_FILES:
+    for name in RESULTS_FILES:
         assert (out / name).stat().st_size > 0 and (pub / name).read_bytes() == (out / name).read_bytes()
     md = (out / "results.md").read_text()
     assert "quick smoke test" in md and "14×14 = 196 tokens" in md

@@ -1,7 +1,7 @@
 """Cost per image against resolution: time and peak memory of one backbone with each attention, side by side.
 
-The demo's cost panel (``python -m laplacianformer.train.cost``); ``benchmarks/model_throughput.py`` uses the
-same measurements (one copy of each decision). Linear versus quadratic attention cost is DESIGN.md §2; the
+The demo's cost panel (``laplacianformer bench model_cost``, ``python -m laplacianformer.bench.model_cost``);
+``bench.model_throughput`` builds its calls here too. Timing and memory come from ``bench.harness``. Linear versus quadratic attention cost is DESIGN.md §2; the
 backbone is DESIGN.md §5.
 
 - **Calls.** ``infer``: forward under ``no_grad`` in eval mode. ``train``: zero_grad, forward,
@@ -11,144 +11,28 @@ backbone is DESIGN.md §5.
   load changes on a shared machine hit every attention alike; wall and CPU (process) milliseconds per call,
   median over the rounds. One untimed warm-up call each; a cell whose warm-up exceeds ``cap_s`` is skipped
   with its reason (and so are its larger sizes).
-- **Peak memory** (``peak_heap_mib``): the C heap in use (glibc ``mallinfo2``: arenas + mmapped blocks),
-  sampled after every aten op of one call, minus the level before it: live allocations, whatever the
-  allocator keeps mapped. Under the sampling mode the Newton–Schulz solve runs its torch loop instead of the
-  C loop (``ops/_runtime.py``: a dispatch mode must see the ops); its temporaries are m×m matrices.
-- **Activations** (``saved_activation_mib``, train): bytes of the distinct storages autograd keeps for the
-  backward of one forward, parameters excluded (deterministic, unlike any allocator peak).
+- **Peak memory**: the live C-heap peak of one call (``harness.peak_heap_mib``).
+- **Activations** (train): what autograd keeps for the backward of one forward (``harness.saved_activation_mib``).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import functools
 import json
-import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 import torch
 
-MIB = 2**20
+from .harness import peak_heap_mib, round_robin, saved_activation_mib, timed
+from .output import add_output_options, output_stem
+from .report import fit_exponent, write_text
 SIZES = (224, 512, 768, 1024)
 MODES = ("infer", "train")
 MODEL = "laplacianformer_micro"
 MODEL_KWARGS = {"stem_stride": 4}
-COST_JSON, COST_MD, COST_PNG = "cost.json", "cost.md", "cost.png"
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
-    )]
-
-
-@functools.lru_cache(maxsize=1)
-def _mallinfo2():
-    """glibc's ``mallinfo2`` (2.33+) via ctypes, or None (other C libraries, other systems)."""
-    try:
-        fn = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.restype = _MallInfo2
-    return fn
-
-
-def heap_in_use() -> int | None:
-    """Bytes the C heap has handed out and not freed (glibc: arena + mmapped blocks in use), or None."""
-    fn = _mallinfo2()
-    if fn is None:
-        return None
-    info = fn()
-    return info.uordblks + info.hblkhd
-
-
-def peak_heap_mib(fn: Callable[[], object]) -> float | None:
-    """Peak C-heap MiB in use during ``fn()`` above the level before it, sampled after every aten op (a
-    ``TorchDispatchMode``; on CPU the autograd backward runs its ops in the calling thread, so they are seen
-    too). Temporaries freed inside one op are not seen. None where ``mallinfo2`` is missing."""
-    if heap_in_use() is None:
-        return None
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _Sampler(TorchDispatchMode):
-        peak = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            self.peak = max(self.peak, heap_in_use())
-            return out
-
-    before = heap_in_use()
-    with _Sampler() as sampler:
-        fn()
-    return max(sampler.peak - before, 0) / MIB
-
-
-def saved_activation_mib(forward: Callable[[], object], exclude: Sequence[torch.Tensor] = ()) -> float:
-    """MiB of the distinct storages autograd keeps for the backward of ``forward()`` (its output is
-    dropped, so nothing is backpropagated), storages of ``exclude`` (the parameters) left out."""
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
-    storages: dict[int, int] = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in skip:
-            storages[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        forward()
-    return sum(storages.values()) / MIB
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _timed(fn: Callable[[], object], device) -> tuple[float, float]:
-    """(wall ms, process CPU ms) of one call."""
-    _sync(device)
-    c0, t0 = time.process_time(), time.perf_counter()
-    fn()
-    _sync(device)
-    return (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
-
-
-def _quantile(xs: Sequence[float], f: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(f * (len(xs) - 1))))]
-
-
-def round_robin(fns: Mapping[str, Callable[[], object]], *, repeats: int, max_seconds: float | None = None,
-                device="cpu", warmup: bool = True) -> dict[str, dict]:
-    """Median/IQR wall ms and median CPU ms per callable, timed round-robin (one call of each per round).
-
-    One untimed warm-up call each (``warmup``; its wall ms is returned as ``warmup_ms``); rounds stop early
-    once ``max_seconds`` of timed calls are spent (at least one round)."""
-    warm = {name: _timed(fn, device)[0] for name, fn in fns.items()} if warmup else {}
-    wall: dict[str, list[float]] = {name: [] for name in fns}
-    cpu: dict[str, list[float]] = {name: [] for name in fns}
-    spent = 0.0
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            w, c = _timed(fn, device)
-            wall[name].append(w)
-            cpu[name].append(c)
-            spent += w / 1e3
-        if max_seconds is not None and spent > max_seconds:
-            break
-    return {name: dict(median_ms=statistics.median(wall[name]),
-                       iqr_ms=_quantile(wall[name], 0.75) - _quantile(wall[name], 0.25),
-                       cpu_ms=statistics.median(cpu[name]), repeats=len(wall[name]), warmup_ms=warm.get(name))
-            for name in fns}
 
 
 def build_net(model: str, attn: str, *, attn_kwargs: Mapping | None = None, model_kwargs: Mapping | None = None,
@@ -224,7 +108,7 @@ def measure_cost(*, model: str = MODEL, attns: Sequence[str] | None = None, size
                 fns[attn] = make_call(nets[attn], size, mode, batch=batch, device=device)
             # warm-up calls first, so a cell over the cap is dropped before the timed rounds
             for attn in list(fns):
-                warm_ms = _timed(fns[attn], device)[0]
+                warm_ms = timed(fns[attn], device)[0]
                 if warm_ms / 1e3 > cap_s:
                     reason = f"warm-up call took {warm_ms / 1e3:.1f} s > cap {cap_s:g} s at {size}²"
                     over[(attn, mode)] = f"a smaller size was over the cap ({reason})"
@@ -239,8 +123,8 @@ def measure_cost(*, model: str = MODEL, attns: Sequence[str] | None = None, size
                          if mode == "train" else None)
                 cells.append(dict(
                     size=size, mode=mode, attn=attn, batch=batch, tokens_stage1=_stage1_tokens(nets[attn], size),
-                    ms_per_image=t["median_ms"] / batch, iqr_ms=t["iqr_ms"], cpu_ms_per_image=t["cpu_ms"] / batch,
-                    repeats=t["repeats"], peak_heap_mib=None if heap is None else heap / batch,
+                    ms_per_image=t.median_ms / batch, iqr_ms=t.iqr_ms, cpu_ms_per_image=t.cpu_ms / batch,
+                    repeats=t.repeats, peak_heap_mib=None if heap is None else heap / batch,
                     activations_mib=None if saved is None else saved / batch, skipped=None,
                 ))
             if log is not None:
@@ -296,14 +180,11 @@ def growth_exponents(cells: Sequence[dict], field: str = "cpu_ms_per_image") -> 
     out: dict[str, dict[str, float]] = {}
     for attn in dict.fromkeys(c["attn"] for c in cells):
         for mode in MODES:
-            pts = [(math.log(c["tokens_stage1"]), math.log(c[field])) for c in cells
+            pts = [(c["tokens_stage1"], c[field]) for c in cells
                    if c["attn"] == attn and c["mode"] == mode and not c.get("skipped") and c.get(field)]
-            if len(pts) < 2:
-                continue
-            mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
-            sxx = sum((p[0] - mx) ** 2 for p in pts)
-            if sxx > 0:
-                out.setdefault(attn, {})[mode] = sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+            slope = fit_exponent([x for x, _ in pts], [y for _, y in pts])
+            if slope is not None:
+                out.setdefault(attn, {})[mode] = slope
     return out
 
 
@@ -336,11 +217,10 @@ def cost_table(cells: Sequence[dict]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from ..layers.token_mixer import ATTENTIONS
-    from .plots import plot_cost
+    from ..train.plots import plot_cost
 
-    p = argparse.ArgumentParser(prog="python -m laplacianformer.train.cost", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(prog="python -m laplacianformer.bench.model_cost", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", required=True, help="directory for cost.json, cost.md, cost.png")
     p.add_argument("--model", default=MODEL)
     p.add_argument("--model-kwargs", type=json.loads, default=MODEL_KWARGS, help="JSON object of model overrides")
     p.add_argument("--attns", default=",".join(ATTENTIONS))
@@ -349,10 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-seconds", type=float, default=20.0, help="stop the rounds of one (size, mode) after this")
     p.add_argument("--cap-s", type=float, default=30.0, help="skip a cell whose warm-up call takes longer")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    add_output_options(p)
     args = p.parse_args(argv)
+    stem = output_stem(args, "model_cost", "model_cost_cpu")
     torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     t0, c0, load0 = time.perf_counter(), time.process_time(), os.getloadavg()
     cells = measure_cost(model=args.model, attns=[a for a in args.attns.split(",") if a], sizes=args.sizes,
                          repeats=args.repeats, max_seconds=args.max_seconds, cap_s=args.cap_s,
@@ -362,10 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0,
                     load_average_before=load0, load_average_after=os.getloadavg(), torch=torch.__version__)
     record = dict(settings=settings, cells=cells, ratios=ratios(cells))
-    (out / COST_JSON).write_text(json.dumps(record, indent=1) + "\n")
-    (out / COST_MD).write_text(cost_table(cells))
-    plot_cost(cells, out / COST_PNG, title=f"{args.model} (stem stride {args.model_kwargs.get('stem_stride', 4)}), "
-                                             f"batch 1, {args.threads} thread(s)")
+    write_text(stem.with_suffix(".json"), json.dumps(record, indent=1) + "\n")
+    write_text(stem.with_suffix(".md"), cost_table(cells))
+    plot_cost(cells, stem.with_suffix(".png"), title=f"{args.model} (stem stride "
+                                                     f"{args.model_kwargs.get('stem_stride', 4)}), batch 1, "
+                                                     f"{args.threads} thread(s)")
+    print(f"wrote {stem}.json, .md, .png", file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,77 @@
+"""The benchmarks of ``laplacianformer bench``: their names, one-line descriptions and smoke-test arguments,
+and the runner that starts each one as ``python -m laplacianformer.bench.NAME`` in the current directory."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Sequence
+from importlib.util import find_spec
+from pathlib import Path
+
+from .output import publish_dir
+
+QUICK: dict[str, list[str]] = {
+    "amp_training": ["--steps", "3"],
+    "attention_scaling": ["--quick", "--no-memory", "--threads", "1"],
+    "compile": ["--models", "laplacianformer_micro", "--size", "32", "--backend", "aot_eager", "--repeats", "1",
+                "--op-side", "8", "--op-repeats", "1"],
+    "cpu_pitfalls": ["--repeats", "1"],
+    "detection_scaling": ["--model", "laplacianformer_micro", "--sizes", "64", "--fpn-channels", "16", "--repeats", "1",
+                          "--memory", "heap", "--threads", "1", "--no-progress"],
+    "gpu_overhead": ["--device", "cpu", "--model", "laplacianformer_micro", "--size", "32", "--batch", "1",
+                     "--repeats", "1", "--no-compile"],
+    "kernels": ["--quick", "--devices", "cpu"],
+    "model_cost": ["--sizes", "32", "64", "--repeats", "1", "--max-seconds", "2", "--cap-s", "10"],
+    "model_throughput": ["--model", "laplacianformer_micro", "--sizes", "32", "--repeats", "1", "--no-memory"],
+    "normalization": ["--sizes", "256", "--repeats", "1"],
+    "padding": ["--max-len", "32", "--batch", "2", "--dim", "16", "--repeats", "1"],
+    "roofline": ["--write"],
+    "stage_attention": ["--model", "laplacianformer_micro", "--size", "64", "--repeats", "1"],
+}
+"""Every benchmark, with the arguments of its ``--quick`` run (seconds; smoke-test numbers, not results)."""
+
+BENCHMARKS = tuple(sorted(QUICK))
+
+
+def module_of(name: str) -> str:
+    return f"{__package__}.{name}"
+
+
+def describe(name: str) -> str:
+    """The first line of the benchmark's docstring, read from its source without importing it."""
+    path = Path(find_spec(module_of(name)).origin)
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    return doc.splitlines()[0] if doc else ""
+
+
+def check_names(names: Sequence[str]) -> list[str]:
+    """``names`` (all benchmarks when empty); ValueError naming the first unknown one."""
+    unknown = [n for n in names if n not in QUICK]
+    if unknown:
+        raise ValueError(f"bench: unknown benchmark {unknown[0]!r}; available: {', '.join(BENCHMARKS)}")
+    return list(names or BENCHMARKS)
+
+
+def command(name: str, *, quick: bool = False, publish: str | Path | None = None) -> list[str]:
+    """The command line of one benchmark run (``publish``: a directory, resolved to an absolute path)."""
+    cmd = [sys.executable, "-m", module_of(name), *(QUICK[name] if quick else [])]
+    if publish is not None:
+        cmd += ["--publish", str(publish_dir(publish).resolve())]
+    return cmd
+
+
+def run(names: Sequence[str], *, quick: bool = False, publish: str | Path | None = None) -> int:
+    """Runs the benchmarks one after another in the current directory; the first non-zero exit status (0: all
+    passed). ``publish`` replaces the published files, so it is refused with ``quick`` (smoke-test numbers)."""
+    from .process import package_env
+
+    if quick and publish is not None:
+        raise ValueError("--publish: refused with --quick (it would replace published results with smoke-test numbers)")
+    cmds = [command(n, quick=quick, publish=publish) for n in check_names(names)]
+    rc = 0
+    for cmd in cmds:
+        print(f"$ {' '.join(cmd[1:])}", flush=True)
+        rc = rc or subprocess.call(cmd, env=package_env())
+    return rc

@@ -1,0 +1,178 @@
+"""Roofline estimate of the Triton kernels at the model's default shapes, and (on CUDA) measured vs estimated.
+
+    python -m laplacianformer.bench.roofline --write      # the estimate table: runs/bench/roofline/roofline_h100.{json,md}
+    python -m laplacianformer.bench.roofline --write --publish  # the same into benchmarks/results/
+    python -m laplacianformer.bench.roofline --measure    # on a GPU: time each case, measured vs estimated (JSON)
+
+Shapes: ``laplacianformer_tiny`` (head dim 64 in every stage, heads 1/2/5/8, token grids at stride 4, 8,
+16, 32), batch 8, m = 49 landmarks (7 × 7), Newton–Schulz 20 steps, at 224² and 1024² inputs; float32.
+Stage 4 at 224² has 49 tokens (the landmarks cover every token: the exact kernel, N = M = 49).
+
+Counting (per call):
+- bytes: HBM traffic, every input read once and every output written once (the tiles' re-reads are
+  assumed to hit L1/L2; the dY/dV workspaces of the backward count as written and read once);
+- operations: FP32 instructions on the CUDA cores, one per sub, |.|-add (the abs is an operand modifier),
+  multiply or FMA: L1 distance 2 per (n, m, k), squared L2 2; the backward's sign-weighted sums 3 per
+  (n, m, k) for dX and 3 for dY; products with V as FMAs (IEEE float32 in the Triton kernels: CUDA cores);
+  Newton–Schulz 2·m_pad³ FMAs per step (m padded to the tile grid, 64 for m = 49), as FMAs on CUDA cores;
+- time = max(bytes / bandwidth, operations / instruction rate); Newton–Schulz runs one CTA per matrix,
+  so its compute rate is that of min(matrices, SMs) SMs.
+
+Assumed H100 SXM5 peaks (NVIDIA data sheet): HBM3 3.35 TB/s; FP32 67 TFLOP/s = 33.5 T FP32 instructions/s
+(132 SMs × 128 lanes × 1.98 GHz, an FMA counting as one instruction); TF32 tensor 495 TFLOP/s and BF16
+989 TFLOP/s dense (not used: the distance has no tensor-core form and the products run IEEE float32).
+An H200 has the same SMs and 4.8 TB/s HBM3e: memory-bound rows are then 1.43x faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from .output import add_output_options, output_stem
+from .report import write_text
+
+PEAK = {
+    "name": "H100 SXM5",
+    "hbm_bytes_per_s": 3.35e12,
+    "fp32_instr_per_s": 33.5e12,
+    "sms": 132,
+    "tf32_tensor_flops": 495e12,
+    "bf16_tensor_flops": 989e12,
+}
+HEADS = (1, 2, 5, 8)
+HEAD_DIM = 64
+STRIDES = (4, 8, 16, 32)
+BATCH = 8
+M = 49
+ITERS = 20
+F32 = 4
+
+
+def _pad(m: int, tile: int = 32) -> int:
+    return math.ceil(m / tile) * tile
+
+
+def cases(batch: int = BATCH) -> list[dict]:
+    """One dict per (resolution, stage, kernel): shape, bytes, ops, estimated microseconds."""
+    rows = []
+    for res in (224, 1024):
+        for stage, (heads, stride) in enumerate(zip(HEADS, STRIDES), start=1):
+            n = (res // stride) ** 2
+            m = min(M, n)
+            g = batch * heads
+            d = HEAD_DIM
+            shape = dict(res=res, stage=stage, batch_heads=g, n=n, m=m, d=d)
+            c_bytes = g * n * m * F32
+            io = g * (n + m) * d * F32
+            rows.append(dict(shape, kernel="kernel_fwd", bytes=io + c_bytes, ops=2 * g * n * m * d))
+            # dX and dY: read x, y, dC, C; write dX, the dY workspace (16 splits) and read it back
+            rows.append(dict(shape, kernel="kernel_bwd", bytes=io + 2 * c_bytes + io + 2 * 16 * g * m * d * F32,
+                             ops=2 * (2 + 3) * g * n * m * d))
+            mp = _pad(m, 32 if m <= 64 else 64)
+            rows.append(dict(shape, kernel="ns_fwd", bytes=2 * g * m * m * F32, ops=ITERS * 2 * g * mp ** 3,
+                             ctas=g))
+            rows.append(dict(shape, kernel="ns_grad", bytes=3 * g * m * m * F32, ops=2 * g * mp ** 3, ctas=g))
+    for r in rows:
+        t_mem = r["bytes"] / PEAK["hbm_bytes_per_s"]
+        sms = min(r.get("ctas", PEAK["sms"]), PEAK["sms"])
+        t_ops = r["ops"] / (PEAK["fp32_instr_per_s"] * sms / PEAK["sms"])
+        r["ops_per_byte"] = round(r["ops"] / r["bytes"], 2)
+        r["bound"] = "compute" if t_ops >= t_mem else "memory"
+        r["est_us"] = round(max(t_mem, t_ops) * 1e6, 2)
+    return rows
+
+
+HEADER = ["res", "stage", "B·H", "N", "m", "d", "kernel", "MB moved", "G ops", "ops/byte", "bound", "est. µs"]
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for r in rows:
+        cells = [r["res"], r["stage"], r["batch_heads"], r["n"], r["m"], r["d"], r["kernel"],
+                 f"{r['bytes'] / 1e6:.2f}", f"{r['ops'] / 1e9:.3f}", r["ops_per_byte"], r["bound"], r["est_us"]]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def write(stem: Path) -> None:
+    """The estimate table as ``stem``.json and .md."""
+    rows = cases()
+    write_text(stem.with_suffix(".json"), json.dumps({"peak": PEAK, "batch": BATCH, "iters": ITERS, "rows": rows},
+                                                     indent=1) + "\n")
+    write_text(stem.with_suffix(".md"), table(rows) + "\n")
+    print(table(rows))
+
+
+def _run_case(r: dict, device: str):
+    """A callable running the Triton kernel(s) of row ``r`` once, and its inputs (float32 on ``device``)."""
+    import torch
+
+    from ..ops.kernel.triton import laplace_kernel_bwd, laplace_kernel_fwd
+    from ..ops.newton_schulz.triton import implicit_grad, newton_schulz_fwd
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    g, n, m, d = r["batch_heads"], r["n"], r["m"], r["d"]
+    x = (torch.randn(g, n, d, generator=gen) * 0.3).to(device)
+    y = (torch.randn(g, m, d, generator=gen) * 0.3).to(device)
+    scale = -1.0 / 4.0
+    if r["kernel"] == "kernel_fwd":
+        return lambda: laplace_kernel_fwd(x, y, scale, True)
+    if r["kernel"] == "kernel_bwd":
+        c = laplace_kernel_fwd(x, y, scale, True)
+        dc = torch.randn_like(c)
+        return lambda: laplace_kernel_bwd(x, y, dc, c, scale, True)
+    w = laplace_kernel_fwd(y, y, scale, True) + 0.01 * torch.eye(m, device=device)
+    if r["kernel"] == "ns_fwd":
+        return lambda: newton_schulz_fwd(w, ITERS)
+    v = newton_schulz_fwd(w, ITERS)
+    gv = torch.randn_like(v)
+    return lambda: implicit_grad(v, gv)
+
+
+def measure(repeats: int = 20, out: Path | None = None) -> int:
+    """Times every row of the estimate table on CUDA (median of ``repeats`` after a warm-up, CUDA events:
+    ``harness.cuda_event_times``) and prints measured vs estimated; the rows go to ``out`` (JSON)."""
+    import torch
+
+    from .harness import cuda_event_times
+
+    if not torch.cuda.is_available():
+        print("roofline: no CUDA device; nothing measured", file=sys.stderr)
+        return 1
+    results = []
+    print(f"device: {torch.cuda.get_device_name()}; estimate for {PEAK['name']}")
+    print("| res | stage | kernel | N | est. µs | measured µs | measured / est. |")
+    print("|---|---|---|---|---|---|---|")
+    for r in cases():
+        times = [ms * 1e3 for ms in cuda_event_times(_run_case(r, "cuda"), repeats)]
+        med = sorted(times)[len(times) // 2]
+        results.append(dict(r, measured_us=round(med, 2), ratio=round(med / r["est_us"], 2)))
+        print(f"| {r['res']} | {r['stage']} | {r['kernel']} | {r['n']} | {r['est_us']} | {med:.1f} | "
+              f"{med / r['est_us']:.2f} |", flush=True)
+    if out is not None:
+        write_text(out, json.dumps({"device": torch.cuda.get_device_name(), "rows": results}, indent=1) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write", action="store_true", help="write the estimate table (stem roofline_h100)")
+    ap.add_argument("--measure", action="store_true", help="on CUDA: measured vs estimated (stem roofline_measured)")
+    ap.add_argument("--repeats", type=int, default=20)
+    add_output_options(ap)
+    args = ap.parse_args(argv)
+    if args.measure:
+        return measure(repeats=args.repeats, out=output_stem(args, "roofline", "roofline_measured").with_suffix(".json"))
+    if args.write:
+        write(output_stem(args, "roofline", "roofline_h100"))
+    else:
+        print(table(cases()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Where the benchmarks write (``bench.output``) and what ``laplacianformer bench`` runs (``bench.registry``):
+a run directory under the current directory by default, the published results only with ``--publish``."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import laplacianformer.bench as bench_pkg
+from laplacianformer.bench import registry
+from laplacianformer.bench.output import add_output_options, output_stem
+from laplacianformer.cli import main
+
+SRC = Path(bench_pkg.__file__).resolve().parents[1]
+INFRASTRUCTURE = {"allocator", "harness", "machine", "options", "output", "process", "registry", "report"}
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_output_options(p)
+    return p.parse_args(list(argv))
+
+
+def test_default_is_a_run_directory_and_publish_needs_an_existing_target(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert output_stem(_args(), "kernels", "kernels_cpu") == Path("runs/bench/kernels/kernels_cpu")
+    assert output_stem(_args("--out", "x/y"), "kernels", "kernels_cpu") == Path("x/y")
+    with pytest.raises(ValueError, match="^--publish: benchmarks/results: no such directory"):
+        output_stem(_args("--publish"), "kernels", "kernels_cpu")
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    assert output_stem(_args("--publish"), "kernels", "kernels_cpu") == Path("benchmarks/results/kernels_cpu")
+    (tmp_path / "elsewhere").mkdir()
+    assert output_stem(_args("--publish", "elsewhere"), "k", "s") == Path("elsewhere/s")
+    with pytest.raises(SystemExit):
+        _args("--out", "a", "--publish")
+
+
+def test_every_benchmark_module_is_registered_and_described():
+    modules = {m.name for m in pkgutil.iter_modules(bench_pkg.__path__)} - INFRASTRUCTURE
+    assert modules == set(registry.BENCHMARKS)
+    for name in registry.BENCHMARKS:
+        assert registry.describe(name), name
+    assert registry.describe("kernels").startswith("Kernel benchmark")
+
+
+def test_no_module_of_bench_or_demo_locates_files_from_its_own_path():
+    """Outputs and inputs are found from the current directory or given explicitly, never from ``__file__``."""
+    for package in ("bench", "demo"):
+        for path in sorted((SRC / package).glob("*.py")):
+            names = {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
+            assert "__file__" not in names, path
+
+
+def test_cli_bench_lists_and_refuses_in_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == list(registry.BENCHMARKS)
+    for argv, needle in ((["bench", "nope"], "unknown benchmark 'nope'"),
+                         (["bench", "roofline", "--quick", "--publish"], "--publish: refused with --quick"),
+                         (["bench", "roofline", "--publish", "missing"], "--publish: missing: no such directory")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and err.count("\n") == 0, err
+    assert not any(tmp_path.iterdir())
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_quick_benchmark_in_a_checkout_leaves_the_published_results_alone(tmp_path, monkeypatch, capfd):
+    """``bench --quick`` from the root of a checkout writes runs/bench/NAME/ only (ignored by git); the
+    published file of the same name is not touched."""
+    published = tmp_path / "benchmarks" / "results"
+    published.mkdir(parents=True)
+    (published / "roofline_h100.json").write_text("{}\n")
+    before = _tree(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--quick", "roofline"]) == 0
+    after = _tree(tmp_path)
+    new = sorted(set(after) - set(before))
+    assert {k: after[k] for k in before} == before
+    assert new == ["runs/bench/roofline/roofline_h100.json", "runs/bench/roofline/roofline_h100.md"]
+    assert json.loads(after[new[0]])["rows"]
+
+
+def test_publish_writes_into_the_published_directory(tmp_path, monkeypatch):
+    from laplacianformer.bench import roofline
+
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert roofline.main(["--write", "--publish"]) == 0
+    assert sorted(p.name for p in (tmp_path / "benchmarks" / "results").iterdir()) == [
+        "roofline_h100.json", "roofline_h100.md"]
+    assert not (tmp_path / "runs").exists()
