@@ -1,4 +1,5 @@
-"""``python -m benchmarks.amp_training`` in a checkout: the benchmark is ``laplacianformer.bench.amp_training`` (``laplacianformer bench amp_training``)."""
+"""``python -m benchmarks.amp_training`` from a checkout runs ``laplacianformer.bench.amp_training``
+(``laplacianformer bench amp_training``), where the benchmark lives."""
 
 from laplacianformer.bench.amp_training import main
 

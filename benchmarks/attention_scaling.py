@@ -1,4 +1,5 @@
-"""``python -m benchmarks.attention_scaling`` in a checkout: the benchmark is ``laplacianformer.bench.attention_scaling`` (``laplacianformer bench attention_scaling``)."""
+"""``python -m benchmarks.attention_scaling`` from a checkout runs ``laplacianformer.bench.attention_scaling``
+(``laplacianformer bench attention_scaling``), where the benchmark lives."""
 
 from laplacianformer.bench.attention_scaling import main
 

@@ -1,4 +1,5 @@
-"""``python -m benchmarks.compile`` in a checkout: the benchmark is ``laplacianformer.bench.compile`` (``laplacianformer bench compile``)."""
+"""``python -m benchmarks.compile`` from a checkout runs ``laplacianformer.bench.compile``
+(``laplacianformer bench compile``), where the benchmark lives."""
 
 from laplacianformer.bench.compile import main
 

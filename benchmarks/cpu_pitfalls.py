@@ -1,4 +1,5 @@
-"""``python -m benchmarks.cpu_pitfalls`` in a checkout: the benchmark is ``laplacianformer.bench.cpu_pitfalls`` (``laplacianformer bench cpu_pitfalls``)."""
+"""``python -m benchmarks.cpu_pitfalls`` from a checkout runs ``laplacianformer.bench.cpu_pitfalls``
+(``laplacianformer bench cpu_pitfalls``), where the benchmark lives."""
 
 from laplacianformer.bench.cpu_pitfalls import main
 

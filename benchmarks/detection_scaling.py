@@ -1,4 +1,5 @@
-"""``python -m benchmarks.detection_scaling`` in a checkout: the benchmark is ``laplacianformer.bench.detection_scaling`` (``laplacianformer bench detection_scaling``)."""
+"""``python -m benchmarks.detection_scaling`` from a checkout runs ``laplacianformer.bench.detection_scaling``
+(``laplacianformer bench detection_scaling``), where the benchmark lives."""
 
 from laplacianformer.bench.detection_scaling import main
 

@@ -1,4 +1,5 @@
-"""``python -m benchmarks.gpu_overhead`` in a checkout: the benchmark is ``laplacianformer.bench.gpu_overhead`` (``laplacianformer bench gpu_overhead``)."""
+"""``python -m benchmarks.gpu_overhead`` from a checkout runs ``laplacianformer.bench.gpu_overhead``
+(``laplacianformer bench gpu_overhead``), where the benchmark lives."""
 
 from laplacianformer.bench.gpu_overhead import main
 

@@ -1,4 +1,5 @@
-"""``python -m benchmarks.kernels`` in a checkout: the benchmark is ``laplacianformer.bench.kernels`` (``laplacianformer bench kernels``)."""
+"""``python -m benchmarks.kernels`` from a checkout runs ``laplacianformer.bench.kernels``
+(``laplacianformer bench kernels``), where the benchmark lives."""
 
 from laplacianformer.bench.kernels import main
 

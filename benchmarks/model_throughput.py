@@ -1,4 +1,5 @@
-"""``python -m benchmarks.model_throughput`` in a checkout: the benchmark is ``laplacianformer.bench.model_throughput`` (``laplacianformer bench model_throughput``)."""
+"""``python -m benchmarks.model_throughput`` from a checkout runs ``laplacianformer.bench.model_throughput``
+(``laplacianformer bench model_throughput``), where the benchmark lives."""
 
 from laplacianformer.bench.model_throughput import main
 

@@ -1,4 +1,5 @@
-"""``python -m benchmarks.normalization`` in a checkout: the benchmark is ``laplacianformer.bench.normalization`` (``laplacianformer bench normalization``)."""
+"""``python -m benchmarks.normalization`` from a checkout runs ``laplacianformer.bench.normalization``
+(``laplacianformer bench normalization``), where the benchmark lives."""
 
 from laplacianformer.bench.normalization import main
 

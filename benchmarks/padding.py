@@ -1,4 +1,5 @@
-"""``python -m benchmarks.padding`` in a checkout: the benchmark is ``laplacianformer.bench.padding`` (``laplacianformer bench padding``)."""
+"""``python -m benchmarks.padding`` from a checkout runs ``laplacianformer.bench.padding``
+(``laplacianformer bench padding``), where the benchmark lives."""
 
 from laplacianformer.bench.padding import main
 

@@ -1,6 +1,6 @@
 """Numerical robustness and crash-safety measurements (docs/RELIABILITY.md).
 
-    .venv/bin/python -m benchmarks.robustness            # full run, writes runs/bench/robustness/robustness.{json,md,png}
+    .venv/bin/python -m benchmarks.robustness            # full run: runs/bench/robustness/robustness.{json,md,png}
     .venv/bin/python -m benchmarks.robustness --publish  # the same into benchmarks/results/
     .venv/bin/python -m benchmarks.robustness --quick    # fewer kills, a smoke run
 
@@ -163,7 +163,8 @@ def main(argv=None) -> None:
     kills = kill_part(10 if args.quick else 60)
     settings = {"condition_numbers": list(CONDITION_NUMBERS), "iters": list(SOLVER_ITERS), "cases": list(CASES),
                 "dtypes": list(DTYPES), "norms": list(NORMS), "kill_trials": kills["trials"]}
-    write_json(stem.with_suffix(".json"), {"solvers": solvers, "attention": attention, "kills": kills}, settings=settings)
+    write_json(stem.with_suffix(".json"), {"solvers": solvers, "attention": attention, "kills": kills},
+               settings=settings)
     text = report(solvers, attention, kills)
     write_text(stem.with_suffix(".md"), text)
     series = {}

@@ -1,4 +1,5 @@
-"""``python -m benchmarks.roofline`` in a checkout: the benchmark is ``laplacianformer.bench.roofline`` (``laplacianformer bench roofline``)."""
+"""``python -m benchmarks.roofline`` from a checkout runs ``laplacianformer.bench.roofline``
+(``laplacianformer bench roofline``), where the benchmark lives."""
 
 from laplacianformer.bench.roofline import main
 

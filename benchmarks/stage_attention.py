@@ -1,4 +1,5 @@
-"""``python -m benchmarks.stage_attention`` in a checkout: the benchmark is ``laplacianformer.bench.stage_attention`` (``laplacianformer bench stage_attention``)."""
+"""``python -m benchmarks.stage_attention`` from a checkout runs ``laplacianformer.bench.stage_attention``
+(``laplacianformer bench stage_attention``), where the benchmark lives."""
 
 from laplacianformer.bench.stage_attention import main
 

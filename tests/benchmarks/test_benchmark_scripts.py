@@ -37,7 +37,8 @@ def test_time_call_and_helpers():
     # round-robin: the same statistics per callable, one warm-up call each unless told otherwise
     calls = []
     rr = round_robin({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3)
-    assert calls == ["a", "b"] * 4 and {n: (t.repeats, len(t.warmup_ms)) for n, t in rr.items()} == {"a": (3, 1), "b": (3, 1)}
+    assert calls == ["a", "b"] * 4
+    assert {n: (t.repeats, len(t.warmup_ms)) for n, t in rr.items()} == {"a": (3, 1), "b": (3, 1)}
     calls.clear()
     round_robin({"a": lambda: calls.append("a")}, repeats=2, warmup=False)
     assert calls == ["a", "a"]
@@ -121,8 +122,8 @@ def test_stage_attention_smoke_under_retained_heap(tmp_path):
 
     out = tmp_path / "sa"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    cmd = [sys.executable, "-m", "laplacianformer.bench.stage_attention", "--model", "laplacianformer_micro", "--size", "64",
-           "--repeats", "2", "--retain-heap", "--out", str(out)]
+    cmd = [sys.executable, "-m", "laplacianformer.bench.stage_attention", "--model", "laplacianformer_micro",
+           "--size", "64", "--repeats", "2", "--retain-heap", "--out", str(out)]
     subprocess.run(cmd, cwd=tmp_path, env=env, check=True, capture_output=True, timeout=600)
     data = json.loads(out.with_suffix(".json").read_text())
     assert data["settings"]["allocator"] == "glibc-retain"

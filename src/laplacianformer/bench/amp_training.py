@@ -1,7 +1,7 @@
 """Mixed-precision training check: the micro LaplacianFormer for N steps with --amp off / bf16 / fp16.
 
-    python -m laplacianformer.bench.amp_training             # 200 steps, writes runs/bench/amp_training/amp_training.*
-    python -m laplacianformer.bench.amp_training --publish   # the same into benchmarks/results/ (from the repository root)
+    python -m laplacianformer.bench.amp_training             # 200 steps: runs/bench/amp_training/amp_training.*
+    python -m laplacianformer.bench.amp_training --publish   # the same into ./benchmarks/results/
     python -m laplacianformer.bench.amp_training --steps 20  # smoke run
 
 Same seed, data order and augmentation for every mode (Fashion-MNIST at 16 px, batch 32; the micro model

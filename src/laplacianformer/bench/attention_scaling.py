@@ -11,8 +11,8 @@ token grids (default 32x32 ... 256x256, i.e. 1k to 64k tokens), m = 49 (7x7) lan
     performer            FAVOR+ with 256 orthogonal random features
     nystromformer        Nystromformer with 49 segment-mean landmarks, 6 pinv iterations
 
-    python -m laplacianformer.bench.attention_scaling --threads 1          # the full run, writes runs/bench/attention_scaling/
-    python -m laplacianformer.bench.attention_scaling --threads 1 --publish  # the same into benchmarks/results/
+    python -m laplacianformer.bench.attention_scaling --threads 1          # the full run: runs/bench/attention_scaling/
+    python -m laplacianformer.bench.attention_scaling --threads 1 --publish  # the same into ./benchmarks/results/
     python -m laplacianformer.bench.attention_scaling --quick --no-memory  # seconds: tiny sizes, one repeat
 
 On a shared CPU, --threads 1 gives far steadier numbers: with several threads every small op pays an

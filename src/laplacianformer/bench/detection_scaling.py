@@ -18,7 +18,8 @@ warm-up); "rss" the RSS high-water mark of one call in a fresh process (``bench/
 A case is skipped, with the reason recorded, when the time or heap peak extrapolated from the variant's
 previous side (time ∝ side^4 for full softmax, side^2 for the others; heap ∝ side^2: torch's CPU
 attention kernel never holds the whole attention matrix) exceeds ``--max-call-seconds`` / ``--max-memory-mb``.
-Writes runs/bench/detection_scaling/detection_scaling_<device>[_retain].{json,md,png} (``--publish``: benchmarks/results/).
+Writes runs/bench/detection_scaling/detection_scaling_<device>[_retain].{json,md,png} (``--publish``:
+benchmarks/results/).
 
 On a shared CPU run it with ``OMP_WAIT_POLICY=PASSIVE``: with OpenMP's default spinning, each of 2 threads
 burns its time slice waiting for the other when the cores are oversubscribed (measured here at load 11 on

@@ -1,7 +1,8 @@
 """Where a backbone's inference time goes on a GPU: the launches and host work around the kernels.
 
     python -m laplacianformer.bench.gpu_overhead --device cuda                       # Tiny, 512², batch 8
-    python -m laplacianformer.bench.gpu_overhead --device cpu --model laplacianformer_micro --size 64 --batch 2 --no-compile
+    python -m laplacianformer.bench.gpu_overhead --device cpu --model laplacianformer_micro --size 64 --batch 2 \
+        --no-compile
 
 The first H200 run (benchmarks/results/gpu_check_h200) timed the Tiny backbone at 27.7 ms (224²) and 30.2 ms
 (512²) per batch of 8 with Laplacian attention: nearly flat in the token count, so the time is not in the

@@ -1,8 +1,8 @@
 """Cost per image against resolution: time and peak memory of one backbone with each attention, side by side.
 
 The demo's cost panel (``laplacianformer bench model_cost``, ``python -m laplacianformer.bench.model_cost``);
-``bench.model_throughput`` builds its calls here too. Timing and memory come from ``bench.harness``. Linear versus quadratic attention cost is DESIGN.md §2; the
-backbone is DESIGN.md §5.
+``bench.model_throughput`` builds its calls here too. Timing and memory come from ``bench.harness``. Linear
+versus quadratic attention cost is DESIGN.md §2; the backbone is DESIGN.md §5.
 
 - **Calls.** ``infer``: forward under ``no_grad`` in eval mode. ``train``: zero_grad, forward,
   cross-entropy, backward in train mode (the optimiser step is per-parameter work, the same at every size,

@@ -13,7 +13,7 @@ Case "operator" times the whole default operator (``laplacian_attention``, norm 
 ``OPERATOR_SHAPES`` (N = 16384 with B 1, H 2, d 32; Tiny's stage 1 at 224², 56² tokens, B 1, H 1, d 64):
 the cost of the injective normalisation within the operator (docs/DESIGN.md §4).
 
-    python -m laplacianformer.bench.normalization --threads 1                       # writes runs/bench/normalization/normalization_cpu.*
+    python -m laplacianformer.bench.normalization --threads 1     # runs/bench/normalization/normalization_cpu.*
     python -m laplacianformer.bench.normalization --sizes 16384 --repeats 7 --threads 1
     python -m laplacianformer.bench.normalization --cases operator --threads 2 --retain-heap   # ..._operator_cpu_retain.*
 """

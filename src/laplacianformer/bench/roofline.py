@@ -1,6 +1,6 @@
 """Roofline estimate of the Triton kernels at the model's default shapes, and (on CUDA) measured vs estimated.
 
-    python -m laplacianformer.bench.roofline --write      # the estimate table: runs/bench/roofline/roofline_h100.{json,md}
+    python -m laplacianformer.bench.roofline --write      # the estimate table: runs/bench/roofline/roofline_h100.*
     python -m laplacianformer.bench.roofline --write --publish  # the same into benchmarks/results/
     python -m laplacianformer.bench.roofline --measure    # on a GPU: time each case, measured vs estimated (JSON)
 

@@ -3,7 +3,7 @@
     python -m laplacianformer.bench.stage_attention                          # Tiny's four stages at 512², CPU
     python -m laplacianformer.bench.stage_attention --retain-heap            # steady state (see bench/allocator.py)
     python -m laplacianformer.bench.stage_attention --size 1024 --device cuda --batch 8
-    python -m laplacianformer.bench.stage_attention --retain-heap --normalization fused   # before the C backend (issue 18)
+    python -m laplacianformer.bench.stage_attention --retain-heap --normalization fused  # before the C backend
 
 For each stage of the backbone (default Tiny) the first block's attention layer, as the backbone builds it
 (widths, heads, landmarks; spatial-reduction ratios 8/4/2/1 for softmax), runs on random tokens of the shape

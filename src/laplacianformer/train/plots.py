@@ -71,7 +71,7 @@ def plot_confusion(confusion: list[list[int]], classes, path: str | Path, title:
 def plot_cost(cells: list[dict], path: str | Path, title: str = "") -> Path:
     """Log–log panels against image side: forward and training-step ms per image, peak heap MiB (forward
     solid, training step dashed) and autograd-saved activation MiB; one colour per attention
-    (cells of ``train.cost.measure_cost``; skipped cells are left out)."""
+    (cells of ``bench.model_cost.measure_cost``; skipped cells are left out)."""
     plt = pyplot()
     attns = list(dict.fromkeys(c["attn"] for c in cells))
     colour = {a: f"C{i}" for i, a in enumerate(attns)}
