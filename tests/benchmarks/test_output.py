@@ -7,6 +7,8 @@ import argparse
 import ast
 import json
 import pkgutil
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,8 @@ from laplacianformer.bench import registry
 from laplacianformer.bench.output import add_output_options, output_stem
 from laplacianformer.cli import main
 
-SRC = Path(bench_pkg.__file__).resolve().parents[1]
+SRC = Path(bench_pkg.__file__).resolve().parents[1]  # the package directory
+ROOT = Path(__file__).resolve().parents[2]
 INFRASTRUCTURE = {"allocator", "harness", "machine", "options", "output", "process", "registry", "report"}
 
 
@@ -74,18 +77,28 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_quick_benchmark_in_a_checkout_leaves_the_published_results_alone(tmp_path, monkeypatch, capfd):
-    """``bench --quick`` from the root of a checkout writes runs/bench/NAME/ only (ignored by git); the
-    published file of the same name is not touched."""
+def _git(cwd: Path, *argv: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *argv], cwd=cwd, check=True,
+                          capture_output=True, text=True).stdout
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_quick_benchmark_in_a_checkout_leaves_git_status_clean(tmp_path, monkeypatch):
+    """``bench --quick`` from the root of a checkout (the repository's .gitignore, a published file of the
+    same name) writes runs/bench/NAME/ only: ``git status --porcelain`` stays empty."""
     published = tmp_path / "benchmarks" / "results"
     published.mkdir(parents=True)
     (published / "roofline_h100.json").write_text("{}\n")
+    shutil.copy(ROOT / ".gitignore", tmp_path / ".gitignore")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-q", "-m", "published")
     before = _tree(tmp_path)
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "--quick", "roofline"]) == 0
+    assert _git(tmp_path, "status", "--porcelain") == ""
     after = _tree(tmp_path)
-    new = sorted(set(after) - set(before))
-    assert {k: after[k] for k in before} == before
+    new = sorted(k for k in set(after) - set(before) if not k.startswith(".git/"))
     assert new == ["runs/bench/roofline/roofline_h100.json", "runs/bench/roofline/roofline_h100.md"]
     assert json.loads(after[new[0]])["rows"]
 
