@@ -6,6 +6,9 @@ Nothing of ``laplacianformer`` is imported: every check parses the files under `
 - the layer rule: a unit imports only the units below it (table ``MAY_IMPORT``);
 - optional extras (timm, torchvision, onnx, triton, ...) are imported inside functions only, except in
   the gated modules that exist to hold them;
+- ops never imports layers (nor anything above them); the attention operator has one Nyström core
+  (``ops/nystrom.py``) that the plain op and the lean recompute both run, and its settings travel as one
+  ``AttentionSettings`` (only the public keyword entry points take them one by one);
 - no file of the repository's code cites documents that live outside the repository.
 
 An import ``from .a import b`` is an edge to the module ``a.b`` when ``a/b.py`` (or ``a/b/``) exists,
@@ -229,9 +232,9 @@ def _cycles(edges: list[Edge]) -> list[list[Edge]]:
 
 def test_the_scan_sees_the_package():
     assert f"{PKG}.ops.attention" in MODULES and f"{PKG}.cli" in MODULES
-    # relative imports resolve: the operator reaches the kernel package and the validation module
+    # relative imports resolve: the operator reaches its core, its settings and the validation module
     dsts = {e.dst for e in EDGES if e.src == f"{PKG}.ops.attention"}
-    assert {f"{PKG}.ops.kernel", f"{PKG}.ops.validation"} <= dsts, dsts
+    assert {f"{PKG}.ops.nystrom", f"{PKG}.ops.settings", f"{PKG}.ops.validation"} <= dsts, dsts
 
 
 def test_cycle_finder_on_a_planted_graph():
@@ -280,6 +283,52 @@ def test_optional_extras_are_imported_lazily():
         if e.dst in GATED and not e.lazy and not GATED[e.dst] <= GATED.get(e.src, set()):
             bad.append(f"{e}: a gated module ({', '.join(sorted(GATED[e.dst]))}) imported at module level")
     assert not bad, "optional extras must be imported inside functions:\n  " + "\n  ".join(bad)
+
+
+def test_ops_never_imports_layers():
+    bad = [e for e in EDGES if _unit(e.src) == "ops" and _unit(e.dst) != "ops"]
+    assert not bad, "ops may not import any unit of the package (layers included):\n  " + "\n  ".join(map(str, bad))
+
+
+def _functions(module: str):
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def _settings_fields() -> set[str]:
+    """The field names of ``AttentionSettings`` (ops/settings.py), read from the class body."""
+    tree = ast.parse(MODULES[f"{PKG}.ops.settings"].read_text(encoding="utf-8"))
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "AttentionSettings"]
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)} - {"head_dim"}
+
+
+# the public functions whose keyword API spells the settings out (they build one AttentionSettings)
+KEYWORD_ENTRY_POINTS = {"laplacian_attention", "laplacian_attention_recompute", "default_bandwidth"}
+CORE_USERS = (f"{PKG}.ops.attention", f"{PKG}.ops.recompute", f"{PKG}.ops.nystrom", f"{PKG}.layers.laplacian_attention")
+CORE_STEPS = {"regularised_inverse", "normalize_nystrom", "normalize_dense", "laplace_kernel", "laplace_kernel_matmul"}
+
+
+def test_settings_travel_as_one_object():
+    names = _settings_fields()
+    assert {"kernel", "lam", "norm", "landmarks", "solver"} <= names, names
+    bad = []
+    for module in CORE_USERS:
+        for fn in _functions(module):
+            args = fn.args
+            params = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
+            spelled = sorted(params & names)
+            if spelled and fn.name not in KEYWORD_ENTRY_POINTS:
+                bad.append(f"{_rel(module)}:{fn.lineno} {fn.name}({', '.join(spelled)})")
+    assert not bad, ("pass the operator settings as one AttentionSettings, not one by one:\n  " + "\n  ".join(bad))
+
+
+def test_one_nystrom_core():
+    """The plain operator and the lean recompute run ``ops/nystrom.py``; neither repeats its steps."""
+    for module in (f"{PKG}.ops.attention", f"{PKG}.ops.recompute"):
+        assert any(e.src == module and e.dst == f"{PKG}.ops.nystrom" for e in EDGES), module
+        calls = {n.func.id for n in ast.walk(ast.parse(MODULES[module].read_text(encoding="utf-8")))
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        assert not calls & CORE_STEPS, f"{_rel(module)} calls {sorted(calls & CORE_STEPS)}: use ops/nystrom.py"
 
 
 # Documents outside the repository; the names are split so that this file does not match itself.

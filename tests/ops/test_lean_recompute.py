@@ -209,16 +209,15 @@ def test_normalization_saving_forms_equal_autograd(seeded):
 def test_recompute_op_refusals_and_forcing():
     gen = torch.Generator().manual_seed(2)
     x, v, wq, bq, wk, bk = _inputs(gen)
-    lean = dict(q_weight=wq, q_bias=bq, k_weight=wk, k_bias=bk, num_heads=2, landmarks=(2, 2))
-
-    def core(x, v, hw, mask):
-        return _plain(x, v, wq, bq, wk, bk, 2, hw=hw, landmarks=(2, 2), key_padding_mask=mask)
-
-    assert "runs 'lean'" in ops.explain("recompute", core, x, v, (6, 6), None, lean)
-    assert "no lean settings" in ops.explain("recompute", core, x, v, (6, 6), None, None)
-    assert lean_refusal(x, (6, 6), None).startswith("exact kernel")
+    settings = ops.AttentionSettings(8, landmarks=(2, 2))
+    projections = (wq, bq, wk, bk)
+    assert "runs 'lean'" in ops.explain("recompute", x, v, projections, settings, (6, 6), None, None)
+    exact = ops.AttentionSettings(8, landmarks=None)
+    assert "exact kernel" in ops.explain("recompute", x, v, projections, exact, (6, 6), None, None)
+    assert lean_refusal(x, (6, 6), exact).startswith("exact kernel")
+    assert lean_refusal(x, (6, 6), settings) is None
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert lean_refusal(x, (6, 6), (2, 2)).startswith("autocast")
+        assert lean_refusal(x, (6, 6), settings).startswith("autocast")
     with pytest.raises(ValueError, match="^landmarks: the lean recompute needs pooled landmarks"):
         laplacian_attention_recompute(x, v, wq, bq, wk, bk, num_heads=2, hw=(6, 6), landmarks=None)
     probe = torch.randn(2, 2, 36, 8, generator=gen, dtype=torch.float64)
@@ -226,12 +225,28 @@ def test_recompute_op_refusals_and_forcing():
     grads = {}
     for choice in ("lean", "checkpoint"):
         with ops.use(recompute=choice):
-            out = recompute_attention(core, x, v, (6, 6), None, lean)
+            out = recompute_attention(x, v, projections, settings, hw=(6, 6))
         grads[choice] = torch.autograd.grad(out, leaves, probe)
-    for a, b in zip(grads["lean"], grads["checkpoint"]):
+    want = torch.autograd.grad(_plain(x, v, wq, bq, wk, bk, 2, hw=(6, 6), landmarks=(2, 2)), leaves, probe)
+    for a, b, c in zip(grads["lean"], grads["checkpoint"], want):
         torch.testing.assert_close(a, b, **TOL)
-    with ops.use(recompute="lean"), pytest.raises(ValueError, match="cannot run this recompute call: the layer"):
-        recompute_attention(core, x, v, (6, 6), None, None)
+        torch.testing.assert_close(b, c, **TOL)
+    with ops.use(recompute="lean"), pytest.raises(ValueError, match="cannot run this recompute call: exact kernel"):
+        recompute_attention(x, v, projections, exact, hw=(6, 6))
+
+
+def test_recompute_takes_settings_or_their_keywords_and_refuses_unknown_names():
+    gen = torch.Generator().manual_seed(4)
+    x, v, wq, bq, wk, bk = _inputs(gen)
+    kw = dict(num_heads=2, hw=(6, 6))
+    by_keywords = laplacian_attention_recompute(x, v, wq, bq, wk, bk, landmarks=(2, 2), lam=2.0, **kw)
+    settings = ops.AttentionSettings(8, landmarks=(2, 2), lam=2.0)
+    torch.testing.assert_close(laplacian_attention_recompute(x, v, wq, bq, wk, bk, settings=settings, **kw),
+                               by_keywords, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="lamda"):
+        laplacian_attention_recompute(x, v, wq, bq, wk, bk, lamda=2.0, **kw)
+    with pytest.raises(TypeError, match="^settings: given together with the operator keywords \\['lam'\\]"):
+        laplacian_attention_recompute(x, v, wq, bq, wk, bk, settings=settings, lam=2.0, **kw)
 
 
 # --- Triton (marked; CUDA or TRITON_INTERPRET=1) ---
@@ -254,16 +269,3 @@ def test_triton_under_interpreter(triton_interpreter):
         pytest.skip("the Triton test runs in this process")
     pytest.importorskip("triton")
     triton_interpreter("tests/ops/test_lean_recompute.py", timeout=600.0)
-
-
-def test_recompute_options_take_the_operator_defaults_and_refuse_unknown_names():
-    import inspect
-
-    from laplacianformer.ops import laplacian_attention
-    from laplacianformer.ops.recompute import OPERATOR_OPTIONS, operator_options
-
-    params = inspect.signature(laplacian_attention).parameters
-    assert operator_options({}) == {name: params[name].default for name in OPERATOR_OPTIONS}
-    assert operator_options({"lam": 2.0})["lam"] == 2.0
-    with pytest.raises(TypeError, match="lamda"):
-        operator_options({"lamda": 2.0})

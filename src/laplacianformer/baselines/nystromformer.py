@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops.attention import masked_pool_matrix, pool_landmarks
+from ..ops.pooling import masked_pool_matrix, pool_landmarks
 from ..ops.validation import check_float_tensor, check_key_padding_mask, check_positive, check_positive_int, check_qkv
 from ..layers.token_attention import TokenAttention
 from .softmax import softmax_attention, softmax_attention_naive

@@ -85,12 +85,14 @@ def canonical_attention(attn: str, attn_kwargs: dict, head_dim: int | None) -> d
     import inspect
 
     from ..layers import LaplacianAttention
-    from ..layers.token_mixer import LAPLACIAN_ATTN_KWARGS
+    from ..layers.token_mixer import LAPLACIAN_ATTN_KWARGS, LAPLACIAN_MODULE_KWARGS
+    from ..ops.settings import DEFAULTS
 
     if attn == "softmax":
         return {"attn": attn, **attn_kwargs}
     params = inspect.signature(LaplacianAttention.__init__).parameters
-    full = {k: params[k].default for k in LAPLACIAN_ATTN_KWARGS if k in params}
+    defaults = {**DEFAULTS, **{k: params[k].default for k in LAPLACIAN_MODULE_KWARGS}}
+    full = {k: defaults[k] for k in LAPLACIAN_ATTN_KWARGS}
     full.update(attn_kwargs)
     if head_dim is not None:
         from ..ops import default_bandwidth

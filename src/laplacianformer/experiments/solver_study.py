@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..ops.attention import pool_landmarks
+from ..ops.pooling import pool_landmarks
 from ..ops.kernel import laplace_kernel
 from ..ops.newton_schulz import conjugate_gradient_inverse, regularise
 from ..ops.newton_schulz import newton_schulz_iterate

@@ -20,7 +20,7 @@ def model_landmark_matrices(rec: dict, *, batch: int | None = None, seed: int = 
     import torch
 
     from ..layers import LaplacianAttention
-    from ..ops.attention import pool_landmarks
+    from ..ops.pooling import pool_landmarks
     from ..ops.kernel import laplace_kernel
     from ..ops.validation import resolve_landmarks
     from ..models import create_model

@@ -9,23 +9,22 @@ their functional op, so a model or a benchmark can swap any of them for another.
 
 TorchScript and torch.fx (``layers/tracing.py``): the argument checks and ``recompute`` run in eager mode
 only; an FX graph merges the heads out of place instead of in place (the same values).
-``recompute`` (docs/DESIGN.md §5.5) goes through the op ``recompute`` (``ops/recompute.py``), the one place
-that decides: the layer's lean form (``lean_settings``, LaplacianAttention's) where it serves, else
-activation checkpointing of the core; ``explain_recompute`` says which runs and why.
+``recompute`` (docs/DESIGN.md §5.5) runs ``_attend_recompute``: here activation checkpointing of the core;
+``LaplacianAttention`` overrides it with the op ``recompute`` (``ops/recompute.py``: its lean form where it
+serves, else checkpointing); ``explain_recompute`` says which runs and why.
 A ``key_padding_mask`` (B, N), True = padding (docs/DESIGN.md §2.5), reaches ``attend``; the shell reads
 padded tokens as 0 (also in DWConv(V)) and returns 0 at padded positions.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from ..ops.dispatch import explain
-from ..ops.recompute import recompute_attention
 from ..ops.validation import check_head_split, check_hw, check_key_padding_mask, reject_attn_mask
 from .grid_conv import GridConv2d, grid_to_tokens, tokens_to_grid
 from .tracing import is_fx_tracing
@@ -41,8 +40,8 @@ class TokenAttention(nn.Module):
         attn_drop: dropout on the attention output before the projection; proj_drop: after it.
         recompute: in training, keep only x and V (and landmark-sized tensors) for the backward and recompute
             the q/k products and the rest of the core there (docs/DESIGN.md §5.5): the lean recompute of
-            the N×m kernel matrices where the layer has one (``lean_settings``), else activation checkpointing
-            of ``attend``. Less memory, more time. Eager mode only (ignored when scripted or FX-traced).
+            the N×m kernel matrices where the layer has one (``LaplacianAttention``), else activation
+            checkpointing of ``attend``. Less memory, more time. Eager mode only (ignored when scripted or FX-traced).
     """
 
     def __init__(
@@ -110,23 +109,17 @@ class TokenAttention(nn.Module):
         q, k = self._project_qk(x)
         return self.attend(q, k, v, hw, key_padding_mask)
 
-    def lean_settings(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> Optional[Dict[str, Any]]:
-        """The keyword arguments of ``ops.recompute.laplacian_attention_recompute`` (projection tensors and
-        operator settings) that compute this layer's ``_attend_tokens``, or None where the layer has no lean
-        recompute (then ``recompute`` checkpoints). x: (B, N, C)."""
-        return None
-
     def _attend_recompute(self, x: torch.Tensor, v: torch.Tensor, hw: Optional[Tuple[int, int]],
                           key_padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """The core with recomputation in the backward: the op ``recompute`` (docs/DESIGN.md §5.5)."""
-        return recompute_attention(self._attend_tokens, x, v, hw, key_padding_mask, self.lean_settings(x, hw))
+        """The core with recomputation in the backward (docs/DESIGN.md §5.5): activation checkpointing of
+        ``_attend_tokens``; a layer with a lean form overrides this."""
+        return checkpoint(self._attend_tokens, x, v, hw, key_padding_mask, use_reentrant=False)
 
     def explain_recompute(self, x: torch.Tensor, hw: Optional[Tuple[int, int]] = None,
                           key_padding_mask: Optional[torch.Tensor] = None) -> str:
-        """Which recomputation ``recompute=True`` runs for this input (lean or checkpoint) and why the other
-        does not. x: (B, N, C) tokens, as for ``forward``."""
-        hw = check_hw(hw, x.shape[1])
-        return explain("recompute", self._attend_tokens, x, None, hw, key_padding_mask, self.lean_settings(x, hw))
+        """Which recomputation ``recompute=True`` runs for this input and why. x: (B, N, C) tokens."""
+        return (f"{type(self).__name__}: runs 'checkpoint' (torch.utils.checkpoint of the core): the layer gives "
+                "no lean settings (only LaplacianAttention's operator has a lean form)")
 
     def _value_conv(self, v_tok: torch.Tensor, hw: tuple[int, int] | None) -> torch.Tensor:
         """DWConv(V): v_tok (B, N, C) -> (B, N, C), 3×3 depthwise on the grid (1-D: kernel 3 along N).

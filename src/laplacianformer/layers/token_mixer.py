@@ -14,16 +14,18 @@ from collections.abc import Callable, Mapping
 
 from torch import nn
 
+from ..ops.settings import OPERATOR_SETTINGS
 from .laplacian_attention import LaplacianAttention
 from .spatial_reduction_attention import SpatialReductionAttention
 
-__all__ = ["ATTENTIONS", "LAPLACIAN_ATTN_KWARGS", "SOFTMAX_ATTN_KWARGS", "check_token_mixer", "get_token_mixer"]
+__all__ = ["ATTENTIONS", "LAPLACIAN_ATTN_KWARGS", "LAPLACIAN_MODULE_KWARGS", "SOFTMAX_ATTN_KWARGS", "check_token_mixer", "get_token_mixer"]
 
 ATTENTIONS = ("laplacian", "gaussian", "softmax")
-# ``attn_kwargs`` keys each kind accepts (forwarded to the module's constructor, which checks the values)
-LAPLACIAN_ATTN_KWARGS = (
-    "lam", "qk_scale", "norm", "solver", "iters", "ns_eps", "tie_qk", "landmarks", "dwconv", "recompute", "norm_scale"
-)
+# ``attn_kwargs`` keys each kind accepts (forwarded to the module's constructor, which checks the values):
+# the operator settings (``ops.settings.OPERATOR_SETTINGS``) but the kernel, which ``attn`` names, and the
+# module's own options
+LAPLACIAN_MODULE_KWARGS = ("tie_qk", "dwconv", "recompute")
+LAPLACIAN_ATTN_KWARGS = tuple(k for k in OPERATOR_SETTINGS if k != "kernel") + LAPLACIAN_MODULE_KWARGS
 SOFTMAX_ATTN_KWARGS = ("sr_ratio",)
 
 

@@ -9,104 +9,33 @@
 
 The kernel matrices, the solver and the normalisation run in float32 for half-precision inputs and
 under autocast (docs/DESIGN.md §1: exp(-D/lam) underflows in float16); the output has the inputs' dtype.
-The landmark pooling is the dispatched op ``pooling`` (docs/DESIGN.md §6); ``explain_all`` reports the
-backend decision of every dispatched call the operator makes.
+``laplacian_attention`` turns its keywords into one ``AttentionSettings`` (``ops/settings.py``, validated
+there, once) and runs ``attention_with_settings``: the checks of one call's inputs against the settings,
+then the core of ``ops/nystrom.py``. ``explain_all`` reports the backend decision of every dispatched call
+the operator makes (docs/DESIGN.md §6).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
 from . import _runtime
 from .dispatch import BackendRefused
-from .kernel import laplace_kernel, laplace_kernel_matmul
-from .newton_schulz import pinv_residual, regularise, regularised_inverse
-from .normalization import normalize_dense, normalize_nystrom, scale_whitened
-from .pooling import landmarks_of, pool_landmarks
+from .nystrom import attention_core
+from .pooling import pool_landmarks  # re-exported: experiments/analysis.py and bench/ import it from here
+from .settings import DEFAULTS, AttentionSettings, default_bandwidth
 from .validation import (
-    KERNELS,
-    NORM_SCALES,
-    NORMS,
     WHITENED_NORMS,
-    SOLVERS,
-    check_choice,
     check_finite,
     check_hw,
-    check_positive,
     check_key_padding_mask,
-    check_positive_int,
     check_qkv,
     reject_attn_mask,
     resolve_landmarks,
 )
 
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-def default_bandwidth(kernel: str, head_dim: int, lam: float | None = None, qk_scale: float | None = None):
-    """(lam, qk_scale) with each None replaced by the kernel's default (docs/DESIGN.md §1.1, §1.4).
-
-    Laplacian exp(-||s·q - s·k||_1 / lam): lam = 4, s = d**-0.5 (ours). Gaussian exp(-||s·q - s·k||² / lam):
-    lam = 2·sqrt(d), s = 1, i.e. SOFT's exp(-||q - k||² / (2·sqrt(d))) on the raw q and k. Given values
-    are checked (finite, > 0) and kept.
-    """
-    check_choice("kernel", kernel, KERNELS)
-    if lam is None:
-        lam = 4.0 if kernel == "laplacian" else 2.0 * math.sqrt(head_dim)
-    if qk_scale is None:
-        qk_scale = head_dim ** -0.5 if kernel == "laplacian" else 1.0
-    return check_positive("lam", lam), check_positive("qk_scale", qk_scale)
-
-
-def check_settings(head_dim: int, hw, grid, mask, lam, qk_scale, norm, solver, iters, ns_eps, norm_eps, kernel,
-                   ns_backward, norm_scale="one", norm_gain=None, heads=None) -> float:
-    """Checks the operator's settings (after the inputs and the landmark grid) and returns the bandwidth to
-    use on unscaled q and k (docs/DESIGN.md §1.2); shared by ``laplacian_attention`` and the lean recompute."""
-    if mask is not None and hw is not None and grid is not None:
-        raise ValueError(
-            "key_padding_mask: not supported on a 2-D token grid with pooled landmarks (the landmark bins are "
-            "cells of the grid, and a padded grid has no bins matching the unpadded one); pass a 1-D sequence "
-            "(hw=None) or landmarks=None (docs/DESIGN.md §2.5)"
-        )
-    lam, scale = default_bandwidth(kernel, head_dim, lam, qk_scale)
-    check_choice("norm", norm, NORMS)
-    check_choice("solver", solver, SOLVERS)
-    check_choice("ns_backward", ns_backward, ("implicit", "unrolled"))
-    check_positive_int("iters", iters)
-    check_positive("ns_eps", ns_eps, allow_zero=True)
-    check_positive("norm_eps", norm_eps, allow_zero=norm not in WHITENED_NORMS)
-    check_choice("norm_scale", norm_scale, NORM_SCALES)
-    if (norm_scale != "one" or norm_gain is not None) and norm not in WHITENED_NORMS:
-        raise ValueError(f"norm_scale: scales the whitened part of norm in {list(WHITENED_NORMS)} "
-                         f"(docs/DESIGN.md §4.6), got norm={norm!r} with norm_scale={norm_scale!r}"
-                         f"{' and a norm_gain' if norm_gain is not None else ''}")
-    if norm_gain is not None:
-        if not isinstance(norm_gain, torch.Tensor) or not norm_gain.is_floating_point() or norm_gain.dim() != 1 \
-                or (heads is not None and norm_gain.shape[0] != heads):
-            got = tuple(norm_gain.shape) if isinstance(norm_gain, torch.Tensor) else type(norm_gain).__name__
-            raise ValueError(f"norm_gain: expected a floating tensor of shape ({heads if heads else 'H'},), one "
-                             f"gain per head, got {got}")
-    # k(s·x, s·y; lam) = k(x, y; lam / s^p): the L1 distance is homogeneous of degree p = 1, the squared
-    # L2 distance of degree 2, and the pooled landmarks of s·q are s times those of q. So q and k are used
-    # unscaled with the bandwidth rescaled: the same function, without two passes over (N, d) tensors.
-    return lam / (scale if kernel == "laplacian" else scale * scale)
-
-
-def padded_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, mask: torch.Tensor | None):
-    """q, k, v in the compute dtype, padded tokens read as 0 (finite whatever they held; masked_fill passes
-    them no gradient). K = Q stays one tensor."""
-    qs, ks, vv = q.to(dtype), k.to(dtype), v.to(dtype)
-    if mask is not None:
-        pad = mask[:, None, :, None]
-        qs, vv = qs.masked_fill(pad, 0.0), vv.masked_fill(pad, 0.0)
-        ks = qs if k is q else ks.masked_fill(pad, 0.0)
-    elif k is q:
-        ks = qs
-    return qs, ks, vv
+__all__ = ["AttentionSettings", "attention_with_settings", "check_call", "default_bandwidth", "explain_all",
+           "laplacian_attention", "pool_landmarks"]
 
 
 def laplacian_attention(
@@ -132,6 +61,7 @@ def laplacian_attention(
     key_padding_mask: torch.Tensor | None = None,
     attn_mask=None,
     is_causal: bool = False,
+    settings: AttentionSettings | None = None,
 ):
     """Laplacian (or Gaussian) kernel attention with Nyström approximation and normalisation.
 
@@ -166,53 +96,68 @@ def laplacian_attention(
             sequences (hw=None) take a mask; every sequence needs a valid token.
         attn_mask, is_causal: not supported (ValueError saying why): each pooled landmark averages queries
             from all positions.
+        settings: an ``AttentionSettings`` standing for the operator keywords above (landmarks ... ns_backward),
+            which then stay at their defaults (TypeError otherwise); made for q's head dim.
 
     Returns:
         (B, H, N, d_v) in the dtype of v (and the stats dict when ``return_stats``).
     """
     reject_attn_mask(attn_mask, is_causal)
     check_qkv(q, k, v)
-    n = q.shape[2]
-    hw = check_hw(hw, n)
-    grid = resolve_landmarks(landmarks, hw, n)
-    mask = check_key_padding_mask(key_padding_mask, q.shape[0], n)
-    lam = check_settings(q.shape[-1], hw, grid, mask, lam, qk_scale, norm, solver, iters, ns_eps, norm_eps, kernel,
-                         ns_backward, norm_scale, norm_gain, q.shape[1])
+    given = dict(kernel=kernel, lam=lam, qk_scale=qk_scale, landmarks=landmarks, norm=norm, norm_scale=norm_scale,
+                 norm_eps=norm_eps, solver=solver, iters=iters, ns_eps=ns_eps, ns_backward=ns_backward)
+    if settings is None:
+        settings = AttentionSettings(q.shape[-1], **given)
+    else:
+        changed = sorted(name for name, value in given.items() if value != DEFAULTS[name])
+        if changed:
+            raise TypeError(f"settings: given together with the operator keywords {changed}; pass one or the other")
+    return attention_with_settings(q, k, v, settings, hw=hw, key_padding_mask=key_padding_mask, norm_gain=norm_gain,
+                                   check_finite_inputs=check_finite_inputs, return_stats=return_stats)
+
+
+def check_call(settings: AttentionSettings, heads: int, head_dim: int, hw, grid, mask, norm_gain) -> None:
+    """The checks of one call against its settings (the settings themselves were checked when made):
+    the inputs' head dim, a padding mask with pooled landmarks on a 2-D grid (docs/DESIGN.md §2.5), the per-head
+    ``norm_gain`` (H,) of §4.6. Shared by the operator and the lean recompute."""
+    if not isinstance(settings, AttentionSettings):
+        raise TypeError(f"settings: expected an AttentionSettings, got {type(settings).__name__}")
+    if settings.head_dim != head_dim:
+        raise ValueError(f"settings: made for head_dim={settings.head_dim}, got inputs of head dim {head_dim}")
+    if mask is not None and hw is not None and grid is not None:
+        raise ValueError(
+            "key_padding_mask: not supported on a 2-D token grid with pooled landmarks (the landmark bins are "
+            "cells of the grid, and a padded grid has no bins matching the unpadded one); pass a 1-D sequence "
+            "(hw=None) or landmarks=None (docs/DESIGN.md §2.5)"
+        )
+    if norm_gain is None:
+        return
+    if settings.norm not in WHITENED_NORMS:
+        raise ValueError(f"norm_scale: scales the whitened part of norm in {list(WHITENED_NORMS)} "
+                         f"(docs/DESIGN.md §4.6), got norm={settings.norm!r} with norm_scale="
+                         f"{settings.norm_scale!r} and a norm_gain")
+    if not isinstance(norm_gain, torch.Tensor) or not norm_gain.is_floating_point() or norm_gain.dim() != 1 \
+            or norm_gain.shape[0] != heads:
+        got = tuple(norm_gain.shape) if isinstance(norm_gain, torch.Tensor) else type(norm_gain).__name__
+        raise ValueError(f"norm_gain: expected a floating tensor of shape ({heads},), one gain per head, got {got}")
+
+
+def attention_with_settings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings, *,
+                            hw: tuple[int, int] | None = None, key_padding_mask: torch.Tensor | None = None,
+                            norm_gain: torch.Tensor | None = None, clamp: bool = False,
+                            check_finite_inputs: bool = False, return_stats: bool = False):
+    """``laplacian_attention`` with its settings made: q, k (B, H, N, d), v (B, H, N, e) -> (B, H, N, e) in v's
+    dtype (and the stats dict when ``return_stats``). The landmarks are resolved for this call by
+    ``resolve_landmarks(settings.landmarks, hw, N, clamp=clamp)`` (docs/DESIGN.md §2.2: the modules clamp)."""
+    check_qkv(q, k, v)
+    hw = check_hw(hw, q.shape[2])
+    grid = resolve_landmarks(settings.landmarks, hw, q.shape[2], clamp=clamp)
+    mask = check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[2])
+    check_call(settings, q.shape[1], q.shape[-1], hw, grid, mask, norm_gain)
     if check_finite_inputs:
         for name, t in (("q", q), ("k", k), ("v", v)):
             check_finite(name, t)
-
-    out_dtype = v.dtype
-    dtype = _compute_dtype(q.dtype)
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        qs, ks, vv = padded_inputs(q, k, v, dtype, mask)
-        pad = None if mask is None else mask[:, None, :, None]
-        stats = {}
-        if grid is None:
-            g = laplace_kernel(qs, ks, lam, kernel)
-            out = normalize_dense(g, vv, norm, norm_eps, key_padding_mask=mask)
-        else:
-            marks = landmarks_of(qs, hw, grid, mask)
-            w = laplace_kernel(marks, marks, lam, kernel)
-            w_inv = regularised_inverse(w, solver=solver, iters=iters, eps=ns_eps, backward=ns_backward)
-            c_k = laplace_kernel(ks, marks, lam, kernel)
-            if mask is not None:
-                c_k = c_k.masked_fill(pad, 0.0)  # padded keys weigh 0
-            if norm == "none":
-                out = laplace_kernel_matmul(qs, marks, w_inv @ (c_k.transpose(-1, -2) @ vv), lam, kernel)
-                if mask is not None:
-                    out = out.masked_fill(pad, 0.0)
-            else:
-                c_q = c_k if k is q else laplace_kernel(qs, marks, lam, kernel)
-                out = normalize_nystrom(c_q, c_k, vv, norm, norm_eps, w_inv=w_inv, key_padding_mask=mask)
-            if return_stats:
-                with torch.no_grad():
-                    stats["residual"] = pinv_residual(regularise(w, ns_eps), w_inv)
-                    stats["landmarks"] = marks.shape[-2]
-        if norm in WHITENED_NORMS:
-            out = scale_whitened(out, vv, norm_scale, norm_gain, mask)
-    out = out.to(out_dtype)
-    return (out, stats) if return_stats else out
+    return attention_core(q, k, v, settings, hw, grid, mask, norm_gain, return_stats)
 
 
 def explain_all(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backward: bool | None = None, **kwargs) -> str:

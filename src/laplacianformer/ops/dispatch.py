@@ -14,7 +14,7 @@ entry in the op's table. ``explain(op, *inputs)`` says which backend serves and 
 not; ``attention.explain_all`` does it for every call of the attention operator.
 
 Ops: ``kernel`` and ``kernel_matmul`` (``ops/kernel``), ``newton_schulz`` and ``newton_schulz_grad``
-(``ops/newton_schulz``), ``normalization`` (``ops/normalization.py``), ``pooling`` (``ops/attention.py``),
+(``ops/newton_schulz``), ``normalization`` (``ops/normalization``), ``pooling`` (``ops/pooling.py``),
 ``recompute`` (``ops/recompute.py``: the lean recompute of the attention core or activation checkpointing).
 """
 

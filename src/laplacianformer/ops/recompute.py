@@ -3,8 +3,9 @@
 
 ``laplacian_attention_recompute(x, v, q_weight, q_bias, k_weight, k_bias, num_heads=H, ...)`` is
 ``laplacian_attention(q, k, v, ...)`` with q, k = the heads of ``F.linear(x, q_weight, q_bias)`` and
-``F.linear(x, k_weight, k_bias)`` (K = Q when ``k_weight`` is None), as one autograd Function that keeps for
-the backward only
+``F.linear(x, k_weight, k_bias)`` (K = Q when ``k_weight`` is None), as one autograd Function that runs the
+core of ``ops/nystrom.py`` without autograd (``_Keeping`` steps: the same backends) and keeps for the
+backward only
 
 - x and v (the attention layer keeps both anyway: the value projection and DWConv(V) save them),
 - the landmarks L (m×d per head), W⁺ (m×m) and the small autograd graph L → W = k(L, L) → W⁺ of the solver,
@@ -18,18 +19,17 @@ Without it autograd keeps q, k, C_q, C_k and the normalisation's (N, m) scratch 
 checkpointing (``torch.utils.checkpoint``) keeps x and V too but reruns the whole core forward, solver and
 normalisation included, in the backward.
 
-The op ``recompute`` (``ops/dispatch.py``): ``recompute_attention(core, x, v, hw, key_padding_mask, lean)``
-returns ``core(x, v, hw, key_padding_mask)`` differentiated with recomputation. Backends, in order:
-``lean`` (the Function above, where the layer gives its ``lean`` settings and the call has pooled
-landmarks, runs eagerly and not under autocast) and ``checkpoint`` (``torch.utils.checkpoint`` of ``core``,
-serves every call, the reference). ``ops.use(recompute="checkpoint")`` forces the checkpoint;
-``ops.explain("recompute", ...)`` and the log name ``laplacianformer.ops.recompute`` give the reason a call
-is checkpointed.
+The op ``recompute`` (``ops/dispatch.py``): ``recompute_attention(x, v, projections, settings, hw=...,
+key_padding_mask=..., norm_gain=...)`` is ``attend_projections`` (the modules' attention on the projections
+of x, landmarks clamped to the token grid) differentiated with recomputation. Backends, in order: ``lean``
+(the Function above, where the call has pooled landmarks, runs eagerly and not under autocast) and
+``checkpoint`` (``torch.utils.checkpoint`` of ``attend_projections``, serves every call, the reference).
+``ops.use(recompute="checkpoint")`` forces the checkpoint; ``ops.explain("recompute", ...)`` and the log name
+``laplacianformer.ops.recompute`` give the reason a call is checkpointed.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
@@ -38,85 +38,101 @@ from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from . import _runtime
-from .attention import _compute_dtype, check_settings, laplacian_attention, padded_inputs
-from .pooling import landmarks_of
+from .attention import attention_with_settings, check_call
 from .dispatch import Backend, Op
-from .kernel import KERNEL, KERNEL_MATMUL, laplace_kernel
-from .newton_schulz import regularised_inverse
+from .kernel import KERNEL, KERNEL_MATMUL
 from .normalization import normalize_nystrom_grad, normalize_nystrom_saving, scale_whitened
+from .nystrom import Steps, compute_dtype, nystrom, pad_rows, padded_inputs
+from .pooling import landmarks_of
+from .settings import AttentionSettings, settings_from
 from .validation import WHITENED_NORMS, check_float_tensor, check_hw, check_key_padding_mask, resolve_landmarks
 
-__all__ = ["laplacian_attention_recompute", "lean_refusal", "recompute_attention", "RECOMPUTE"]
+__all__ = ["RECOMPUTE", "attend_projections", "laplacian_attention_recompute", "lean_refusal", "project_heads",
+           "recompute_attention"]
 
 
 @dataclass(frozen=True)
-class _Settings:
-    """Everything of one lean call that is not a tensor (resolved and checked)."""
+class _Call:
+    """What one lean call adds to its settings: the heads, the token grid, the resolved landmarks, the
+    compute dtype."""
 
+    settings: AttentionSettings
     heads: int
     hw: tuple[int, int] | None
     grid: object
-    lam: float
-    kernel: str
-    norm: str
-    norm_eps: float
-    solver: str
-    iters: int
-    ns_eps: float
-    ns_backward: str
     dtype: torch.dtype
 
 
-def _factors(x, v, q_weight, q_bias, k_weight, k_bias, mask, cfg: _Settings):
-    """(qs, ks, vv): the padded compute-dtype q, k (B, H, N, d) and v of ``laplacian_attention`` (ks is qs
-    when K = Q), with autograd where the inputs require grad."""
+def project_heads(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, heads: int) -> torch.Tensor:
+    """x (B, N, C) -> the heads (B, H, N, d) of ``F.linear(x, weight, bias)``, a view of its output."""
     b, n, _ = x.shape
-    q = F.linear(x, q_weight, q_bias).view(b, n, cfg.heads, -1).transpose(1, 2)
-    k = q if k_weight is None else F.linear(x, k_weight, k_bias).view(b, n, cfg.heads, -1).transpose(1, 2)
-    return padded_inputs(q, k, v, cfg.dtype, mask)
+    return F.linear(x, weight, bias).view(b, n, heads, -1).transpose(1, 2)
 
 
-def _pad_rows(t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    return t if mask is None else t.masked_fill(mask[:, None, :, None], 0.0)
+def _factors(x, v, projections, mask, call: _Call):
+    """(qs, ks, vv): the padded compute-dtype q, k (B, H, N, d) and v of the operator (ks is qs when K = Q),
+    with autograd where the inputs require grad."""
+    q_weight, q_bias, k_weight, k_bias = projections
+    q = project_heads(x, q_weight, q_bias, call.heads)
+    k = q if k_weight is None else project_heads(x, k_weight, k_bias, call.heads)
+    return padded_inputs(q, k, v, call.dtype, mask)
+
+
+class _Keeping(Steps):
+    """The core's steps on the backends the plain path picks, without autograd, keeping what the lean backward
+    needs: the solver's small graph, each kernel matrix's backend, the normalisation's backend and statistics."""
+
+    def __init__(self) -> None:
+        self.backends: dict[str, str] = {}
+        self.solver_graph = None
+        self.norm_backend, self.saved = None, ()
+
+    def inverse(self, marks, s):
+        # the solver's graph is m×m sized: kept, so its backward (implicit or unrolled, any solver) needs no rerun
+        with torch.enable_grad():
+            leaf = marks.detach().requires_grad_(True)
+            w, w_inv = super().inverse(leaf, s)
+        self.solver_graph = (leaf, w_inv)
+        return w.detach(), w_inv.detach()
+
+    def kernel(self, x, marks, s, side):
+        backend = KERNEL.select(x, marks, s.bandwidth, s.kernel)
+        self.backends[side] = backend.name
+        return backend.run(x, marks, s.bandwidth, s.kernel)
+
+    def kernel_matmul(self, x, marks, a, s):
+        with torch.enable_grad():  # the backend the plain path picks, whose backward runs (grad-dependent refusals)
+            backend = KERNEL_MATMUL.select(x.detach().requires_grad_(True), marks, a, s.bandwidth, s.kernel)
+        self.backends["q"] = backend.name
+        return backend.run(x, marks, a, s.bandwidth, s.kernel)
+
+    def normalize(self, c_q, c_k, v, w_inv, s, mask):
+        out, self.norm_backend, self.saved = normalize_nystrom_saving(c_q, c_k, v, s.norm, s.norm_eps, w_inv=w_inv,
+                                                                      key_padding_mask=mask)
+        return out
 
 
 class _LeanAttention(torch.autograd.Function):
     """out (B, H, N, e) of ``laplacian_attention_recompute``; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, x, v, q_weight, q_bias, k_weight, k_bias, mask, cfg: _Settings):
-        qs, ks, vv = _factors(x, v, q_weight, q_bias, k_weight, k_bias, mask, cfg)
-        marks = landmarks_of(qs, cfg.hw, cfg.grid, mask)
-        # the solver's graph is m×m sized: kept, so its backward (implicit or unrolled, any solver) needs no rerun
-        with torch.enable_grad():
-            leaf = marks.detach().requires_grad_(True)
-            w_inv_graph = regularised_inverse(laplace_kernel(leaf, leaf, cfg.lam, cfg.kernel), solver=cfg.solver,
-                                              iters=cfg.iters, eps=cfg.ns_eps, backward=cfg.ns_backward)
-        w_inv = w_inv_graph.detach()
-        kern_k = KERNEL.select(ks, marks, cfg.lam, cfg.kernel)
-        c_k = _pad_rows(kern_k.run(ks, marks, cfg.lam, cfg.kernel), mask)  # padded keys weigh 0
-        if cfg.norm == "none":
-            a = w_inv @ (c_k.transpose(-1, -2) @ vv)
-            with torch.enable_grad():  # the backend the plain path picks, whose backward runs (grad-dependent refusals)
-                kern_q = KERNEL_MATMUL.select(qs.detach().requires_grad_(True), marks, a, cfg.lam, cfg.kernel)
-            out = _pad_rows(kern_q.run(qs, marks, a, cfg.lam, cfg.kernel), mask)
-            norm_backend, saved = None, ()
-        else:
-            kern_q = kern_k if ks is qs else KERNEL.select(qs, marks, cfg.lam, cfg.kernel)
-            c_q = c_k if ks is qs else kern_q.run(qs, marks, cfg.lam, cfg.kernel)
-            out, norm_backend, saved = normalize_nystrom_saving(c_q, c_k, vv, cfg.norm, cfg.norm_eps, w_inv=w_inv,
-                                                                key_padding_mask=mask)
-        ctx.save_for_backward(x, v, q_weight, q_bias, k_weight, k_bias, mask, marks, w_inv, *saved)
-        ctx.cfg = cfg
-        ctx.backends = (kern_q.name, kern_k.name, norm_backend)
-        ctx.solver_graph = (leaf, w_inv_graph)
+    def forward(ctx, x, v, q_weight, q_bias, k_weight, k_bias, mask, call: _Call):
+        qs, ks, vv = _factors(x, v, (q_weight, q_bias, k_weight, k_bias), mask, call)
+        marks = landmarks_of(qs, call.hw, call.grid, mask)
+        steps = _Keeping()
+        out, _, w_inv = nystrom(qs, ks, vv, marks, call.settings, mask, steps)
+        ctx.save_for_backward(x, v, q_weight, q_bias, k_weight, k_bias, mask, marks, w_inv, *steps.saved)
+        ctx.call = call
+        ctx.backends = (steps.backends.get("q", steps.backends["k"]), steps.backends["k"], steps.norm_backend)
+        ctx.solver_graph = steps.solver_graph
         return out.to(v.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
         x, v, q_weight, q_bias, k_weight, k_bias, mask, marks, w_inv, *saved = ctx.saved_tensors
-        cfg = ctx.cfg
+        call = ctx.call
+        s = call.settings
         q_name, k_name, norm_backend = ctx.backends
         tied = k_weight is None
         # 1. the projections again, with autograd from detached leaves: their backward, the padding's and the
@@ -125,33 +141,33 @@ class _LeanAttention(torch.autograd.Function):
         leaves = [None if t is None else t.detach().requires_grad_(need)
                   for t, need in zip(inputs, ctx.needs_input_grad)]
         with torch.enable_grad():
-            qs, ks, vv = _factors(*leaves, mask, cfg)
-            pooled = landmarks_of(qs, cfg.hw, cfg.grid, mask) if qs.requires_grad else None
+            qs, ks, vv = _factors(leaves[0], leaves[1], tuple(leaves[2:]), mask, call)
+            pooled = landmarks_of(qs, call.hw, call.grid, mask) if qs.requires_grad else None
         qd, kd, vd = qs.detach(), ks.detach(), vv.detach()
-        grad = _pad_rows(grad_out.to(cfg.dtype), mask)
+        grad = pad_rows(grad_out.to(call.dtype), mask)
         # 2. the two N×m kernel matrices again (no autograd), then the backward formulas of the plain path
         kern_k = KERNEL.by_name[k_name]
-        c_k = _pad_rows(kern_k.run(kd, marks, cfg.lam, cfg.kernel), mask)
-        if cfg.norm == "none":
+        c_k = pad_rows(kern_k.run(kd, marks, s.bandwidth, s.kernel), mask)
+        if s.norm == "none":
             with torch.enable_grad():
                 ck_leaf, w_leaf, v_leaf = (t.detach().requires_grad_(True) for t in (c_k, w_inv, vd))
                 a = w_leaf @ (ck_leaf.transpose(-1, -2) @ v_leaf)
-            d_q, d_marks, d_a = KERNEL_MATMUL.by_name[q_name].grad(qd, marks, a.detach(), grad, cfg.lam, cfg.kernel)
+            d_q, d_marks, d_a = KERNEL_MATMUL.by_name[q_name].grad(qd, marks, a.detach(), grad, s.bandwidth, s.kernel)
             d_ck, d_w_inv, d_v = torch.autograd.grad(a, (ck_leaf, w_leaf, v_leaf), d_a)
             d_cq = None
         else:
-            c_q = c_k if tied else KERNEL.by_name[q_name].run(qd, marks, cfg.lam, cfg.kernel)
-            d_cq, d_ck, d_w_inv, d_v = normalize_nystrom_grad(norm_backend, grad, tuple(saved), c_q, c_k, vd, cfg.norm,
-                                                              cfg.norm_eps, w_inv=w_inv, key_padding_mask=mask)
+            c_q = c_k if tied else KERNEL.by_name[q_name].run(qd, marks, s.bandwidth, s.kernel)
+            d_cq, d_ck, d_w_inv, d_v = normalize_nystrom_grad(norm_backend, grad, tuple(saved), c_q, c_k, vd, s.norm,
+                                                              s.norm_eps, w_inv=w_inv, key_padding_mask=mask)
             d_q = d_marks = None
             if tied:  # C_q is C_k
                 d_ck = _add(d_ck, d_cq)
                 d_cq = None
             elif d_cq is not None:
-                d_q, d_marks = KERNEL.by_name[q_name].grad(qd, marks, c_q, d_cq, cfg.lam, cfg.kernel)
+                d_q, d_marks = KERNEL.by_name[q_name].grad(qd, marks, c_q, d_cq, s.bandwidth, s.kernel)
         d_k = None
         if d_ck is not None:
-            d_k, d_marks_k = kern_k.grad(kd, marks, c_k, _pad_rows(d_ck, mask), cfg.lam, cfg.kernel)
+            d_k, d_marks_k = kern_k.grad(kd, marks, c_k, pad_rows(d_ck, mask), s.bandwidth, s.kernel)
             d_marks = _add(d_marks, d_marks_k)
         if tied:
             d_q, d_k = _add(d_q, d_k), None
@@ -169,10 +185,37 @@ class _LeanAttention(torch.autograd.Function):
         return (*grads, None, None)
 
 
+
 def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
     if a is None:
         return b
     return a if b is None else a + b
+
+
+def _check_projections(x, v, q_weight, k_weight, k_bias, num_heads: int) -> None:
+    check_float_tensor("x", x)
+    check_float_tensor("v", v)
+    if x.dim() != 3 or v.dim() != 4 or v.shape[0] != x.shape[0] or v.shape[2] != x.shape[1] or v.shape[1] != num_heads:
+        raise ValueError(f"x, v: expected (B, N, C) and (B, {num_heads}, N, e), "
+                         f"got {tuple(x.shape)} and {tuple(v.shape)}")
+    if q_weight.dim() != 2 or q_weight.shape[1] != x.shape[2] or q_weight.shape[0] % num_heads:
+        raise ValueError(f"q_weight: expected (H·d, {x.shape[2]}) with H = {num_heads}, got {tuple(q_weight.shape)}")
+    if k_weight is not None and k_weight.shape != q_weight.shape:
+        raise ValueError(f"k_weight: expected shape {tuple(q_weight.shape)}, got {tuple(k_weight.shape)}")
+    if k_weight is None and k_bias is not None:
+        raise ValueError("k_bias: given without k_weight (K = Q takes the query projection)")
+
+
+def _lean(x, v, projections, settings: AttentionSettings, hw, grid, mask, norm_gain) -> torch.Tensor:
+    """The lean Function on checked inputs (grid: pooled landmarks), then the scale of §4.6 outside it
+    (autograd keeps nothing N-sized for a constant scale)."""
+    call = _Call(settings, v.shape[1], hw, grid, compute_dtype(x.dtype))
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        out = _LeanAttention.apply(x, v, *projections, mask, call)
+        if settings.norm in WHITENED_NORMS:
+            vv = pad_rows(v.to(call.dtype), mask)
+            out = scale_whitened(out.to(call.dtype), vv, settings.norm_scale, norm_gain, mask).to(v.dtype)
+        return out
 
 
 def laplacian_attention_recompute(
@@ -186,6 +229,8 @@ def laplacian_attention_recompute(
     num_heads: int,
     hw: tuple[int, int] | None = None,
     key_padding_mask: torch.Tensor | None = None,
+    norm_gain: torch.Tensor | None = None,
+    settings: AttentionSettings | None = None,
     **options,
 ) -> torch.Tensor:
     """``laplacian_attention`` of the heads of the projections of x, with the lean recompute (module docstring).
@@ -195,103 +240,85 @@ def laplacian_attention_recompute(
         q_weight, q_bias: the query projection (H·d, C) and (H·d,) or None; k_weight, k_bias: the key
             projection, or k_weight None for K = Q (``tie_qk``).
         num_heads: H; the head dim is d = q_weight.shape[0] / H.
-        hw, key_padding_mask: as for ``laplacian_attention``.
-        options: the operator settings ``landmarks, lam, qk_scale, norm, solver, iters, ns_eps, norm_eps, kernel,
-            ns_backward``, with ``laplacian_attention``'s defaults (read from its signature: one place); the
-            landmarks must resolve to pooled ones (the exact kernel has no N×m factors to recompute: ValueError).
+        hw, key_padding_mask, norm_gain: as for ``laplacian_attention``.
+        settings, options: the operator settings, an ``AttentionSettings`` or its keywords
+            (``ops.settings.OPERATOR_SETTINGS``, TypeError naming another); the landmarks must resolve to
+            pooled ones (the exact kernel has no N×m factors to recompute: ValueError).
 
     Returns (B, H, N, e) in v's dtype: the values of ``laplacian_attention(q, k, v, ...)`` and, to round-off,
     its gradients for x, v and the projection parameters; first order only (a double backward raises).
     """
-    o = operator_options(options)
-    check_float_tensor("x", x)
-    check_float_tensor("v", v)
-    if x.dim() != 3 or v.dim() != 4 or v.shape[0] != x.shape[0] or v.shape[2] != x.shape[1] or v.shape[1] != num_heads:
-        raise ValueError(f"x, v: expected (B, N, C) and (B, {num_heads}, N, e), "
-                         f"got {tuple(x.shape)} and {tuple(v.shape)}")
-    if q_weight.dim() != 2 or q_weight.shape[1] != x.shape[2] or q_weight.shape[0] % num_heads:
-        raise ValueError(f"q_weight: expected (H·d, {x.shape[2]}) with H = {num_heads}, got {tuple(q_weight.shape)}")
-    if k_weight is not None and k_weight.shape != q_weight.shape:
-        raise ValueError(f"k_weight: expected shape {tuple(q_weight.shape)}, got {tuple(k_weight.shape)}")
-    if k_weight is None and k_bias is not None:
-        raise ValueError("k_bias: given without k_weight (K = Q takes the query projection)")
+    if settings is None:
+        settings = settings_from(q_weight.shape[0] // num_heads, options, "laplacian_attention_recompute")
+    elif options:
+        raise TypeError(f"settings: given together with the operator keywords {sorted(options)}; pass one or the other")
+    _check_projections(x, v, q_weight, k_weight, k_bias, num_heads)
     n = x.shape[1]
     hw = check_hw(hw, n)
-    grid = resolve_landmarks(o["landmarks"], hw, n)
+    grid = resolve_landmarks(settings.landmarks, hw, n)
     if grid is None:
         raise ValueError("landmarks: the lean recompute needs pooled landmarks (the exact kernel keeps N×N "
                          "matrices; use laplacian_attention, checkpointed)")
     mask = check_key_padding_mask(key_padding_mask, x.shape[0], n)
-    head_dim = q_weight.shape[0] // num_heads
-    lam = check_settings(head_dim, hw, grid, mask, o["lam"], o["qk_scale"], o["norm"], o["solver"], o["iters"],
-                         o["ns_eps"], o["norm_eps"], o["kernel"], o["ns_backward"], o["norm_scale"], o["norm_gain"],
-                         num_heads)
-    cfg = _Settings(num_heads, hw, grid, float(lam), o["kernel"], o["norm"], float(o["norm_eps"]), o["solver"],
-                    int(o["iters"]), float(o["ns_eps"]), o["ns_backward"], _compute_dtype(x.dtype))
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        out = _LeanAttention.apply(x, v, q_weight, q_bias, k_weight, k_bias, mask, cfg)
-        if cfg.norm in WHITENED_NORMS:  # the scale of §4.6, outside the Function (autograd keeps nothing N-sized
-            vv = _pad_rows(v.to(cfg.dtype), mask)  # for a constant scale)
-            out = scale_whitened(out.to(cfg.dtype), vv, o["norm_scale"], o["norm_gain"], mask).to(v.dtype)
-        return out
+    check_call(settings, num_heads, q_weight.shape[0] // num_heads, hw, grid, mask, norm_gain)
+    return _lean(x, v, (q_weight, q_bias, k_weight, k_bias), settings, hw, grid, mask, norm_gain)
 
 
-OPERATOR_OPTIONS = ("landmarks", "lam", "qk_scale", "norm", "solver", "iters", "ns_eps", "norm_eps", "kernel",
-                    "ns_backward", "norm_scale", "norm_gain")
+def attend_projections(x, v, q_weight, q_bias, k_weight, k_bias, settings: AttentionSettings, hw, key_padding_mask,
+                       norm_gain) -> torch.Tensor:
+    """The modules' attention on the projections of x (B, N, C): q, k = ``project_heads`` (k = q when
+    ``k_weight`` is None), then ``attention_with_settings`` with the landmarks clamped to the token grid
+    (docs/DESIGN.md §2.2). v: (B, H, N, e) -> (B, H, N, e). What ``checkpoint`` reruns."""
+    q = project_heads(x, q_weight, q_bias, v.shape[1])
+    k = q if k_weight is None else project_heads(x, k_weight, k_bias, v.shape[1])
+    return attention_with_settings(q, k, v, settings, hw=hw, key_padding_mask=key_padding_mask, norm_gain=norm_gain,
+                                   clamp=True)
 
 
-def operator_options(options: dict) -> dict:
-    """``options`` completed with ``laplacian_attention``'s own defaults (its signature is the one place they
-    are written); a name that is not an operator setting raises TypeError naming it."""
-    unknown = sorted(set(options) - set(OPERATOR_OPTIONS))
-    if unknown:
-        raise TypeError(f"laplacian_attention_recompute: unexpected keyword argument(s) {unknown}; "
-                        f"operator settings are {list(OPERATOR_OPTIONS)}")
-    params = inspect.signature(laplacian_attention).parameters
-    return {name: options.get(name, params[name].default) for name in OPERATOR_OPTIONS}
-
-
-def lean_refusal(x: torch.Tensor, hw: tuple[int, int] | None, landmarks,
+def lean_refusal(x: torch.Tensor, hw: tuple[int, int] | None, settings: AttentionSettings,
                  key_padding_mask: torch.Tensor | None = None) -> str | None:
-    """Why ``laplacian_attention_recompute`` cannot stand in for the plain operator in this call (None: it
-    can): graph capture, autocast, or no pooled landmarks for this token count."""
+    """Why the lean recompute cannot stand in for the plain operator in this call (None: it can): graph
+    capture, autocast, or no pooled landmarks for this token count (the modules' clamped rule)."""
     why = _runtime.capture_reason(modes=False)
     if why is not None:
         return f"{why} (the lean recompute is an eager autograd Function)"
     if torch.is_autocast_enabled(x.device.type):
         return "autocast is enabled (the lean recompute would redo the projections outside it)"
-    if resolve_landmarks(landmarks, hw, x.shape[1]) is None:
+    if resolve_landmarks(settings.landmarks, hw, x.shape[1], clamp=True) is None:
         return ("exact kernel (landmarks=None, or the grid covers every token): no N×m factors to recompute, "
                 "the core keeps N×N matrices")
     return None
 
 
-def _lean_refusal(core, x, v, hw, key_padding_mask, lean) -> str | None:
-    if lean is None:
-        return "the layer gives no lean settings (only LaplacianAttention's operator has a lean form)"
-    return lean_refusal(x, hw, lean.get("landmarks", (7, 7)), key_padding_mask)
+def _lean_refusal(x, v, projections, settings, hw, key_padding_mask, norm_gain) -> str | None:
+    return lean_refusal(x, hw, settings, key_padding_mask)
 
 
-def _lean(core, x, v, hw, key_padding_mask, lean):
-    return laplacian_attention_recompute(x, v, hw=hw, key_padding_mask=key_padding_mask, **lean)
+def _lean_backend(x, v, projections, settings, hw, key_padding_mask, norm_gain):
+    grid = resolve_landmarks(settings.landmarks, hw, x.shape[1], clamp=True)
+    heads = v.shape[1]
+    check_call(settings, heads, projections[0].shape[0] // heads, hw, grid, key_padding_mask, norm_gain)
+    return _lean(x, v, projections, settings, hw, grid, key_padding_mask, norm_gain)
 
 
-def _checkpointed(core, x, v, hw, key_padding_mask, lean):
-    return checkpoint(core, x, v, hw, key_padding_mask, use_reentrant=False)
+def _checkpointed(x, v, projections, settings, hw, key_padding_mask, norm_gain):
+    return checkpoint(attend_projections, x, v, *projections, settings, hw, key_padding_mask, norm_gain,
+                      use_reentrant=False)
 
 
 RECOMPUTE = Op("recompute", [
-    Backend("lean", _lean, _lean_refusal),
+    Backend("lean", _lean_backend, _lean_refusal),
     Backend("checkpoint", _checkpointed),
 ], log="laplacianformer.ops.recompute",
-    signature="recompute_attention(core, x, v, hw, key_padding_mask, lean): x (B, N, C), v (B, H, N, e)")
+    signature="recompute_attention(x, v, projections, settings, hw, key_padding_mask, norm_gain): "
+              "x (B, N, C), v (B, H, N, e)")
 
 
-def recompute_attention(core, x: torch.Tensor, v: torch.Tensor, hw: tuple[int, int] | None,
-                        key_padding_mask: torch.Tensor | None, lean: dict | None) -> torch.Tensor:
-    """``core(x, v, hw, key_padding_mask)`` -> (B, H, N, e), differentiated with recomputation (docs/DESIGN.md
-    §5.5): backend ``lean`` runs ``laplacian_attention_recompute(x, v, hw=hw, key_padding_mask=...,
-    **lean)`` (``lean``: its projection tensors and operator settings, which must compute what ``core``
-    computes; None where the layer has none), else ``checkpoint`` runs ``torch.utils.checkpoint(core, ...)``.
-    """
-    return RECOMPUTE(core, x, v, hw, key_padding_mask, lean)
+def recompute_attention(x: torch.Tensor, v: torch.Tensor, projections: tuple, settings: AttentionSettings, *,
+                        hw: tuple[int, int] | None = None, key_padding_mask: torch.Tensor | None = None,
+                        norm_gain: torch.Tensor | None = None) -> torch.Tensor:
+    """``attend_projections(x, v, *projections, settings, hw, key_padding_mask, norm_gain)`` -> (B, H, N, e),
+    differentiated with recomputation (docs/DESIGN.md §5.5): backend ``lean`` where it serves, else
+    ``checkpoint``. projections: (q_weight, q_bias, k_weight, k_bias), k_weight None for K = Q; x (B, N, C),
+    v (B, H, N, e), hw and key_padding_mask checked by the caller (the layer)."""
+    return RECOMPUTE(x, v, projections, settings, hw, key_padding_mask, norm_gain)

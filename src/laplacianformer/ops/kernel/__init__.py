@@ -1,8 +1,8 @@
 """Kernel primitives of docs/DESIGN.md §1: k(x, y) = exp(-||x - y||_1 / lam) (and the Gaussian twin).
 
 Public entry points, one dispatched op each (``ops/dispatch.py``, docs/DESIGN.md §6):
-- ``laplace_kernel(x, y, lam, kind)``: the (..., N, M) kernel matrix (op ``"kernel"``);
-- ``laplace_kernel_matmul(x, y, v, lam, kind)``: k(X, Y) @ V (op ``"kernel_matmul"``).
+- ``laplace_kernel(x, y, lam, kernel)``: the (..., N, M) kernel matrix (op ``"kernel"``);
+- ``laplace_kernel_matmul(x, y, v, lam, kernel)``: k(X, Y) @ V (op ``"kernel_matmul"``).
 Backends, in the order automatic selection tries them: ``triton`` (``triton.py``, fused kernels; chosen
 automatically for CUDA tensors only), ``cpu`` (``cpu.py``, the C loops; chosen automatically only when
 they are built), ``composite`` (``composite.py``, torch.cdist; the reference, always serves) and
@@ -136,34 +136,34 @@ def _triton_matmul(*inputs):
     return laplace_kernel_matmul_triton(*inputs)
 
 
-def _triton_kernel_grad(x, y, out, grad, lam, kind):
+def _triton_kernel_grad(x, y, out, grad, lam, kernel):
     from ..layout import flatten_batch
     from .triton import laplace_kernel_bwd
 
     m = y.shape[-2]
     dx, dy = laplace_kernel_bwd(flatten_batch(x), flatten_batch(y), grad.reshape(-1, x.shape[-2], m).contiguous(),
-                                out.reshape(-1, x.shape[-2], m).contiguous(), -1.0 / float(lam), kind == "laplacian")
+                                out.reshape(-1, x.shape[-2], m).contiguous(), -1.0 / float(lam), kernel == "laplacian")
     return dx.reshape(x.shape), dy.reshape(y.shape)
 
 
-def _triton_matmul_grad(x, y, v, grad, lam, kind):
+def _triton_matmul_grad(x, y, v, grad, lam, kernel):
     from ..layout import flatten_batch
     from .triton import laplace_matmul_bwd
 
     g3 = grad.reshape(-1, x.shape[-2], v.shape[-1]).contiguous()
     dx, dy, dv = laplace_matmul_bwd(flatten_batch(x), flatten_batch(y), flatten_batch(v), g3, -1.0 / float(lam),
-                                    kind == "laplacian")
+                                    kernel == "laplacian")
     return dx.reshape(x.shape), dy.reshape(y.shape), dv.reshape(v.shape)
 
 
-# ``grad`` of a kernel backend: (x, y, out, grad, lam, kind) -> (dX, dY), out = the kernel matrix;
-# of a kernel_matmul backend: (x, y, v, grad, lam, kind) -> (dX, dY, dV). Used by the custom ops below.
+# ``grad`` of a kernel backend: (x, y, out, grad, lam, kernel) -> (dX, dY), out = the kernel matrix;
+# of a kernel_matmul backend: (x, y, v, grad, lam, kernel) -> (dX, dY, dV). Used by the custom ops below.
 KERNEL = Op("kernel", [
     Backend("triton", _triton_kernel, _triton_refusal, _triton_auto_refusal, _triton_kernel_grad),
     Backend("cpu", laplace_kernel_cpu, _cpu_refusal, _cpu_auto_refusal, laplace_kernel_grad_cpu),
     Backend("naive", laplace_kernel_naive, auto_refusal=_naive_auto_refusal, grad=laplace_kernel_grad_composite),
     Backend("composite", laplace_kernel_composite, grad=laplace_kernel_grad_composite),
-], log="laplacianformer.ops.kernel", signature="laplace_kernel(x, y, lam, kind): x (..., N, d), y (..., M, d)")
+], log="laplacianformer.ops.kernel", signature="laplace_kernel(x, y, lam, kernel): x (..., N, d), y (..., M, d)")
 
 KERNEL_MATMUL = Op("kernel_matmul", [
     Backend("triton", _triton_matmul, _triton_refusal, _triton_auto_refusal, _triton_matmul_grad),
@@ -171,7 +171,7 @@ KERNEL_MATMUL = Op("kernel_matmul", [
     Backend("naive", laplace_kernel_matmul_naive, auto_refusal=_naive_auto_refusal,
             grad=laplace_kernel_matmul_grad_composite),
     Backend("composite", laplace_kernel_matmul_composite, grad=laplace_kernel_matmul_grad_composite),
-], log="laplacianformer.ops.kernel", signature="laplace_kernel_matmul(x, y, v, lam, kind): v (..., M, e)")
+], log="laplacianformer.ops.kernel", signature="laplace_kernel_matmul(x, y, v, lam, kernel): v (..., M, e)")
 
 
 def _contiguous(ts):
@@ -179,37 +179,37 @@ def _contiguous(ts):
 
 
 @torch.library.custom_op("laplacianformer::laplace_kernel", mutates_args=())
-def _kernel_graph_op(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str) -> torch.Tensor:
+def _kernel_graph_op(x: torch.Tensor, y: torch.Tensor, lam: float, kernel: str) -> torch.Tensor:
     """k(X, Y) through the registry.  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    return KERNEL(x, y, lam, kind).contiguous()
+    return KERNEL(x, y, lam, kernel).contiguous()
 
 
 @_kernel_graph_op.register_fake
-def _(x, y, lam, kind):
+def _(x, y, lam, kernel):
     return x.new_empty(*x.shape[:-1], y.shape[-2])
 
 
 @torch.library.custom_op("laplacianformer::laplace_kernel_backward", mutates_args=())
 def _kernel_graph_bwd(grad: torch.Tensor, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, lam: float,
-                      kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+                      kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(dX, dY) of ``laplace_kernel`` for dL/dK ``grad`` and K ``out`` (..., N, M): the ``grad`` of the
     backend the registry selects for (x, y)."""
-    return _contiguous(KERNEL.select(x, y, lam, kind).grad(x, y, out, grad, lam, kind))
+    return _contiguous(KERNEL.select(x, y, lam, kernel).grad(x, y, out, grad, lam, kernel))
 
 
 @_kernel_graph_bwd.register_fake
-def _(grad, x, y, out, lam, kind):
+def _(grad, x, y, out, lam, kernel):
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(y, memory_format=torch.contiguous_format)
 
 
 def _kernel_setup(ctx, inputs, output):
-    x, y, ctx.lam, ctx.kind = inputs
+    x, y, ctx.lam, ctx.kernel = inputs
     ctx.save_for_backward(x, y, output)
 
 
 def _kernel_backward(ctx, grad):
     x, y, out = ctx.saved_tensors
-    dx, dy = _kernel_graph_bwd(grad, x, y, out, ctx.lam, ctx.kind)
+    dx, dy = _kernel_graph_bwd(grad, x, y, out, ctx.lam, ctx.kernel)
     return dx, dy, None, None
 
 
@@ -217,44 +217,44 @@ _kernel_graph_op.register_autograd(_kernel_backward, setup_context=_kernel_setup
 
 
 @torch.library.custom_op("laplacianformer::laplace_kernel_matmul", mutates_args=())
-def _matmul_graph_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kind: str) -> torch.Tensor:
+def _matmul_graph_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kernel: str) -> torch.Tensor:
     """k(X, Y) @ V through the registry.  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
-    return KERNEL_MATMUL(x, y, v, lam, kind).contiguous()
+    return KERNEL_MATMUL(x, y, v, lam, kernel).contiguous()
 
 
 @_matmul_graph_op.register_fake
-def _(x, y, v, lam, kind):
+def _(x, y, v, lam, kernel):
     return x.new_empty(*x.shape[:-1], v.shape[-1])
 
 
 @torch.library.custom_op("laplacianformer::laplace_kernel_matmul_backward", mutates_args=())
-def _matmul_graph_bwd(grad: torch.Tensor, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kind: str
+def _matmul_graph_bwd(grad: torch.Tensor, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kernel: str
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dX, dY, dV) of ``laplace_kernel_matmul`` for dL/dO ``grad`` (..., N, e): the ``grad`` of the
     backend the registry selects for (x, y, v)."""
-    return _contiguous(KERNEL_MATMUL.select(x, y, v, lam, kind).grad(x, y, v, grad, lam, kind))
+    return _contiguous(KERNEL_MATMUL.select(x, y, v, lam, kernel).grad(x, y, v, grad, lam, kernel))
 
 
 @_matmul_graph_bwd.register_fake
-def _(grad, x, y, v, lam, kind):
+def _(grad, x, y, v, lam, kernel):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, y, v))
 
 
 def _matmul_setup(ctx, inputs, output):
-    x, y, v, ctx.lam, ctx.kind = inputs
+    x, y, v, ctx.lam, ctx.kernel = inputs
     ctx.save_for_backward(x, y, v)
 
 
 def _matmul_backward(ctx, grad):
     x, y, v = ctx.saved_tensors
-    dx, dy, dv = _matmul_graph_bwd(grad, x, y, v, ctx.lam, ctx.kind)
+    dx, dy, dv = _matmul_graph_bwd(grad, x, y, v, ctx.lam, ctx.kernel)
     return dx, dy, dv, None, None
 
 
 _matmul_graph_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 
 
-def _check_xy(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str) -> None:
+def _check_xy(x: torch.Tensor, y: torch.Tensor, lam: float, kernel: str) -> None:
     check_float_tensor("x", x)
     check_float_tensor("y", y)
     if x.dim() < 2 or y.dim() != x.dim():
@@ -262,25 +262,25 @@ def _check_xy(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str) -> None:
     if x.shape[:-2] != y.shape[:-2] or x.shape[-1] != y.shape[-1]:
         raise ValueError(f"y: expected shape {tuple(x.shape[:-2])} + (M, {x.shape[-1]}), got {tuple(y.shape)}")
     check_positive("lam", lam)
-    check_choice("kind", kind, KERNELS)
+    check_choice("kernel", kernel, KERNELS)
 
 
-def laplace_kernel(x: torch.Tensor, y: torch.Tensor, lam: float = 4.0, kind: str = "laplacian") -> torch.Tensor:
+def laplace_kernel(x: torch.Tensor, y: torch.Tensor, lam: float = 4.0, kernel: str = "laplacian") -> torch.Tensor:
     """Kernel matrix exp(-||x_i - y_j||_1 / lam).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    _check_xy(x, y, lam, kind)
+    _check_xy(x, y, lam, kernel)
     if _runtime.graph_ops():
-        return _kernel_graph_op(x, y, float(lam), kind)
-    return KERNEL(x, y, lam, kind)
+        return _kernel_graph_op(x, y, float(lam), kernel)
+    return KERNEL(x, y, lam, kernel)
 
 
 def laplace_kernel_matmul(
-    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float = 4.0, kind: str = "laplacian"
+    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float = 4.0, kernel: str = "laplacian"
 ) -> torch.Tensor:
     """exp(-||x_i - y_j||_1 / lam) @ V.  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
-    _check_xy(x, y, lam, kind)
+    _check_xy(x, y, lam, kernel)
     check_float_tensor("v", v)
     if v.dim() != y.dim() or v.shape[:-1] != y.shape[:-1]:
         raise ValueError(f"v: expected shape {tuple(y.shape[:-1])} + (e,), got {tuple(v.shape)}")
     if _runtime.graph_ops():
-        return _matmul_graph_op(x, y, v, float(lam), kind)
-    return KERNEL_MATMUL(x, y, v, lam, kind)
+        return _matmul_graph_op(x, y, v, float(lam), kernel)
+    return KERNEL_MATMUL(x, y, v, lam, kernel)

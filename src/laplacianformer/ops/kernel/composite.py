@@ -9,13 +9,13 @@ from __future__ import annotations
 import torch
 
 
-def pairwise_distance(x: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tensor:
+def pairwise_distance(x: torch.Tensor, y: torch.Tensor, kernel: str) -> torch.Tensor:
     """L1 (laplacian) or squared-L2 (gaussian) distances.  x: (..., N, d), y: (..., M, d) -> (..., N, M).
 
     torch.cdist has no half-precision CPU kernel: float16/bfloat16 CPU inputs are computed in float32 and
     the result is cast back.
     """
-    if kind == "laplacian":
+    if kernel == "laplacian":
         if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
             return torch.cdist(x.float(), y.float(), p=1.0).to(x.dtype)
         return torch.cdist(x, y, p=1.0)
@@ -24,30 +24,30 @@ def pairwise_distance(x: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tens
     return (x2 + y2 - 2.0 * (x @ y.transpose(-1, -2))).clamp_min(0.0)
 
 
-def laplace_kernel_composite(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str = "laplacian") -> torch.Tensor:
+def laplace_kernel_composite(x: torch.Tensor, y: torch.Tensor, lam: float, kernel: str = "laplacian") -> torch.Tensor:
     """exp(-dist(x_i, y_j) / lam).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    return torch.exp(pairwise_distance(x, y, kind) * (-1.0 / lam))
+    return torch.exp(pairwise_distance(x, y, kernel) * (-1.0 / lam))
 
 
 def laplace_kernel_matmul_composite(
-    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kind: str = "laplacian"
+    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kernel: str = "laplacian"
 ) -> torch.Tensor:
     """k(X, Y) @ V.  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
-    return laplace_kernel_composite(x, y, lam, kind) @ v
+    return laplace_kernel_composite(x, y, lam, kernel) @ v
 
 
 _GRAD_CHUNK_ELEMS = 1 << 22
 
 
 def laplace_kernel_grad_composite(
-    x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, lam: float, kind: str = "laplacian"
+    x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, lam: float, kernel: str = "laplacian"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dX, dY) of K = exp(-dist / lam) without autograd, given K ``out`` and dL/dK ``grad`` (..., N, M).
 
     dL/dD = -grad·K/lam; the L1 sign term is summed over row chunks of at most ``_GRAD_CHUNK_ELEMS``
     (chunk, M, d) entries, sign(0) = 0 as in the CPU and Triton paths (docs/DESIGN.md §1)."""
     gp = grad * out * (-1.0 / lam)
-    if kind != "laplacian":
+    if kernel != "laplacian":
         dx = 2.0 * (gp.sum(-1, keepdim=True) * x - gp @ y)
         dy = 2.0 * (gp.sum(-2).unsqueeze(-1) * y - gp.transpose(-1, -2) @ x)
         return dx, dy
@@ -64,10 +64,10 @@ def laplace_kernel_grad_composite(
 
 
 def laplace_kernel_matmul_grad_composite(
-    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, lam: float, kind: str = "laplacian"
+    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, lam: float, kernel: str = "laplacian"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dX, dY, dV) of k(X, Y) @ V without autograd, given dL/dO ``grad`` (..., N, e); recomputes K."""
-    c = laplace_kernel_composite(x, y, lam, kind)
+    c = laplace_kernel_composite(x, y, lam, kernel)
     dv = c.transpose(-1, -2) @ grad
-    dx, dy = laplace_kernel_grad_composite(x, y, c, grad @ v.transpose(-1, -2), lam, kind)
+    dx, dy = laplace_kernel_grad_composite(x, y, c, grad @ v.transpose(-1, -2), lam, kernel)
     return dx, dy, dv

@@ -45,12 +45,12 @@ def _batch_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def pairwise_distance_cpu(
-    x: torch.Tensor, y: torch.Tensor, kind: str, scale: float = 1.0, out: torch.Tensor | None = None
+    x: torch.Tensor, y: torch.Tensor, kernel: str, scale: float = 1.0, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """scale · D (B, N, M) for x (B, N, d), y (B, M, d) (any batch and row strides), into ``out`` (a
     contiguous (B, N, M) tensor) when given; no autograd."""
     if _use_native(x):
-        return native.pairwise_distance_native(x, y, kind == "laplacian", scale, out)
+        return native.pairwise_distance_native(x, y, kernel == "laplacian", scale, out)
     b, n, d = x.shape
     m = y.shape[1]
     if out is None:
@@ -58,7 +58,7 @@ def pairwise_distance_cpu(
     step = _chunk_rows(b, m, d, _CHUNK_ELEMS)
     for s in range(0, n, step):
         diff = x[:, s : s + step].unsqueeze(-2) - y.unsqueeze(-3)
-        diff = diff.abs_() if kind == "laplacian" else diff.square_()
+        diff = diff.abs_() if kernel == "laplacian" else diff.square_()
         torch.sum(diff, -1, out=out[:, s : s + step])
     return out.mul_(scale) if scale != 1.0 else out
 
@@ -69,7 +69,7 @@ def pairwise_distance_grad_cpu(
     g: torch.Tensor,
     c: torch.Tensor | None,
     scale: float,
-    kind: str,
+    kernel: str,
     dx: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dX (B, N, d), dY (B, M, d)) for dL/dD = g · c · scale (B, N, M) (c None means 1); no autograd.
@@ -78,7 +78,7 @@ def pairwise_distance_grad_cpu(
     dimension is contiguous) when given, else into a new contiguous tensor."""
     if _use_native(x):
         c = None if c is None else c.contiguous()
-        return native.pairwise_distance_grad_native(x, y, g.contiguous(), c, scale, kind == "laplacian", dx)
+        return native.pairwise_distance_grad_native(x, y, g.contiguous(), c, scale, kernel == "laplacian", dx)
     gp = g * scale if c is None else (g * c).mul_(scale)
     b, n, d = x.shape
     m = y.shape[1]
@@ -88,7 +88,7 @@ def pairwise_distance_grad_cpu(
     step = _chunk_rows(b, m, d, _CHUNK_ELEMS)
     for s in range(0, n, step):
         diff = x[:, s : s + step].unsqueeze(-2) - y.unsqueeze(-3)
-        diff = diff.sign_() if kind == "laplacian" else diff.mul_(2.0)
+        diff = diff.sign_() if kernel == "laplacian" else diff.mul_(2.0)
         diff.mul_(gp[:, s : s + step].unsqueeze(-1))
         torch.sum(diff, -2, out=dx[:, s : s + step])
         dy.sub_(diff.sum(-3))
@@ -96,16 +96,16 @@ def pairwise_distance_grad_cpu(
 
 
 @torch.library.custom_op("laplacianformer::laplace_kernel_cpu", mutates_args=(), device_types="cpu")
-def _kernel_op(x: torch.Tensor, y: torch.Tensor, scale: float, kind: str) -> torch.Tensor:
+def _kernel_op(x: torch.Tensor, y: torch.Tensor, scale: float, kernel: str) -> torch.Tensor:
     """exp(scale · D).  x: (B, N, d), y: (B, M, d) (last dimension contiguous) -> (B, N, M)."""
-    return pairwise_distance_cpu(x, y, kind, scale).exp_()
+    return pairwise_distance_cpu(x, y, kernel, scale).exp_()
 
 
 @torch.library.custom_op("laplacianformer::laplace_kernel_cpu_bwd", mutates_args=(), device_types="cpu")
 def _kernel_bwd_op(
-    x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor, out: torch.Tensor, scale: float, kind: str
+    x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor, out: torch.Tensor, scale: float, kernel: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return pairwise_distance_grad_cpu(x, y, grad, out, scale, kind)
+    return pairwise_distance_grad_cpu(x, y, grad, out, scale, kernel)
 
 
 def _row_chunks(b: int, n: int, m: int):
@@ -123,7 +123,7 @@ def _rows(t: torch.Tensor, s: int, r: int, buf: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("laplacianformer::laplace_matmul_cpu", mutates_args=(), device_types="cpu")
-def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale: float, kind: str) -> torch.Tensor:
+def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale: float, kernel: str) -> torch.Tensor:
     """exp(scale · D) @ V on row chunks.  x: (B, N, d), y: (B, M, d), v: (B, M, e) -> (B, N, e)."""
     b, n, d = x.shape
     m, e = v.shape[1], v.shape[2]
@@ -134,7 +134,7 @@ def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale: float, 
     obuf = torch.empty(b * rmax * e if len(chunks) > 1 else 0, dtype=x.dtype)
     for s, r in chunks:
         c = cbuf[: b * r * m].view(b, r, m)
-        pairwise_distance_cpu(x[:, s : s + r], y, kind, scale, out=c).exp_()
+        pairwise_distance_cpu(x[:, s : s + r], y, kernel, scale, out=c).exp_()
         if r == n:
             torch.bmm(c, v, out=out)
         else:
@@ -144,7 +144,7 @@ def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale: float, 
 
 @torch.library.custom_op("laplacianformer::laplace_matmul_cpu_bwd", mutates_args=(), device_types="cpu")
 def _matmul_bwd_op(
-    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, scale: float, kind: str
+    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, scale: float, kernel: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     b, n, d = x.shape
     m, e = v.shape[1], v.shape[2]
@@ -159,31 +159,31 @@ def _matmul_bwd_op(
     for s, r in chunks:
         xb, gb = x[:, s : s + r], _rows(grad, s, r, obuf)
         c = cbuf[: b * r * m].view(b, r, m)
-        pairwise_distance_cpu(xb, y, kind, scale, out=c).exp_()
+        pairwise_distance_cpu(xb, y, kernel, scale, out=c).exp_()
         dv.baddbmm_(c.transpose(1, 2), gb)
         gc = torch.bmm(gb, v.transpose(1, 2), out=gbuf[: b * r * m].view(b, r, m))
-        _, gy = pairwise_distance_grad_cpu(xb, y, gc, c, scale, kind, dx=dx[:, s : s + r])
+        _, gy = pairwise_distance_grad_cpu(xb, y, gc, c, scale, kernel, dx=dx[:, s : s + r])
         dy += gy
     return dx, dy, dv
 
 
 @_kernel_op.register_fake
-def _(x, y, scale, kind):
+def _(x, y, scale, kernel):
     return x.new_empty(x.shape[0], x.shape[1], y.shape[1])
 
 
 @_kernel_bwd_op.register_fake
-def _(x, y, grad, out, scale, kind):
+def _(x, y, grad, out, scale, kernel):
     return x.new_empty(x.shape), y.new_empty(y.shape)
 
 
 @_matmul_op.register_fake
-def _(x, y, v, scale, kind):
+def _(x, y, v, scale, kernel):
     return x.new_empty(x.shape[0], x.shape[1], v.shape[2])
 
 
 @_matmul_bwd_op.register_fake
-def _(x, y, v, grad, scale, kind):
+def _(x, y, v, grad, scale, kernel):
     return x.new_empty(x.shape), y.new_empty(y.shape), v.new_empty(v.shape)
 
 
@@ -191,35 +191,35 @@ register_kernel_autograd(_kernel_op, _kernel_bwd_op)
 register_matmul_autograd(_matmul_op, _matmul_bwd_op)
 
 
-def laplace_kernel_cpu(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str = "laplacian") -> torch.Tensor:
+def laplace_kernel_cpu(x: torch.Tensor, y: torch.Tensor, lam: float, kernel: str = "laplacian") -> torch.Tensor:
     """exp(-dist(x_i, y_j) / lam).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    out = _kernel_op(_batch_rows(x), _batch_rows(y), -1.0 / float(lam), kind)
+    out = _kernel_op(_batch_rows(x), _batch_rows(y), -1.0 / float(lam), kernel)
     return out.reshape(*x.shape[:-1], y.shape[-2])
 
 
 def laplace_kernel_matmul_cpu(
-    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kind: str = "laplacian"
+    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kernel: str = "laplacian"
 ) -> torch.Tensor:
     """k(X, Y) @ V without storing k(X, Y).  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
-    out = _matmul_op(_batch_rows(x), _batch_rows(y), _batch_rows(v), -1.0 / float(lam), kind)
+    out = _matmul_op(_batch_rows(x), _batch_rows(y), _batch_rows(v), -1.0 / float(lam), kernel)
     return out.reshape(*x.shape[:-1], v.shape[-1])
 
 
 def laplace_kernel_grad_cpu(
-    x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, lam: float, kind: str = "laplacian"
+    x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, lam: float, kernel: str = "laplacian"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dX, dY) of ``laplace_kernel_cpu`` without autograd: the backward op of its autograd, given the
     kernel ``out`` and dL/dK ``grad`` (..., N, M)."""
     m = y.shape[-2]
     dx, dy = _kernel_bwd_op(_batch_rows(x), _batch_rows(y), grad.reshape(-1, x.shape[-2], m).contiguous(),
-                            out.reshape(-1, x.shape[-2], m).contiguous(), -1.0 / float(lam), kind)
+                            out.reshape(-1, x.shape[-2], m).contiguous(), -1.0 / float(lam), kernel)
     return dx.reshape(x.shape), dy.reshape(y.shape)
 
 
 def laplace_kernel_matmul_grad_cpu(
-    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, lam: float, kind: str = "laplacian"
+    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, lam: float, kernel: str = "laplacian"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dX, dY, dV) of ``laplace_kernel_matmul_cpu`` without autograd, given dL/dO ``grad`` (..., N, e)."""
     g3 = grad.reshape(-1, x.shape[-2], v.shape[-1]).contiguous()
-    dx, dy, dv = _matmul_bwd_op(_batch_rows(x), _batch_rows(y), _batch_rows(v), g3, -1.0 / float(lam), kind)
+    dx, dy, dv = _matmul_bwd_op(_batch_rows(x), _batch_rows(y), _batch_rows(v), g3, -1.0 / float(lam), kernel)
     return dx.reshape(x.shape), dy.reshape(y.shape), dv.reshape(v.shape)

@@ -18,14 +18,14 @@ def pairwise_sq_l2_naive(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (x.unsqueeze(-2) - y.unsqueeze(-3)).pow(2).sum(-1)
 
 
-def laplace_kernel_naive(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str = "laplacian") -> torch.Tensor:
+def laplace_kernel_naive(x: torch.Tensor, y: torch.Tensor, lam: float, kernel: str = "laplacian") -> torch.Tensor:
     """k(x_i, y_j) = exp(-||x_i - y_j||_1 / lam) (laplacian) or exp(-||x_i - y_j||^2 / lam) (gaussian)."""
-    dist = pairwise_l1_naive(x, y) if kind == "laplacian" else pairwise_sq_l2_naive(x, y)
+    dist = pairwise_l1_naive(x, y) if kernel == "laplacian" else pairwise_sq_l2_naive(x, y)
     return torch.exp(-dist / lam)
 
 
 def laplace_kernel_matmul_naive(
-    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kind: str = "laplacian"
+    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kernel: str = "laplacian"
 ) -> torch.Tensor:
     """k(X, Y) @ V.  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
-    return laplace_kernel_naive(x, y, lam, kind) @ v
+    return laplace_kernel_naive(x, y, lam, kernel) @ v

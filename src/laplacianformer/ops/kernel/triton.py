@@ -455,15 +455,15 @@ register_kernel_autograd(laplace_kernel_fwd, laplace_kernel_bwd)
 register_matmul_autograd(laplace_matmul_fwd, laplace_matmul_bwd)
 
 
-def laplace_kernel_triton(x: torch.Tensor, y: torch.Tensor, lam: float, kind: str = "laplacian") -> torch.Tensor:
+def laplace_kernel_triton(x: torch.Tensor, y: torch.Tensor, lam: float, kernel: str = "laplacian") -> torch.Tensor:
     """exp(-dist(x_i, y_j) / lam).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    out = laplace_kernel_fwd(flatten_batch(x), flatten_batch(y), -1.0 / float(lam), kind == "laplacian")
+    out = laplace_kernel_fwd(flatten_batch(x), flatten_batch(y), -1.0 / float(lam), kernel == "laplacian")
     return out.reshape(*x.shape[:-1], y.shape[-2])
 
 
 def laplace_kernel_matmul_triton(
-    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kind: str = "laplacian"
+    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kernel: str = "laplacian"
 ) -> torch.Tensor:
     """k(X, Y) @ V, fused.  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
-    out = laplace_matmul_fwd(flatten_batch(x), flatten_batch(y), flatten_batch(v), -1.0 / float(lam), kind == "laplacian")
+    out = laplace_matmul_fwd(flatten_batch(x), flatten_batch(y), flatten_batch(v), -1.0 / float(lam), kernel == "laplacian")
     return out.reshape(*x.shape[:-1], v.shape[-1])

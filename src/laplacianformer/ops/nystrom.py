@@ -1,0 +1,117 @@
+"""The attention core of docs/DESIGN.md §1–§4, one for the plain operator and the lean recompute.
+
+    attention_core(q, k, v, settings, hw, grid, mask, norm_gain) -> (B, H, N, e)
+        q, k, v in the compute dtype, padded tokens 0 (§1.3, §2.5); the exact kernel when grid is None,
+        else L = landmarks (§2.1) and ``nystrom``; the output scale of §4.6.
+    nystrom(qs, ks, vv, marks, settings, mask, steps) -> (out, W, W⁺)
+        W = k(L, L), W⁺ = (W + eps·I)^{-1} (§3); C_k = k(K, L), padded keys 0;
+        norm "none": out = k(Q, L) (W⁺ C_kᵀ V); else out = Z(C_q W⁺ C_kᵀ) V (§4), C_q = C_k when K is Q.
+
+``Steps`` runs each step with autograd (the plain operator). The lean recompute (``ops/recompute.py``,
+§5.5) passes steps that run the same backends without autograd and keep what its backward needs: it decides
+what to keep, this module how to compute.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kernel import laplace_kernel, laplace_kernel_matmul
+from .newton_schulz import pinv_residual, regularise, regularised_inverse
+from .normalization import normalize_dense, normalize_nystrom, scale_whitened
+from .pooling import landmarks_of
+from .settings import AttentionSettings
+from .validation import WHITENED_NORMS
+
+__all__ = ["PLAIN", "Steps", "attention_core", "compute_dtype", "nystrom", "pad_rows", "padded_inputs",
+           "scale_output"]
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half-precision inputs (docs/DESIGN.md §1.3), else the inputs' dtype."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def pad_rows(t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """t (B, H, N, ·) with the rows of padded tokens set to 0 (mask (B, N), True = padding, or None)."""
+    return t if mask is None else t.masked_fill(mask[:, None, :, None], 0.0)
+
+
+def padded_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, mask: torch.Tensor | None):
+    """q, k, v (B, H, N, ·) in the compute dtype, padded tokens read as 0 (finite whatever they held;
+    masked_fill passes them no gradient). K = Q stays one tensor."""
+    qs, ks, vv = q.to(dtype), k.to(dtype), v.to(dtype)
+    if mask is not None:
+        qs, vv = pad_rows(qs, mask), pad_rows(vv, mask)
+        ks = qs if k is q else pad_rows(ks, mask)
+    elif k is q:
+        ks = qs
+    return qs, ks, vv
+
+
+class Steps:
+    """The steps of ``nystrom`` with autograd, through the dispatched ops (the plain operator).
+    ``side`` names the kernel matrix ("q": C_q, "k": C_k) for steps that record their backend."""
+
+    def inverse(self, marks: torch.Tensor, s: AttentionSettings) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W, W⁺), (B, H, m, m) each."""
+        w = laplace_kernel(marks, marks, s.bandwidth, s.kernel)
+        return w, regularised_inverse(w, solver=s.solver, iters=s.iters, eps=s.ns_eps, backward=s.ns_backward)
+
+    def kernel(self, x: torch.Tensor, marks: torch.Tensor, s: AttentionSettings, side: str) -> torch.Tensor:
+        """k(X, L): (B, H, N, m)."""
+        return laplace_kernel(x, marks, s.bandwidth, s.kernel)
+
+    def kernel_matmul(self, x: torch.Tensor, marks: torch.Tensor, a: torch.Tensor, s: AttentionSettings):
+        """k(X, L) @ A: (B, H, N, e)."""
+        return laplace_kernel_matmul(x, marks, a, s.bandwidth, s.kernel)
+
+    def normalize(self, c_q, c_k, v, w_inv, s: AttentionSettings, mask) -> torch.Tensor:
+        """Z(C_q W⁺ C_kᵀ) V: (B, H, N, e)."""
+        return normalize_nystrom(c_q, c_k, v, s.norm, s.norm_eps, w_inv=w_inv, key_padding_mask=mask)
+
+
+PLAIN = Steps()
+
+
+def nystrom(qs, ks, vv, marks, s: AttentionSettings, mask=None, steps: Steps = PLAIN):
+    """The Nyström path (module docstring) on padded compute-dtype factors qs, ks (B, H, N, d), vv (B, H, N, e)
+    and landmarks (B, H, m, d); ks is qs when K = Q. Returns (out (B, H, N, e), W, W⁺)."""
+    w, w_inv = steps.inverse(marks, s)
+    c_k = pad_rows(steps.kernel(ks, marks, s, "k"), mask)  # padded keys weigh 0
+    if s.norm == "none":
+        out = pad_rows(steps.kernel_matmul(qs, marks, w_inv @ (c_k.transpose(-1, -2) @ vv), s), mask)
+    else:
+        c_q = c_k if ks is qs else steps.kernel(qs, marks, s, "q")
+        out = steps.normalize(c_q, c_k, vv, w_inv, s, mask)
+    return out, w, w_inv
+
+
+def scale_output(out, vv, s: AttentionSettings, norm_gain=None, mask=None) -> torch.Tensor:
+    """The output scale of the whitened part (docs/DESIGN.md §4.6) for the whitened norms; out, vv (B, H, N, e)
+    in the compute dtype, vv with padded rows 0."""
+    if s.norm not in WHITENED_NORMS:
+        return out
+    return scale_whitened(out, vv, s.norm_scale, norm_gain, mask)
+
+
+def attention_core(q, k, v, s: AttentionSettings, hw, grid, mask=None, norm_gain=None, return_stats: bool = False):
+    """The operator on checked inputs: q, k (B, H, N, d), v (B, H, N, e), ``grid`` the resolved landmarks
+    (None: exact kernel). Returns (B, H, N, e) in v's dtype, and with ``return_stats`` a dict with the
+    solver residual ||I - P W⁺||_F per (B, H) and the landmark count."""
+    out_dtype = v.dtype
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        qs, ks, vv = padded_inputs(q, k, v, compute_dtype(q.dtype), mask)
+        stats = {}
+        if grid is None:
+            g = laplace_kernel(qs, ks, s.bandwidth, s.kernel)
+            out = normalize_dense(g, vv, s.norm, s.norm_eps, key_padding_mask=mask)
+        else:
+            marks = landmarks_of(qs, hw, grid, mask)
+            out, w, w_inv = nystrom(qs, ks, vv, marks, s, mask)
+            if return_stats:
+                with torch.no_grad():
+                    stats["residual"] = pinv_residual(regularise(w, s.ns_eps), w_inv)
+                    stats["landmarks"] = marks.shape[-2]
+        out = scale_output(out, vv, s, norm_gain, mask).to(out_dtype)
+    return (out, stats) if return_stats else out
