@@ -42,7 +42,7 @@ from pathlib import Path
 MODULES = [
     "laplacianformer.ops.kernel.triton",
     "laplacianformer.ops.newton_schulz.triton",
-    "laplacianformer.ops.normalization_triton",
+    "laplacianformer.ops.normalization.triton",
 ]
 """Modules with an ``aot_specialisations`` function; a new Triton module adds its name here."""
 

@@ -102,7 +102,7 @@ def test_model_throughput_ns_iters_rows_use_model_kwargs(tmp_path):
     assert net.in_chans == 1 and net.num_classes == 10
     from laplacianformer.layers import LaplacianAttention
 
-    assert {m.iters for m in net.modules() if isinstance(m, LaplacianAttention)} == {10}
+    assert {m.attn_kwargs["iters"] for m in net.modules() if isinstance(m, LaplacianAttention)} == {10}
 
 
 def test_model_throughput_rejects_bad_model_kwargs(capsys):

@@ -28,7 +28,6 @@ subprocess per case on CPU). The time exponent is the least-squares slope of log
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import traceback
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from .backends import composite_operator
 from .harness import peak_memory, time_call
 from .machine import machine_info
 from .output import add_output_options, output_stem
@@ -47,9 +47,7 @@ from ..baselines import (
     soft_attention,
     softmax_attention,
 )
-from ..ops import laplacian_attention
-from ..ops import kernel as kernel_ops
-from ..ops.normalization import reference_normalization
+from ..ops import explain, laplacian_attention
 
 METHODS = (
     "laplacian",
@@ -69,14 +67,6 @@ PERFORMER_FEATURES = 256
 NYSTROM_ITERS = 6
 
 
-def _composite_context():
-    """The kernels' composite backend and the reference normalisation, as one context manager."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(kernel_ops.backend("composite"))
-    stack.enter_context(reference_normalization())
-    return stack
-
-
 def attention_fn(method: str, hw: tuple[int, int]):
     """(q, k, v) -> (B, H, N, d) output of ``method`` on an (h, w) token grid."""
     m = LANDMARKS[0] * LANDMARKS[1]
@@ -85,7 +75,7 @@ def attention_fn(method: str, hw: tuple[int, int]):
     if method == "laplacian_composite":
 
         def run(q, k, v):
-            with _composite_context():
+            with composite_operator():
                 return laplacian_attention(q, k, v, hw=hw, landmarks=LANDMARKS)
 
         return run
@@ -106,12 +96,10 @@ def attention_fn(method: str, hw: tuple[int, int]):
 
 def _default_dispatch(device: str) -> str:
     """What the kernel selector runs for this benchmark's shapes by default (its own explanation)."""
-    explain = getattr(kernel_ops, "explain_dispatch", None)
-    if explain is None:
-        return "n/a (no kernel selector)"
     x = torch.zeros(BATCH, HEADS, 64, HEAD_DIM, device=device)
     y = torch.zeros(BATCH, HEADS, LANDMARKS[0] * LANDMARKS[1], HEAD_DIM, device=device)
-    return explain(x, y) + "\n" + explain(x, y, torch.zeros_like(y))
+    return explain("kernel", x, y, 4.0, "laplacian") + "\n" + explain("kernel_matmul", x, y, torch.zeros_like(y), 4.0,
+                                                                      "laplacian")
 
 
 def make_case(method: str, side: int, device: str = "cpu", seed: int = 0):
@@ -294,7 +282,8 @@ def main(argv=None) -> dict:
         "torch_threads": torch.get_num_threads(),
         "cap_seconds": args.cap_seconds,
         "exact_max_n": args.exact_max_n,
-        "composite_backend": "laplacianformer.ops.kernel.backend('composite') + reference_normalization()",
+        "composite_backend": "bench.backends.composite_operator(): ops.use(kernel='composite', "
+                             "newton_schulz='torch', newton_schulz_grad='torch', normalization='composite')",
         "default_dispatch": _default_dispatch(args.device),
         "time_exponent_fit_range": list(FIT_RANGE),
     }

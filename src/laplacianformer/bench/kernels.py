@@ -8,7 +8,7 @@ Cases (registry ``CASES``), on (B·H, N, d) = (2, N, 32) tensors against m = 49 
     attention   the whole laplacian_attention, B=1, H=2, d=32, m=49, default injective norm (the target)
 Backends: "fast" (cpu on CPU, triton on CUDA), "composite", "naive" (kernel/matmul, N <= --naive-max-n).
 For the attention case "composite" is the whole plain-PyTorch composite: torch.cdist kernels AND the
-autograd normalisation (``reference_normalization``), i.e. the naive implementation the fast path replaces.
+autograd normalisation (``backends.composite_operator``), i.e. the naive implementation the fast path replaces.
 
 Backends are timed in interleaved rounds (one call of each per round) so that load changes hit them
 alike; the speedup is the ratio of medians. Before a case is timed its result and gradients are compared with a float64 reference (the composite
@@ -33,13 +33,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from .backends import composite_operator, kernel_backend
 from .harness import op_call, peak_memory, round_robin
 from .output import add_output_options, output_stem
 from .report import markdown_table, plot_loglog, write_json, write_text
 from ..ops import laplacian_attention
-from ..ops.kernel import backend, laplace_kernel, laplace_kernel_matmul
+from ..ops.kernel import laplace_kernel, laplace_kernel_matmul
 from ..ops.newton_schulz import regularised_inverse
-from ..ops.normalization import reference_normalization
 
 CASES = ("kernel", "matmul", "ns", "attention")
 M_LANDMARKS, D, HEADS = 49, 32, 2
@@ -75,12 +75,8 @@ def _apply(case: str, args):
 
 
 def _backend(case: str, name: str):
-    """Kernel backend, plus the reference normalisation for the attention case's composite."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(backend(name))
-    if case == "attention" and name == "composite":
-        stack.enter_context(reference_normalization())
-    return stack
+    """Kernel backend; the attention case's composite is the whole composite operator."""
+    return composite_operator() if case == "attention" and name == "composite" else kernel_backend(name)
 
 
 def make_call(case: str, backend_name: str, n: int, device: str, with_backward: bool, seed: int = 0,

@@ -28,13 +28,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from .backends import composite_normalization
 from .harness import op_call, round_robin
 from .options import add_timing_options, results_stem, start_timing_run
 from .report import markdown_table, plot_loglog, write_json, write_text
-from ..ops import laplacian_attention
+from ..ops import laplacian_attention, use
 from ..baselines.soft import soft_attention
-from ..ops import use
-from ..ops.normalization import normalize_nystrom, normalize_nystrom_reference, reference_normalization
+from ..ops.normalization import normalize_nystrom, normalize_nystrom_reference
 
 M_LANDMARKS, E, HEADS = 49, 32, 2
 IMPLS = {"fused": normalize_nystrom, "composite": normalize_nystrom_reference}
@@ -66,7 +66,7 @@ def make_attention_call(impl: str, norm: str, n: int, with_backward: bool):
     side = int(round(n**0.5))
 
     def run(q, k, v):
-        with contextlib.nullcontext() if impl == "fused" else reference_normalization():
+        with contextlib.nullcontext() if impl == "fused" else composite_normalization():
             return laplacian_attention(q, k, v, hw=(side, side), norm=norm)
 
     return op_call(run, [torch.randn(1, HEADS, n, E, generator=gen) for _ in range(3)], with_backward)
