@@ -7,6 +7,7 @@ directory first on PYTHONPATH from an empty directory."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -55,3 +56,6 @@ def test_bench_list_and_a_quick_benchmark_outside_the_checkout(installed, tmp_pa
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert written == ["runs/bench/padding/padding_cpu.json", "runs/bench/padding/padding_cpu.md"], written
+    # the benchmark's own process ran the installed copy (its command is the module file it ran)
+    command = json.loads((tmp_path / written[0]).read_text())["command"]
+    assert str(installed / "laplacianformer" / "bench" / "padding.py") in command, command
