@@ -40,10 +40,10 @@ def module_of(name: str) -> str:
 
 
 def describe(name: str) -> str:
-    """The first line of the benchmark's docstring, read from its source without importing it."""
+    """The first paragraph of the benchmark's docstring on one line, read from its source without importing it."""
     path = Path(find_spec(module_of(name)).origin)
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-    return doc.splitlines()[0] if doc else ""
+    return " ".join(doc.split("\n\n")[0].split())
 
 
 def check_names(names: Sequence[str]) -> list[str]:
@@ -72,6 +72,6 @@ def run(names: Sequence[str], *, quick: bool = False, publish: str | Path | None
     cmds = [command(n, quick=quick, publish=publish) for n in check_names(names)]
     rc = 0
     for cmd in cmds:
-        print(f"$ {' '.join(cmd[1:])}", flush=True)
+        print(f"$ python {' '.join(cmd[1:])}", flush=True)
         rc = rc or subprocess.call(cmd, env=package_env())
     return rc
