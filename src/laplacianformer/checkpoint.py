@@ -11,9 +11,7 @@ Two formats, one loader:
 * ``save_training_state(path, model_state, state, format=...)`` writes a nested training state (optimizer,
   scaler, RNG states, history, ...) as one ``save_weights`` file: the model's tensors under ``model/``, the
   state's tensors under ``state/`` and the state itself as a JSON skeleton in the header metadata (key
-  ``"state"``, next to ``"format"``). ``load_training_state`` reads it back, and also reads a
-  ``save_checkpoint`` file holding one dict with ``"format"`` and ``"model"`` (the layout of training
-  checkpoints before this one, docs/TRAINING.md "Checkpoints, interruption and resuming").
+  ``"state"``, next to ``"format"``). ``load_training_state`` reads it back.
 * ``load_checkpoint(path)`` reads either: ``.safetensors`` files (also their ``.safetensors.prev``
   copies) through ``safetensors`` (no pickle at all), anything else through ``torch.load(weights_only=True)``
   after the trailer check.
@@ -524,14 +522,8 @@ def save_training_state(
 
 def _read_training_state(path: Path, map_location) -> TrainingState:
     if not _is_safetensors(path):
-        # a save_checkpoint file: one dict holding "format" and the model's weights under "model"
-        obj = _load_one(path, map_location, verify=True)
-        model = obj.get("model")
-        if "format" not in obj or not isinstance(model, dict):
-            raise CheckpointError(f"checkpoint: {path}: not a training checkpoint (a dict with 'format' and "
-                                  f"'model' was expected, found the keys {sorted(map(str, obj))[:6]})")
-        state = {k: v for k, v in obj.items() if k != "model"}
-        return TrainingState(dict(model), state, {_FORMAT_KEY: str(obj["format"])}, path)
+        raise CheckpointError(f"checkpoint: {path}: not a training checkpoint (save_training_state writes "
+                              f"{_SAFETENSORS_SUFFIX} files)")
     tensors = _load_safetensors(path, map_location)
     meta = read_metadata(path)
     if _STATE_KEY not in meta:
@@ -555,7 +547,7 @@ def load_training_state(
     map_location: Any = "cpu",
     fallback_previous: bool = False,
 ) -> TrainingState:
-    """Read a ``save_training_state`` file (or a ``save_checkpoint`` dict with ``"format"`` and ``"model"``).
+    """Read a ``save_training_state`` file.
 
     Args:
         path: the file.

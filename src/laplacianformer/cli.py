@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flags(p, specs, argparse.SUPPRESS, *specs)
 
     p = sub.add_parser("eval", help="evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion PNG")
-    p.add_argument("--checkpoint", required=True, help="a run directory, its checkpoint.safetensors (checkpoint.pt in older runs) or a .safetensors weights file")
+    p.add_argument("--checkpoint", required=True, help="a run directory, its checkpoint.safetensors or a .safetensors weights file")
     _add_flags(p, specs, None, "--data", "--model", "--test-subset",
                data=dict(help="data to score: an image folder (every image in it; its val/ or test/ split when it "
                               "has one) or a built-in set (its test split); default: the test split of the run's data"),

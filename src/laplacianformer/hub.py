@@ -7,6 +7,9 @@
     ft = from_pretrained("runs/tiny", num_classes=5)   # constructor overrides (new head, other variant)
 
 Functions, not model methods (as ``timm.create_model``): the model classes stay free of file formats.
+This module is the one reader of saved-model configs (``read_config``, ``weights_config``); the models'
+timm entry points get the config of a weights file through ``weights_config``, which this module hands to
+``models.laplacianformer.set_weights_config_reader`` on import (the models never import it).
 
 File names, one meaning each (in a saved-model directory and in a training run directory alike):
 
@@ -16,18 +19,16 @@ File names, one meaning each (in a saved-model directory and in a training run d
 - ``model.safetensors``: that model's weights (in a run directory: the weights at the end of the run).
 - ``train_config.json``: the settings of a training run (``laplacianformer.train.TrainConfig``).
 - ``checkpoint.safetensors`` (+ ``.prev``, the one before): the full training state of the run's latest
-  checkpoint (``checkpoint.save_training_state``). Runs written before it kept that state in
-  ``checkpoint.pt`` (``LEGACY_CHECKPOINT_NAME``, a ``save_checkpoint`` file); ``read_run_checkpoint`` reads
-  either.
+  checkpoint (``checkpoint.save_training_state``).
 - ``model_best.safetensors``: the run's weights with the best test top-1 at an epoch end (the weights that
   were evaluated: the EMA weights with ``--ema``). ``model_ema.safetensors``: the EMA weights at the end.
 
-Runs written before ``train_config.json`` existed kept the training settings in ``config.json``;
-``is_train_config`` recognises that content, and the training package still resumes and evaluates them.
+Runs of laplacianformer before 0.1 kept their training state in ``checkpoint.pt`` and their training
+settings in ``config.json``; those layouts are not read, and meeting one is an error that says what to do
+(``old_layout``).
 
 Weights are written atomically with an integrity hash (``checkpoint.save_weights``) and read with
-``checkpoint.load_checkpoint``, which reads safetensors and never unpickles code (a legacy ``checkpoint.pt``
-is loaded with ``weights_only=True`` after its integrity check).
+``checkpoint.load_checkpoint``, which reads safetensors and never unpickles code.
 """
 
 from __future__ import annotations
@@ -38,24 +39,26 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-from .checkpoint import CheckpointError, load_checkpoint, load_training_state, previous_path, save_weights
-from .models.laplacianformer import LaplacianFormer, checkpoint_filter_fn, default_cfgs
+from .checkpoint import (
+    CheckpointError, load_checkpoint, load_training_state, previous_path, read_metadata, save_weights,
+)
+from .models.laplacianformer import LaplacianFormer, checkpoint_filter_fn, default_cfgs, set_weights_config_reader
 from .models.registry import list_models
 
 __all__ = [
     "save_pretrained",
     "from_pretrained",
     "read_config",
+    "weights_config",
     "write_config",
-    "is_train_config",
     "is_run_dir",
     "run_weights",
     "read_run_checkpoint",
+    "old_layout",
     "CONFIG_NAME",
     "WEIGHTS_NAME",
     "TRAIN_CONFIG_NAME",
     "CHECKPOINT_NAME",
-    "LEGACY_CHECKPOINT_NAME",
     "BEST_WEIGHTS_NAME",
     "EMA_WEIGHTS_NAME",
 ]
@@ -64,12 +67,19 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 TRAIN_CONFIG_NAME = "train_config.json"
 CHECKPOINT_NAME = "checkpoint.safetensors"
-LEGACY_CHECKPOINT_NAME = "checkpoint.pt"  # training checkpoints before CHECKPOINT_NAME: torch.save + trailer
 BEST_WEIGHTS_NAME = "model_best.safetensors"
 EMA_WEIGHTS_NAME = "model_ema.safetensors"
 FORMAT = "laplacianformer/1"
 TRAIN_FORMAT = "laplacianformer.train/1"  # the ``format`` of a classification training checkpoint
+_OLD_CHECKPOINT_NAME = "checkpoint.pt"  # the training checkpoint before 0.1: named only to refuse it
+# pretrained-cfg entries that timm holds as tuples (JSON stores them as lists)
 _TUPLE_KEYS = ("input_size", "pool_size", "mean", "std", "label_names", "test_input_size", "min_input_size")
+
+
+def old_layout(what: str) -> str:
+    """The error text for ``what``, a file layout of laplacianformer before 0.1, which is no longer read."""
+    return (f"{what} is a layout of laplacianformer before 0.1, no longer read: retrain, or load the run with a "
+            "checkout up to commit 1fe4d21 and save_pretrained its model")
 
 
 def _jsonable_cfg(cfg: Mapping) -> dict:
@@ -82,10 +92,6 @@ def _is_json(v) -> bool:
     except (TypeError, ValueError):
         return False
     return True
-
-
-def _cfg_from_json(cfg: Mapping) -> dict:
-    return {k: (tuple(v) if k in _TUPLE_KEYS and isinstance(v, list) else v) for k, v in cfg.items()}
 
 
 def _fit_cfg(cfg: Mapping | None, model: LaplacianFormer) -> dict:
@@ -131,45 +137,32 @@ def save_pretrained(model: LaplacianFormer, path: str | os.PathLike, pretrained_
     return file.parent
 
 
-def is_train_config(data) -> bool:
-    """True for the content of a training configuration (``TrainConfig.to_dict()``), as old run
-    directories stored it in ``config.json``: a dict with the run fields and no saved-model ``format``."""
-    return isinstance(data, dict) and "format" not in data and {"model", "attn", "data", "img_size"} <= set(data)
+# --- reading saved configs --------------------------------------------------------------------------------
 
 
-def _read_json(file: Path):
+def _parse_saved(text: str, where: Path) -> dict:
+    """The saved-model config in ``text`` (``config.json``'s content): {"format", "config": constructor
+    arguments, "pretrained_cfg": its lists back to timm's tuples}. ValueError naming ``where`` otherwise."""
     try:
-        return json.loads(file.read_text())
+        data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"path: {file} is not valid JSON ({e.msg})") from None
-
-
-def is_run_dir(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a training run directory (``train_config.json``, a training checkpoint
-    (``checkpoint.safetensors`` or a legacy ``checkpoint.pt``) or an old ``config.json`` holding a training
-    configuration)."""
-    p = Path(path)
-    if not p.is_dir():
-        return False
-    if any((p / name).is_file() for name in (TRAIN_CONFIG_NAME, CHECKPOINT_NAME, LEGACY_CHECKPOINT_NAME)):
-        return True
-    return (p / CONFIG_NAME).is_file() and is_train_config(_read_json(p / CONFIG_NAME))
+        raise ValueError(f"path: {where} is not valid JSON ({e.msg})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("config"), dict):
+        got = data.get("format") if isinstance(data, dict) else None
+        raise ValueError(f"path: {where} is not a {FORMAT} config (format={got!r}); "
+                         + old_layout(f"a {CONFIG_NAME} holding a run's training settings"))
+    cfg = data.get("pretrained_cfg") or {}
+    cfg = {k: (tuple(v) if k in _TUPLE_KEYS and isinstance(v, list) else v) for k, v in cfg.items()}
+    return dict(data, pretrained_cfg=cfg)
 
 
 def _read_saved(path: str | os.PathLike) -> dict:
-    directory = Path(path)
-    file = directory / CONFIG_NAME
+    """The saved-model config of the directory ``path`` (a save_pretrained or training run directory):
+    its ``config.json`` as ``_parse_saved`` reads it. FileNotFoundError / ValueError starting ``path:``."""
+    file = Path(path) / CONFIG_NAME
     if not file.is_file():
         raise FileNotFoundError(f"path: no {CONFIG_NAME} in {path} (expected a save_pretrained or training run directory)")
-    data = _read_json(file)
-    if is_train_config(data):
-        raise ValueError(
-            f"path: {file} holds the training settings of a run written before saved-model configs; "
-            "resume the run once, or call laplacianformer.train.upgrade_run on it, to write its model config"
-        )
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("config"), dict):
-        raise ValueError(f"path: {file} is not a {FORMAT} config (format={data.get('format') if isinstance(data, dict) else None!r})")
-    return data
+    return _parse_saved(file.read_text(), file)
 
 
 def read_config(path: str | os.PathLike) -> dict:
@@ -177,64 +170,80 @@ def read_config(path: str | os.PathLike) -> dict:
     return _read_saved(path)["config"]
 
 
+def weights_config(file: str | os.PathLike) -> dict | None:
+    """The saved-model config that describes the weights file ``file`` (as ``_parse_saved`` reads it): the
+    ``config`` entry of its safetensors metadata (``save_pretrained``), else the ``config.json`` beside it
+    (a save_pretrained or training run directory); None when neither holds one (weights of another origin)."""
+    path = Path(file)
+    side = path.parent / CONFIG_NAME
+    sources = [(path, read_metadata(path).get("config") if path.suffix == ".safetensors" and path.is_file() else None),
+               (side, side.read_text() if side.is_file() else None)]
+    for where, text in sources:
+        if text:
+            try:
+                return _parse_saved(text, where)
+            except ValueError:
+                continue
+    return None
+
+
+set_weights_config_reader(weights_config)
+
+
+# --- run directories --------------------------------------------------------------------------------------
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a training run directory (``train_config.json`` or ``checkpoint.safetensors``)."""
+    p = Path(path)
+    return p.is_dir() and any((p / name).is_file() for name in (TRAIN_CONFIG_NAME, CHECKPOINT_NAME))
+
+
+def _refuse_old_checkpoint(path: Path) -> None:
+    """CheckpointError naming ``path``'s ``checkpoint.pt`` (a run directory holding no newer checkpoint, or
+    that file itself): the training checkpoint of laplacianformer before 0.1."""
+    if path.is_dir() and not (path / CHECKPOINT_NAME).exists():
+        path = path / _OLD_CHECKPOINT_NAME
+    if path.name in (_OLD_CHECKPOINT_NAME, _OLD_CHECKPOINT_NAME + ".prev") and path.exists():
+        raise CheckpointError(f"checkpoint: {path}: " + old_layout(f"a training checkpoint in {_OLD_CHECKPOINT_NAME}"))
+
+
 def run_weights(path: str | os.PathLike) -> Path:
     """The weights ``from_pretrained`` loads from a training run directory: ``model_best.safetensors``
     (best test top-1 at an epoch end) if it exists, else the last weights: ``model.safetensors`` (end of
-    the run), else the model in the training checkpoint (a run that has not finished):
-    ``checkpoint.safetensors``, or in a run written before it, ``checkpoint.pt``."""
+    the run), else the model in the training checkpoint ``checkpoint.safetensors`` (a run that has not
+    finished)."""
     p = Path(path)
-    for name in (BEST_WEIGHTS_NAME, WEIGHTS_NAME, CHECKPOINT_NAME, LEGACY_CHECKPOINT_NAME):
+    for name in (BEST_WEIGHTS_NAME, WEIGHTS_NAME, CHECKPOINT_NAME):
         if (p / name).is_file():
             return p / name
-    raise FileNotFoundError(f"path: {p}: no {BEST_WEIGHTS_NAME}, {WEIGHTS_NAME}, {CHECKPOINT_NAME} or "
-                            f"{LEGACY_CHECKPOINT_NAME} in this run directory")
-
-
-def _checkpoint_candidates(path: Path) -> list[Path]:
-    """The files ``read_run_checkpoint`` tries, newest first."""
-    if not path.is_dir():
-        return [path, previous_path(path)]
-    files = []
-    for name in (CHECKPOINT_NAME, LEGACY_CHECKPOINT_NAME):
-        files += [path / name, previous_path(path / name)]
-    return files
+    _refuse_old_checkpoint(p)
+    raise FileNotFoundError(f"path: {p}: no {BEST_WEIGHTS_NAME}, {WEIGHTS_NAME} or {CHECKPOINT_NAME} in this run directory")
 
 
 def read_run_checkpoint(path: str | os.PathLike, *, map_location="cpu") -> tuple[Path, dict]:
     """(file read, training state) of a classification run: the dict its ``Trainer.state_dict()`` held.
 
-    ``path``: a run directory or a checkpoint file. A directory's checkpoint is ``checkpoint.safetensors``,
-    else ``checkpoint.pt`` (runs written before the safetensors checkpoint); a file is read as it is. When
-    the latest file is damaged (truncated, hash mismatch, not a training checkpoint), the previous one is
-    read instead, with a ``RuntimeWarning`` naming the problem: ``<name>.prev``, then (a directory) the
-    legacy ``checkpoint.pt`` and its ``.prev``, which a run resumed once after the change still holds.
+    ``path``: a run directory (its ``checkpoint.safetensors``) or a checkpoint file. When that file is
+    damaged (truncated, hash mismatch, not a training checkpoint), its ``.prev`` is read instead, with a
+    ``RuntimeWarning`` naming the problem.
 
     Raises:
-        CheckpointError: ``checkpoint: <file>: <problem>`` for the newest existing file, with the other
-            files' problems appended; ``checkpoint: <path>: no such file ...`` when there is none.
+        CheckpointError: ``checkpoint: <file>: <problem>`` for the file, with the ``.prev`` file's problem
+            appended; ``checkpoint: <path>: no such file ...`` when there is neither; the ``old_layout``
+            error for a ``checkpoint.pt``.
     """
     path = Path(path)
-    files = [f for f in _checkpoint_candidates(path) if f.exists()]
-    if not files:
-        where = path / CHECKPOINT_NAME if path.is_dir() else path
-        raise CheckpointError(f"checkpoint: {where}: no such file (expected a run directory or a checkpoint file"
-                              f"{f', or {LEGACY_CHECKPOINT_NAME} in a run written before {CHECKPOINT_NAME}' if path.is_dir() else ''})")
-    errors: list[CheckpointError] = []
-    for file in files:
-        try:
-            model, state, meta, _ = load_training_state(file, format=TRAIN_FORMAT, map_location=map_location)
-        except CheckpointError as exc:
-            errors.append(exc)
-            continue
-        if errors:
-            warnings.warn(f"{'; '.join(map(str, errors))}; loaded the previous checkpoint {file} instead",
-                          RuntimeWarning, stacklevel=2)
-        return file, {**state, "format": meta["format"], "model": model}
-    raise CheckpointError("; no fallback: ".join(map(str, errors)))
+    _refuse_old_checkpoint(path)
+    file = path / CHECKPOINT_NAME if path.is_dir() else path
+    if not file.exists() and not previous_path(file).exists():
+        raise CheckpointError(f"checkpoint: {file}: no such file (expected a run directory or a checkpoint file)")
+    loaded = load_training_state(file, format=TRAIN_FORMAT, map_location=map_location, fallback_previous=True)
+    return loaded.path, {**loaded.state, "format": loaded.metadata["format"], "model": loaded.model}
 
 
 def _load_state(file: Path, map_location) -> dict:
-    if file.name in (CHECKPOINT_NAME, LEGACY_CHECKPOINT_NAME):
+    if file.name == CHECKPOINT_NAME:
         return read_run_checkpoint(file.parent, map_location=map_location)[1]["model"]
     return load_checkpoint(file, map_location=map_location)
 
@@ -266,5 +275,5 @@ def from_pretrained(path: str | os.PathLike, *, map_location="cpu", **overrides)
     if overrides:
         state = checkpoint_filter_fn(state, model)
     model.load_state_dict(state, strict=True)
-    model.pretrained_cfg = _fit_cfg(_cfg_from_json(data.get("pretrained_cfg") or {}), model)
+    model.pretrained_cfg = _fit_cfg(data["pretrained_cfg"], model)
     return model.to(map_location) if map_location is not None else model

@@ -156,7 +156,7 @@ def test_save_load_round_trip_is_identical(tmp_path):
 
 def test_models_have_no_save_load_methods():
     """Saving/loading is a layer above the models (docs/MODELS.md): functions of ``laplacianformer.hub``;
-    tests/models/test_layering.py checks that no module of ``models`` imports it."""
+    tests/test_architecture.py checks that no module of ``models`` imports it."""
     model = _small()
     assert not hasattr(model, "save_pretrained") and not hasattr(model, "from_pretrained")
 
@@ -178,6 +178,9 @@ def test_hub_errors_name_the_argument(tmp_path):
         from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text('{"format": "other"}')
     with pytest.raises(ValueError, match="^path: "):
+        from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("{")
+    with pytest.raises(ValueError, match="^path: .*config.json is not valid JSON"):
         from_pretrained(tmp_path)
     with pytest.raises(TypeError, match="^model: expected a LaplacianFormer"):
         save_pretrained(torch.nn.Linear(2, 2), tmp_path / "x")

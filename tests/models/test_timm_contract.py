@@ -189,7 +189,7 @@ def test_pretrained_file_loads_its_head_and_settings(tmp_path):
     m = timm.create_model(NAME, pretrained=True, pretrained_cfg_overlay=dict(file=str(file))).eval()
     assert m.num_classes == 10 and m.pretrained_cfg["num_classes"] == 10
     assert m.pretrained_cfg["label_names"] == tuple("abcdefghij")
-    assert m.stages[0].blocks[0].attn.lam == 2.0
+    assert m.stages[0].blocks[0].attn.attn_kwargs["lam"] == 2.0
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         assert torch.equal(m(x), src(x))
@@ -199,6 +199,26 @@ def test_pretrained_file_loads_its_head_and_settings(tmp_path):
                                src.state_dict()["stages.0.blocks.0.attn.qkv.weight"])
     with pytest.raises(ValueError, match="depths=.*create it as 'laplacianformer_micro'"):
         timm.create_model("laplacianformer_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=str(file)))
+    # the same builder without going through timm.create_model
+    plain = create_model(NAME, pretrained=True, pretrained_cfg_overlay=dict(file=str(file))).eval()
+    assert plain.num_classes == 10 and plain.pretrained_cfg["label_names"] == tuple("abcdefghij")
+    with torch.no_grad():
+        assert torch.equal(plain(x), src(x))
+
+
+def test_saved_configs_are_read_by_hub_only():
+    """The family module reads no files: hub, the one reader of saved configs, hands it its reader."""
+    from laplacianformer import hub
+    from laplacianformer.models import laplacianformer as family
+
+    assert family._weights_config is hub.weights_config
+
+
+def test_create_model_takes_timm_builder_arguments():
+    """``create_model`` and the entry points are one builder: timm's arguments work through either."""
+    a = create_model(NAME, features_only=True, out_indices=(1, 3))
+    b = timm.create_model(NAME, features_only=True, out_indices=(1, 3))
+    assert a.feature_info.channels() == b.feature_info.channels() == [64, 256]
 
 
 def test_pretrained_file_of_a_training_run(tmp_path):

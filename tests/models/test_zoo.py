@@ -24,6 +24,23 @@ def test_registry_lists_paper_sizes_and_micro():
     assert set(PAPER) == set(SIZES)
 
 
+def test_every_size_has_its_entry_point_function():
+    """One ``def NAME(pretrained=False, **kwargs)`` per ``MODEL_CONFIGS`` name in the family module (written
+    out, as timm's families write theirs), each building its size through ``create_model``."""
+    from laplacianformer.models import MODEL_CONFIGS
+    from laplacianformer.models import laplacianformer as family
+
+    assert list(family.entry_points) == list(MODEL_CONFIGS)
+    for name in MODEL_CONFIGS:
+        fn = getattr(family, name)
+        assert family.entry_points[name] is fn and fn.__module__ == family.__name__
+        assert fn.__code__.co_name == name  # a def of that name, not a generated function renamed
+    with torch.device("meta"):
+        model = family.laplacianformer_tiny(num_classes=3)
+    assert model.config["depths"] == list(MODEL_CONFIGS["laplacianformer_tiny"]["depths"]) and model.num_classes == 3
+    assert model.pretrained_cfg["architecture"] == "laplacianformer_tiny"
+
+
 @pytest.mark.parametrize("name", SIZES)
 def test_params_within_5_percent_of_paper(name):
     with torch.device("meta"):

@@ -41,11 +41,12 @@ def files(tmp_path):
 
 
 CASES = [
-    (["train", "--resume", "{d}/trunc.pt"], "checkpoint: {d}/trunc.pt: ", "truncated"),
-    (["train", "--resume", "{d}/evil.pt"], "checkpoint: {d}/evil.pt: ", "refused pickle"),
-    (["eval", "--checkpoint", "{d}/evil.pt"], "checkpoint: {d}/evil.pt: ", "refused pickle"),
+    (["train", "--resume", "{d}/trunc.pt"], "checkpoint: {d}/trunc.pt: ", "not a training checkpoint"),
+    (["train", "--resume", "{d}/evil.pt"], "checkpoint: {d}/evil.pt: ", "not a training checkpoint"),
+    (["eval", "--checkpoint", "{d}/evil.pt"], "checkpoint: {d}/evil.pt: ", "not a training checkpoint"),
     (["eval", "--checkpoint", "{d}/flip.safetensors"], "checkpoint: {d}/flip.safetensors: ", "hash mismatch"),
-    (["train", "--resume", "{d}/run"], "checkpoint: {d}/run/checkpoint.pt: ", "empty"),
+    (["train", "--resume", "{d}/run"], "checkpoint: {d}/run/checkpoint.pt: ", "before 0.1, no longer read: retrain"),
+    (["eval", "--checkpoint", "{d}/run"], "checkpoint: {d}/run/checkpoint.pt: ", "before 0.1, no longer read: retrain"),
     (["train", "--resume", "{d}/missing"], "checkpoint: {d}/missing: ", "no such file"),
     (["train", "--amp", "fp8"], "argument --amp: ", "fp8"),
     (["train", "--epochs", "0"], "argument --epochs: ", ">= 1"),

@@ -1,13 +1,12 @@
 """Training state files (``save_training_state`` / ``load_training_state``): exact round trip of nested
 state, damaged files named in the error with what was expected, the fallback to ``<name>.prev``, and the
-legacy ``save_checkpoint`` dict layout read through the same function."""
+refusal of a ``save_checkpoint`` file (the training checkpoints of laplacianformer before 0.1)."""
 
 from __future__ import annotations
 
 import json
 import math
 import random
-import warnings
 
 import numpy as np
 import pytest
@@ -165,23 +164,11 @@ def test_safetensors_prev_loads_through_load_checkpoint(tmp_path):
         assert torch.equal(load_checkpoint(path, fallback_previous=True)["w"], torch.ones(3))
 
 
-def test_legacy_save_checkpoint_dict_reads_through_the_same_function(tmp_path):
+def test_a_save_checkpoint_file_is_refused_unread(tmp_path):
     """A ``save_checkpoint`` file holding ``{"format", "model", ...}`` (classification checkpoints before
-    ``save_training_state``): the model split off, the rest as the state."""
+    0.1) is not a training checkpoint: refused by its name, before any unpickling."""
     model, state = _model_and_state()
     path = save_checkpoint({"format": FORMAT, "model": model, **state}, tmp_path / "checkpoint.pt")
-    loaded = load_training_state(path, format=FORMAT)
-    _same_weights(loaded.model, model)
-    _assert_same(loaded.state, {"format": FORMAT, **state})
-    assert loaded.metadata == {"format": FORMAT}
-    save_checkpoint({"weights": model}, tmp_path / "other.pt")
-    with pytest.raises(CheckpointError, match=r"other\.pt: not a training checkpoint \(a dict with 'format' and 'model'"):
-        load_training_state(tmp_path / "other.pt")
-    data = path.read_bytes()
-    path.write_bytes(data[:-100])
-    with pytest.raises(CheckpointError, match=rf"^checkpoint: {path}: "):
-        load_training_state(path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with pytest.raises(CheckpointError, match=r"checkpoint\.pt\.prev: missing"):
-            load_training_state(path, fallback_previous=True)
+    with pytest.raises(CheckpointError, match=rf"^checkpoint: {path}: not a training checkpoint \(save_training_state "
+                                              r"writes \.safetensors files\)"):
+        load_training_state(path, format=FORMAT)

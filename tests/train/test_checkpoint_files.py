@@ -1,8 +1,7 @@
 """The run directory's training checkpoint (docs/TRAINING.md "Checkpoints, interruption and resuming"):
 ``checkpoint.safetensors`` written atomically with a ``.prev``; a damaged latest file falls back to the
-previous one with a warning, or fails naming the file; a run interrupted by the code before it, which
-holds only a legacy ``checkpoint.pt``, still resumes to the weights of an uninterrupted run, evaluates
-and loads with ``from_pretrained``."""
+previous one with a warning, or fails naming the file; a run of laplacianformer before 0.1, which holds
+its training state in ``checkpoint.pt``, is refused with an error that says what to do."""
 
 from __future__ import annotations
 
@@ -14,21 +13,14 @@ import torch
 
 import laplacianformer
 from laplacianformer.checkpoint import CheckpointError, load_checkpoint, read_metadata, save_checkpoint
+from laplacianformer.hub import write_config
 from laplacianformer.train import Trainer, train
-from laplacianformer.train.distributed import barrier
 from laplacianformer.train.engine import read_resume
 from laplacianformer.train.evaluate_run import evaluate_checkpoint
 
 from train_helpers import tiny_config
 
 SETTINGS = dict(train_subset=128, test_subset=32, epochs=2, ema=True, mixup=0.8, drop_path=0.1)  # 8 steps
-
-
-def _legacy_save(self) -> None:
-    """``Trainer.save`` before checkpoint.safetensors: ``save_checkpoint`` (torch.save + integrity trailer)."""
-    if self.dist.is_main:
-        save_checkpoint(self.state_dict(), self.run_dir / "checkpoint.pt")
-    barrier(self.dist)
 
 
 def _interrupt_after(monkeypatch, steps: int) -> None:
@@ -69,34 +61,22 @@ def test_checkpoint_is_one_safetensors_file_with_a_previous_copy(reference):
     assert read_resume(reference / "checkpoint.safetensors.prev").state["position"]["global_step"] == 4
 
 
-def test_a_legacy_checkpoint_pt_run_resumes_evaluates_and_loads(reference, tmp_path, monkeypatch):
-    cut = tmp_path / "legacy"
-    with monkeypatch.context() as m:
-        m.setattr(Trainer, "save", _legacy_save)
-        _interrupt_after(m, 3)
-        assert train(tiny_config(cut, **SETTINGS))["interrupted"] == "SIGINT"
-    assert (cut / "checkpoint.pt").exists() and not (cut / "checkpoint.safetensors").exists()
-    legacy = load_checkpoint(cut / "checkpoint.pt")
-    assert legacy["position"]["global_step"] == 3
-
-    # from_pretrained: no best or last weights yet, so the model in checkpoint.pt
-    model = laplacianformer.from_pretrained(cut)
-    assert all(torch.equal(v, legacy["model"][k]) for k, v in model.state_dict().items())
-    # eval of the run directory and of the file itself
-    for target in (cut, cut / "checkpoint.pt"):
-        res = evaluate_checkpoint(target, test_subset=32, progress=False, out=tmp_path / "eval")
-        assert res["checkpoint"] == str(cut / "checkpoint.pt") and res["n"] == 32
-    res = evaluate_checkpoint(cut / "checkpoint.pt", ema=True, test_subset=32, progress=False, out=tmp_path / "eval")
-    assert res["n"] == 32
-
-    # resume: same weights as the uninterrupted run; the new checkpoint is safetensors, checkpoint.pt stays
-    before = (cut / "checkpoint.pt").read_bytes()
-    resumed = train(resume=cut)
-    assert resumed["steps"] == 8 and resumed["interrupted"] is None
-    for name in ("model.safetensors", "model_ema.safetensors", "model_best.safetensors"):
-        _same_file_weights(reference / name, cut / name)
-    assert read_resume(cut).path == cut / "checkpoint.safetensors"
-    assert (cut / "checkpoint.pt").read_bytes() == before
+def test_a_checkpoint_pt_run_of_before_0_1_is_refused_saying_what_to_do(tmp_path):
+    """``checkpoint.pt`` (torch.save + integrity trailer) is never read: resume, eval and from_pretrained
+    name the file and what to do."""
+    run = tmp_path / "old"
+    run.mkdir()
+    save_checkpoint({"format": "laplacianformer.train/1", "model": {"w": torch.ones(1)}}, run / "checkpoint.pt")
+    (run / "train_config.json").write_text("{}")
+    write_config(laplacianformer.create_model("laplacianformer_micro"), run)
+    what = rf"^checkpoint: {run / 'checkpoint.pt'}: .* before 0\.1, no longer read: retrain, or .*save_pretrained"
+    for target in (run, run / "checkpoint.pt"):
+        with pytest.raises(CheckpointError, match=what):
+            read_resume(target)
+        with pytest.raises(CheckpointError, match=what):
+            evaluate_checkpoint(target, progress=False)
+    with pytest.raises(CheckpointError, match=what):
+        laplacianformer.from_pretrained(run)
 
 
 def test_damaged_latest_checkpoint_falls_back_to_prev_and_resumes(reference, tmp_path, monkeypatch):
@@ -127,6 +107,6 @@ def test_no_usable_checkpoint_names_every_file_tried(reference, tmp_path):
     # no checkpoint at all
     for f in ("checkpoint.safetensors", "checkpoint.safetensors.prev"):
         (bad / f).unlink()
-    with pytest.raises(CheckpointError, match=r"no such file \(expected a run directory or a checkpoint file, or "
-                                              r"checkpoint\.pt"):
+    with pytest.raises(CheckpointError, match=rf"^checkpoint: {bad / 'checkpoint.safetensors'}: no such file "
+                                              r"\(expected a run directory or a checkpoint file\)"):
         read_resume(bad)

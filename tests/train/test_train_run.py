@@ -39,7 +39,6 @@ def test_a_run_directory_loads_with_from_pretrained(tmp_path):
     import laplacianformer
     from laplacianformer.checkpoint import load_checkpoint
     from laplacianformer.data import build_datasets
-    from laplacianformer.train import upgrade_run
 
     timm = pytest.importorskip("timm")
     out = tmp_path / "run"
@@ -59,14 +58,13 @@ def test_a_run_directory_loads_with_from_pretrained(tmp_path):
     (out / "model_best.safetensors").unlink()
     last = laplacianformer.from_pretrained(out).eval()
     assert all(torch.equal(v, load_checkpoint(out / "model.safetensors")[k]) for k, v in last.state_dict().items())
-    # a run written before train_config.json (config.json held the training settings) is upgraded in place
+    # a run of laplacianformer before 0.1 (config.json held the training settings) is refused, saying what to do
     (out / "config.json").write_text((out / "train_config.json").read_text())
     (out / "train_config.json").unlink()
-    with pytest.raises(ValueError, match="^path: .*training settings"):
+    with pytest.raises(ValueError, match=r"^path: .*config\.json is not a laplacianformer/1 config \(format=None\); "
+                                         r"a config\.json holding a run's training settings is a layout of "
+                                         r"laplacianformer before 0\.1, no longer read: retrain"):
         laplacianformer.from_pretrained(out)
-    upgrade_run(out)
-    with torch.no_grad():
-        assert torch.equal(laplacianformer.from_pretrained(out).eval()(x), last(x))
 
 
 def test_image_folder_bf16_randaugment_and_resume_with_more_epochs(tmp_path):

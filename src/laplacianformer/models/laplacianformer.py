@@ -15,11 +15,13 @@ the quadratic baseline). No position embedding: position information comes from 
 convolutions, so any input size works.
 
 Layout (as timm's family files): blocks -> stages -> model -> ``checkpoint_filter_fn`` -> pretrained cfgs
--> entry points (``create_model`` and one function per ``registry.MODEL_CONFIGS`` name) -> ``register_timm``.
-timm is imported only inside functions: ``register_timm`` (called by ``laplacianformer.models`` on import)
-registers the entry points of this module with timm's registry, so timm records this family module
-(``laplacianformer``) as their module, as for its own families; ``_create_laplacianformer`` runs when timm
-calls an entry point. Saving and loading live above this package, in ``laplacianformer.hub``.
+-> the one builder ``create_model`` and the entry points that call it (one ``def`` per
+``registry.MODEL_CONFIGS`` name) -> ``register_timm``. timm is imported only inside functions:
+``register_timm`` (called by ``laplacianformer.models`` on import) registers the entry points of this module
+with timm's registry, so timm records this family module (``laplacianformer``) as their module, as for its
+own families; ``create_model`` uses timm's builder only for the calls that need it. Saving, loading and
+reading saved configs live above this package, in ``laplacianformer.hub``, which hands its reader of a
+weights file's config to ``set_weights_config_reader``.
 
 TorchScript and torch.fx: every registered model scripts (``torch.jit.script``) and traces
 (``torch.fx.symbolic_trace``, timm's / torchvision's feature extractors) with eager's outputs; the
@@ -458,7 +460,7 @@ def _cfg(**kwargs) -> dict:
 default_cfgs: dict[str, dict] = {name: _cfg() for name in MODEL_CONFIGS}
 
 
-# --- entry points ----------------------------------------------------------------------------------------
+# --- the builder and its entry points ----------------------------------------------------------------------
 
 # keys of a saved pretrained cfg that describe the weights (class count and names, preprocessing)
 _WEIGHTS_CFG_KEYS = ("num_classes", "input_size", "pool_size", "mean", "std", "interpolation", "crop_pct",
@@ -466,7 +468,9 @@ _WEIGHTS_CFG_KEYS = ("num_classes", "input_size", "pool_size", "mean", "std", "i
 # constructor arguments a saved file supplies when the caller does not give them; the sizes must match
 _SAVED_ARCH_DEFAULTS = ("attn", "attn_kwargs", "landmarks", "sr_ratios", "qkv_bias", "stem_stride")
 _SIZE_KEYS = ("depths", "embed_dims", "num_heads", "mlp_ratios")
-_TUPLE_CFG_KEYS = ("input_size", "pool_size", "mean", "std", "label_names", "label_descriptions")
+# arguments only timm's builder takes (timm.create_model passes the first three to every entry point)
+_TIMM_ARGS = frozenset({"pretrained_cfg", "pretrained_cfg_overlay", "cache_dir", "features_only", "out_indices",
+                        "feature_cls", "feature_cfg"})
 
 
 def no_pretrained_weights(name: str) -> RuntimeError:
@@ -479,31 +483,20 @@ def no_pretrained_weights(name: str) -> RuntimeError:
     )
 
 
-def _saved_model_config(file: str) -> dict | None:
-    """The saved-model config ({"config": constructor args, "pretrained_cfg": ...}) that describes the weights
-    file ``file``: the ``config`` entry of its safetensors metadata (``save_pretrained``), else a
-    ``config.json`` next to it (a save_pretrained or training run directory); None when neither exists."""
-    import json
-    from pathlib import Path
-
-    path = Path(file)
-    texts = []
-    if path.suffix == ".safetensors" and path.is_file():
-        from safetensors import safe_open
-
-        with safe_open(str(path), "pt") as f:
-            texts.append((f.metadata() or {}).get("config"))
-    side = path.parent / "config.json"
-    if side.is_file():
-        texts.append(side.read_text())
-    for text in texts:
-        try:
-            data = json.loads(text) if text else None
-        except json.JSONDecodeError:
-            continue
-        if isinstance(data, dict) and isinstance(data.get("config"), dict):
-            return data
+def _no_saved_config(file: str) -> Mapping | None:
     return None
+
+
+_weights_config: Callable[[str], Mapping | None] = _no_saved_config
+
+
+def set_weights_config_reader(reader: Callable[[str], Mapping | None]) -> None:
+    """Install how the saved config of a weights file is read: ``reader(file)`` -> {"config": constructor
+    arguments, "pretrained_cfg": ...} or None. ``laplacianformer.hub``, the one reader of saved configs and a
+    layer above this package, installs its ``weights_config`` when it is imported (``import laplacianformer``
+    does); this package reads no files."""
+    global _weights_config
+    _weights_config = reader
 
 
 def _pretrained_file_defaults(variant: str, kwargs: dict) -> dict:
@@ -513,7 +506,7 @@ def _pretrained_file_defaults(variant: str, kwargs: dict) -> dict:
     of other depths or widths than ``variant`` is a ValueError naming the matching registered name."""
     overlay = dict(kwargs.get("pretrained_cfg_overlay") or {})
     file = overlay.get("file")
-    saved = _saved_model_config(file) if file else None
+    saved = _weights_config(file) if file else None
     if saved is None:
         return kwargs
     config, cfg = saved["config"], saved.get("pretrained_cfg") or {}
@@ -530,16 +523,9 @@ def _pretrained_file_defaults(variant: str, kwargs: dict) -> dict:
     from timm.models import PretrainedCfg
 
     fields = {f.name for f in dataclasses.fields(PretrainedCfg)}
-    for key in _WEIGHTS_CFG_KEYS:
-        if key in cfg and key in fields and key not in overlay:
-            value = cfg[key]
-            overlay[key] = tuple(value) if key in _TUPLE_CFG_KEYS and isinstance(value, list) else value
-    out = dict(kwargs, pretrained_cfg_overlay=overlay)
-    for key in _SAVED_ARCH_DEFAULTS:
-        if key in config and key not in kwargs:
-            value = config[key]
-            out[key] = tuple(value) if key == "landmarks" and isinstance(value, list) else value
-    return out
+    overlay.update({k: cfg[k] for k in _WEIGHTS_CFG_KEYS if k in cfg and k in fields and k not in overlay})
+    return dict(kwargs, pretrained_cfg_overlay=overlay,
+                **{k: config[k] for k in _SAVED_ARCH_DEFAULTS if k in config and k not in kwargs})
 
 
 def _has_weights_source(kwargs: dict) -> bool:
@@ -548,87 +534,86 @@ def _has_weights_source(kwargs: dict) -> bool:
                for c in cfgs)
 
 
-def _create_laplacianformer(variant: str, pretrained: bool = False, **kwargs) -> LaplacianFormer:
-    """timm's builder (pretrained cfg, ``features_only``/``out_indices``, ``checkpoint_filter_fn``).
+def create_model(name: str, *, pretrained: bool = False, **kwargs) -> LaplacianFormer:
+    """Build a registered LaplacianFormer: the one builder, behind every entry point (``timm.create_model``).
 
-    ``pretrained=True`` needs a weights source (``pretrained_cfg_overlay=dict(file=PATH)``, ...): the
-    family has no published weights (``no_pretrained_weights``); a file saved by this package also gives
-    its class count and attention arguments (``_pretrained_file_defaults``)."""
+    Args:
+        name: one of ``registry.list_models()`` (ValueError naming ``name`` otherwise).
+        pretrained: no weights were published: True needs a weights source (timm's
+            ``pretrained_cfg_overlay=dict(file=PATH)``, ...), else a RuntimeError naming the model, as timm's
+            (``no_pretrained_weights``). A file saved by this package also gives its class count,
+            preprocessing and attention arguments. Saved models load with ``laplacianformer.from_pretrained``.
+        kwargs: ``LaplacianFormer`` arguments over the name's sizes: num_classes, in_chans, attn
+            ("laplacian" | "gaussian" | "softmax"), attn_kwargs (laplacian/gaussian: lam, qk_scale, norm,
+            solver, iters, ns_eps, tie_qk, landmarks, dwconv, recompute; softmax: sr_ratio), drop_rate,
+            drop_path_rate, depths, embed_dims, landmarks, stem_stride, ...; and timm's builder arguments
+            (``features_only``, ``out_indices``, ``pretrained_cfg``, ...).
+
+    timm builds the model (its pretrained cfg, weights loaded through ``checkpoint_filter_fn``, feature
+    extraction) when the call needs it: ``pretrained=True`` or one of timm's arguments, as every call through
+    ``timm.create_model`` has. Otherwise the model is built here, without importing timm, and
+    ``model.pretrained_cfg`` is the name's cfg.
+    """
+    arch = model_config(name)
+    if pretrained and not _has_weights_source(kwargs):
+        raise no_pretrained_weights(name)
+    if not pretrained and _TIMM_ARGS.isdisjoint(kwargs):
+        model = LaplacianFormer(**dict(arch, **kwargs))
+        model.pretrained_cfg = dict(default_cfgs[name], architecture=name)
+        return model
     from timm.models import build_model_with_cfg
 
     if pretrained:
-        if not _has_weights_source(kwargs):
-            raise no_pretrained_weights(variant)
-        kwargs = _pretrained_file_defaults(variant, kwargs)
+        kwargs = _pretrained_file_defaults(name, kwargs)
     out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
     return build_model_with_cfg(
         LaplacianFormer,
-        variant,
+        name,
         pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(flatten_sequential=True, out_indices=out_indices),
-        **dict(MODEL_CONFIGS[variant], **kwargs),
+        **dict(arch, **kwargs),
     )
 
 
-def _describe(name: str) -> str:
-    cfg = MODEL_CONFIGS[name]
-    text = f"LaplacianFormer, depths {tuple(cfg['depths'])}, widths {tuple(cfg['embed_dims'])}"
-    if name in PAPER:
-        ref = PAPER[name]
-        text += f"; the paper's {name.rsplit('_', 1)[-1]} ({ref['params_m']}M params, {ref['gmacs']} GMACs at 224²)"
-    return text + "."
+# timm's entry points: one function per ``registry.MODEL_CONFIGS`` name (tests/models check the pairing),
+# registered by ``register_timm``
 
 
-def _entry_point(name: str) -> Callable[..., LaplacianFormer]:
-    """The timm entry point ``name(pretrained=False, **kwargs)`` of one ``MODEL_CONFIGS`` entry."""
-
-    def entry(pretrained: bool = False, **kwargs) -> LaplacianFormer:
-        return _create_laplacianformer(name, pretrained=pretrained, **kwargs)
-
-    entry.__name__ = entry.__qualname__ = name
-    entry.__doc__ = _describe(name)
-    return entry
+def laplacianformer_micro(pretrained: bool = False, **kwargs) -> LaplacianFormer:
+    """Micro: not a paper size; a small model for CPU demos, tests and ablations."""
+    return create_model("laplacianformer_micro", pretrained=pretrained, **kwargs)
 
 
-# one function per table entry (laplacianformer_micro, laplacianformer_tiny, ...), registered by register_timm
-entry_points: dict[str, Callable[..., LaplacianFormer]] = {name: _entry_point(name) for name in MODEL_CONFIGS}
-globals().update(entry_points)
+def laplacianformer_tiny(pretrained: bool = False, **kwargs) -> LaplacianFormer:
+    """Tiny: the paper's smallest size (its parameters and MACs: ``registry.PAPER``)."""
+    return create_model("laplacianformer_tiny", pretrained=pretrained, **kwargs)
 
 
-def create_model(
-    name: str,
-    *,
-    pretrained: bool = False,
-    num_classes: int = 1000,
-    in_chans: int = 3,
-    attn: str = "laplacian",
-    attn_kwargs: Mapping | None = None,
-    drop_rate: float = 0.0,
-    drop_path_rate: float = 0.0,
-    **overrides,
-) -> LaplacianFormer:
-    """Build a registered LaplacianFormer without timm; ``model.pretrained_cfg`` is the name's cfg.
+def laplacianformer_small(pretrained: bool = False, **kwargs) -> LaplacianFormer:
+    """Small: a paper size (its parameters and MACs: ``registry.PAPER``)."""
+    return create_model("laplacianformer_small", pretrained=pretrained, **kwargs)
 
-    Args:
-        name: one of ``registry.list_models()``.
-        pretrained: must be False: no weights were published (RuntimeError naming the model, as timm's);
-            load saved weights with ``laplacianformer.from_pretrained``.
-        attn: "laplacian" (default) | "gaussian" | "softmax" (PVTv2 spatial-reduction baseline).
-        attn_kwargs: forwarded to every attention layer (laplacian/gaussian: lam, qk_scale, norm,
-            solver, iters, ns_eps, tie_qk, landmarks, dwconv, recompute; softmax: sr_ratio).
-        overrides: any other ``LaplacianFormer`` argument (depths, embed_dims, landmarks, stem_stride, ...).
-    """
-    cfg = model_config(name)
-    if pretrained:
-        raise no_pretrained_weights(name)
-    cfg.update(overrides)
-    model = LaplacianFormer(
-        num_classes=num_classes, in_chans=in_chans, attn=attn, attn_kwargs=attn_kwargs,
-        drop_rate=drop_rate, drop_path_rate=drop_path_rate, **cfg,
-    )
-    model.pretrained_cfg = dict(default_cfgs[name], architecture=name)
-    return model
+
+def laplacianformer_medium(pretrained: bool = False, **kwargs) -> LaplacianFormer:
+    """Medium: a paper size (its parameters and MACs: ``registry.PAPER``)."""
+    return create_model("laplacianformer_medium", pretrained=pretrained, **kwargs)
+
+
+def laplacianformer_large(pretrained: bool = False, **kwargs) -> LaplacianFormer:
+    """Large: a paper size (its parameters and MACs: ``registry.PAPER``)."""
+    return create_model("laplacianformer_large", pretrained=pretrained, **kwargs)
+
+
+def laplacianformer_huge(pretrained: bool = False, **kwargs) -> LaplacianFormer:
+    """Huge: the paper's largest size (its parameters and MACs: ``registry.PAPER``)."""
+    return create_model("laplacianformer_huge", pretrained=pretrained, **kwargs)
+
+
+entry_points: dict[str, Callable[..., LaplacianFormer]] = {
+    fn.__name__: fn for fn in (laplacianformer_micro, laplacianformer_tiny, laplacianformer_small,
+                               laplacianformer_medium, laplacianformer_large, laplacianformer_huge)
+}
 
 
 _TIMM_REGISTERED = False

@@ -1,7 +1,8 @@
 """The table of named LaplacianFormer sizes (docs/DESIGN.md §5): plain data, no model code.
 
-Adding a size is one ``MODEL_CONFIGS`` entry: ``models/laplacianformer.py`` derives its pretrained cfg and
-its entry point from the table, ``create_model`` builds it, and timm registers it when installed.
+Adding a size is one ``MODEL_CONFIGS`` entry and its entry-point function in ``models/laplacianformer.py``
+(tests/models check that every entry has one): the pretrained cfg follows from the table, ``create_model``
+builds it, and timm registers it when installed.
 The five paper sizes (Tiny–Huge) have depths/widths chosen by us so that parameters and MACs at 224²
 land within ±5% of the paper's table (``PAPER`` below; checked by tests/models). ``laplacianformer_micro``
 is not a paper size: a small configuration for CPU demos, tests and ablations.

@@ -9,6 +9,5 @@
 from .config import TrainConfig, read_train_config
 from .engine import Trainer, build_model, train
 from .evaluate import evaluate
-from .evaluate_run import upgrade_run
 
-__all__ = ["TrainConfig", "Trainer", "build_model", "evaluate", "read_train_config", "train", "upgrade_run"]
+__all__ = ["TrainConfig", "Trainer", "build_model", "evaluate", "read_train_config", "train"]

@@ -1,11 +1,8 @@
 """``TrainConfig``: every setting of a training run, saved as ``train_config.json`` in the run directory.
 
-``read_train_config(run_dir)`` also reads runs written before that name, whose ``config.json`` held it
-(recognised by its content, ``hub.is_train_config``); ``config.json`` now means the saved model.
-
-``data`` is stored as an absolute path when it is an image folder (``resolve_data``), so a run evaluates
-and resumes from any working directory; relative paths of older runs are resolved against the run
-directory and its parents.
+``read_train_config(run_dir)`` reads it back. ``data`` is stored as an absolute path when it is an image
+folder (``resolve_data``), so a run evaluates and resumes from any working directory; relative paths of
+older runs are resolved against the run directory and its parents.
 
 Defaults are a small-data version of the DeiT/SOFT recipe (DESIGN.md §5, training recipe): AdamW with
 weight decay 0.05, linear warm-up then cosine decay per step, label smoothing 0.1, gradient clipping,
@@ -23,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import CheckpointError
-from ..hub import CONFIG_NAME, TRAIN_CONFIG_NAME, is_train_config
+from ..hub import CONFIG_NAME, TRAIN_CONFIG_NAME, old_layout
 from ..layers.token_mixer import check_token_mixer
 
 AMP_MODES = ("off", "bf16", "fp16")
@@ -166,13 +163,10 @@ def resolve_data(data: str, run_dir: str | Path | None = None) -> str:
 
 
 def read_train_config(run_dir: str | Path) -> TrainConfig:
-    """The ``TrainConfig`` of a run directory: ``train_config.json``, or in runs written before it, a
-    ``config.json`` holding a training configuration. CheckpointError naming the directory otherwise."""
+    """The ``TrainConfig`` of a run directory (its ``train_config.json``); CheckpointError naming the
+    directory otherwise."""
     d = Path(run_dir)
-    if (d / TRAIN_CONFIG_NAME).is_file():
-        return TrainConfig.load(d / TRAIN_CONFIG_NAME)
-    if (d / CONFIG_NAME).is_file():
-        data = json.loads((d / CONFIG_NAME).read_text())
-        if is_train_config(data):
-            return TrainConfig.from_dict(data)
-    raise CheckpointError(f"checkpoint: {d}: no {TRAIN_CONFIG_NAME} (expected a training run directory)")
+    if not (d / TRAIN_CONFIG_NAME).is_file():
+        raise CheckpointError(f"checkpoint: {d}: no {TRAIN_CONFIG_NAME} (expected a training run directory; "
+                              + old_layout(f"a run keeping its settings in {CONFIG_NAME}") + ")")
+    return TrainConfig.load(d / TRAIN_CONFIG_NAME)

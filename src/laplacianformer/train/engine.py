@@ -118,8 +118,8 @@ class ResumePoint(NamedTuple):
 
 def read_resume(path: str | Path) -> ResumePoint:
     """Read the training checkpoint of a run directory or checkpoint file (``hub.read_run_checkpoint``:
-    ``checkpoint.safetensors``, or a legacy ``checkpoint.pt``, falling back to the previous file with a
-    warning when the latest is damaged); CheckpointError naming the file unless it is one."""
+    ``checkpoint.safetensors``, falling back to the previous file with a warning when the latest is
+    damaged); CheckpointError naming the file unless it is one."""
     return ResumePoint(*read_run_checkpoint(path))
 
 
@@ -294,7 +294,7 @@ class Trainer:
 
     def save(self) -> None:
         """``checkpoint.safetensors`` (``checkpoint.save_training_state``: atomic, the previous file kept as
-        ``.prev``); a legacy ``checkpoint.pt`` of the run is left as it is (the newer file is read first)."""
+        ``.prev``)."""
         if self.dist.is_main:
             state = self.state_dict()
             model = state.pop("model")

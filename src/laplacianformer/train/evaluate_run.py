@@ -13,30 +13,28 @@ from pathlib import Path
 
 from ..checkpoint import CheckpointError, load_checkpoint, read_metadata
 from ..data import BUILTIN, build_datasets, build_eval_dataset
-from ..hub import (
-    CHECKPOINT_NAME, CONFIG_NAME, EMA_WEIGHTS_NAME, LEGACY_CHECKPOINT_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME,
-    is_train_config, read_run_checkpoint, write_config,
-)
+from ..hub import CHECKPOINT_NAME, EMA_WEIGHTS_NAME, WEIGHTS_NAME, read_run_checkpoint, weights_config
 from .config import TrainConfig, read_train_config, resolve_data
-from .engine import build_model, load_model_state, resolve_device, run_pretrained_cfg
+from .engine import build_model, load_model_state, resolve_device
 from .evaluate import evaluate
 from .plots import plot_confusion
 
 
 def _is_training_checkpoint(file: Path) -> bool:
-    """A training checkpoint (``checkpoint.safetensors``, a legacy ``checkpoint.pt``, their ``.prev``, or any
-    file that is not plain safetensors weights) rather than a weights file."""
-    if file.name.endswith(".prev") or file.name in (CHECKPOINT_NAME, LEGACY_CHECKPOINT_NAME):
+    """A training checkpoint (``checkpoint.safetensors``, its ``.prev``, or any file that is not plain
+    safetensors weights) rather than a weights file."""
+    if file.name.endswith(".prev") or file.name == CHECKPOINT_NAME:
         return True
     return file.suffix != ".safetensors" or "state" in read_metadata(file)
 
 
 def load_for_eval(path: str | Path, *, ema: bool = False) -> tuple[TrainConfig, dict, Path]:
     """(config, model state dict, file read) from a run directory, a training checkpoint
-    (``checkpoint.safetensors`` or a legacy ``checkpoint.pt``) or a ``.safetensors`` weights file.
+    (``checkpoint.safetensors``) or a ``.safetensors`` weights file.
 
     A run directory gives ``model.safetensors`` (``model_ema.safetensors`` with ``ema``), else its training
-    checkpoint (``hub.read_run_checkpoint``: the previous file when the latest is damaged)."""
+    checkpoint (``hub.read_run_checkpoint``: the previous file when the latest is damaged). A weights file's
+    training config is its metadata's, else the ``train_config.json`` beside it."""
     p = Path(path)
     if p.is_dir():
         if ema:
@@ -45,9 +43,6 @@ def load_for_eval(path: str | Path, *, ema: bool = False) -> tuple[TrainConfig, 
             p = p / EMA_WEIGHTS_NAME
         elif (p / WEIGHTS_NAME).exists():
             p = p / WEIGHTS_NAME
-        elif not any((p / n).exists() for n in (CHECKPOINT_NAME, LEGACY_CHECKPOINT_NAME)):
-            raise CheckpointError(f"checkpoint: {p}: no {WEIGHTS_NAME}, {CHECKPOINT_NAME} or {LEGACY_CHECKPOINT_NAME} "
-                                  "in this directory")
     elif not p.exists():
         raise CheckpointError(f"checkpoint: {p}: no such file or directory")
     if p.is_dir() or _is_training_checkpoint(p):
@@ -59,39 +54,23 @@ def load_for_eval(path: str | Path, *, ema: bool = False) -> tuple[TrainConfig, 
             state = obj["ema"]["shadow"]
         return TrainConfig.from_dict(obj["config"]), state, file
     obj = load_checkpoint(p)
-    meta = read_metadata(p)
-    # "train_config"; runs written before it used "config" (recognised by content)
-    saved = json.loads(meta.get("train_config") or meta.get("config") or "null")
-    if is_train_config(saved):
-        config = TrainConfig.from_dict(saved)
-    else:
-        try:
-            config = read_train_config(p.parent)
-        except CheckpointError:
-            raise CheckpointError(f"checkpoint: {p}: no training config in its metadata or next to it") from None
+    saved = read_metadata(p).get("train_config")
+    config = TrainConfig.from_dict(json.loads(saved)) if saved else read_train_config(p.parent)
     return config, obj, p
 
 
 def run_classes(file: Path) -> list[str] | None:
     """The class names (label order) of the weights in ``file``: its safetensors metadata, the training
-    checkpoint, or the ``label_names`` of the ``config.json`` beside it; None when none records them."""
+    checkpoint, or the ``label_names`` of its saved-model config (``hub.weights_config``); None when none
+    records them."""
     file = Path(file)
     if _is_training_checkpoint(file):
         names = read_run_checkpoint(file)[1].get("classes")
     else:
         names = json.loads(read_metadata(file).get("classes") or "null")
-    if names:
-        return [str(c) for c in names]
-    side = file.parent / CONFIG_NAME
-    if side.is_file():
-        try:
-            saved = json.loads(side.read_text())
-        except json.JSONDecodeError:
-            return None
-        names = (saved.get("pretrained_cfg") or {}).get("label_names") if isinstance(saved, dict) else None
-        if names:
-            return [str(c) for c in names]
-    return None
+    if not names:
+        names = ((weights_config(file) or {}).get("pretrained_cfg") or {}).get("label_names")
+    return [str(c) for c in names] if names else None
 
 
 def _head_rows(state: dict) -> int | None:
@@ -151,18 +130,3 @@ def evaluate_checkpoint(path, *, data: str | None = None, model: str | None = No
     Path(res["json"]).write_text(json.dumps(res, indent=1) + "\n")
     return res
 
-
-def upgrade_run(run_dir: str | Path) -> Path:
-    """Give a run directory written before ``train_config.json`` the current layout: its ``config.json``
-    (the training settings) becomes ``train_config.json``, and ``config.json`` is written as the saved
-    model's config (architecture and preprocessing), so ``laplacianformer.from_pretrained(run_dir)``
-    loads it. Reads the data set for the class names and mean/std. Returns the directory."""
-    d = Path(run_dir)
-    config = read_train_config(d)
-    config.data = resolve_data(config.data, d)
-    splits = build_datasets(config.data, config.img_size, in_chans=config.in_chans, train_subset=1, test_subset=1,
-                            seed=config.seed, check_images=False)
-    model = build_model(config, len(splits.classes), splits.in_chans)
-    config.save(d / TRAIN_CONFIG_NAME)
-    write_config(model, d, run_pretrained_cfg(model, config, splits))
-    return d

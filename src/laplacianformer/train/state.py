@@ -2,7 +2,7 @@
 
 RNG states of torch (CPU and CUDA), numpy's legacy global generator and Python's ``random`` are
 converted to tensors/lists/ints, the content ``checkpoint.save_training_state`` stores (tensors in the
-safetensors file, the rest as JSON) and a legacy ``checkpoint.pt`` (``weights_only=True``) held.
+safetensors file, the rest as JSON).
 """
 
 from __future__ import annotations
