@@ -90,24 +90,6 @@ def test_eval_folder_with_an_unknown_class_names_it(folder_run, capsys, tmp_path
     assert "zebra" in err and err.startswith("laplacianformer: error: ")
 
 
-def test_a_run_with_a_relative_data_path_resolves_it_against_the_run_dir(tmp_path, monkeypatch):
-    """Runs written before absolute paths stored ``data`` as given; eval finds it from another directory."""
-    from laplacianformer.train import engine, evaluate_run
-    from laplacianformer.train.config import resolve_data
-
-    _folder(tmp_path / "imgs", {"a": 3, "b": 3})
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(engine, "resolve_data", lambda data, run_dir=None: data)  # the old behaviour
-    assert main(_tiny("imgs", "runs/old", "--epochs", "1", "--no-progress")) == 0
-    assert json.loads((tmp_path / "runs/old/train_config.json").read_text())["data"] == "imgs"
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    monkeypatch.chdir(elsewhere)
-    assert resolve_data("imgs", tmp_path / "runs" / "old") == str(tmp_path / "imgs")
-    res = evaluate_run.evaluate_checkpoint(tmp_path / "runs" / "old", progress=False, out=elsewhere)
-    assert res["n"] == 2 and res["data"] == str(tmp_path / "imgs")
-
-
 def test_resume_with_other_epochs_is_refused_or_announced(tmp_path, capsys):
     from laplacianformer.train.config import TrainConfig
 

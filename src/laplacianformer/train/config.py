@@ -1,8 +1,7 @@
 """``TrainConfig``: every setting of a training run, saved as ``train_config.json`` in the run directory.
 
 ``read_train_config(run_dir)`` reads it back. ``data`` is stored as an absolute path when it is an image
-folder (``resolve_data``), so a run evaluates and resumes from any working directory; relative paths of
-older runs are resolved against the run directory and its parents.
+folder (``resolve_data``), so a run evaluates and resumes from any working directory.
 
 Defaults are a small-data version of the DeiT/SOFT recipe (DESIGN.md §5, training recipe): AdamW with
 weight decay 0.05, linear warm-up then cosine decay per step, label smoothing 0.1, gradient clipping,
@@ -142,24 +141,12 @@ class TrainConfig:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-def resolve_data(data: str, run_dir: str | Path | None = None) -> str:
-    """``data`` as a run stores it: a built-in name unchanged, an image-folder path absolute.
-
-    A relative path is taken from the working directory when it exists there; otherwise, for a run
-    written with a relative path, from ``run_dir`` or the first of its parents where it exists; else from
-    the working directory (the data loader then names the missing path).
-    """
+def resolve_data(data: str) -> str:
+    """``data`` as a run stores it: a built-in name unchanged, an image-folder path absolute (from the working
+    directory)."""
     from ..data import BUILTIN
 
-    if data in BUILTIN:
-        return data
-    path = Path(data).expanduser()
-    if not path.is_absolute() and not path.exists() and run_dir is not None:
-        base = Path(run_dir).resolve()
-        found = next((d / path for d in (base, *base.parents) if (d / path).exists()), None)
-        if found is not None:
-            return str(found)
-    return str(path.resolve())
+    return data if data in BUILTIN else str(Path(data).expanduser().resolve())
 
 
 def read_train_config(run_dir: str | Path) -> TrainConfig:

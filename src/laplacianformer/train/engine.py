@@ -167,13 +167,13 @@ class Trainer:
             for key in ("model", "attn", "attn_kwargs", "model_kwargs", "img_size", "data"):
                 old, new = saved.get(key), getattr(config, key)
                 if key == "data" and isinstance(old, str) and isinstance(new, str):
-                    old, new = resolve_data(old, resume_dir), resolve_data(new, resume_dir)
+                    old, new = resolve_data(old), resolve_data(new)
                 if old != new:
                     raise CheckpointError(f"checkpoint: {ckpt_path}: was written with {key}={saved.get(key)!r}, "
                                           f"not {getattr(config, key)!r}")
         self.config = (config or TrainConfig()).validate()
         cfg = self.config
-        cfg.data = resolve_data(cfg.data, resume_dir)  # stored absolute: the run works from any directory
+        cfg.data = resolve_data(cfg.data)  # stored absolute: the run works from any directory
         self._prev_threads = torch.get_num_threads()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -259,8 +259,7 @@ class Trainer:
         self.epoch_stats = dict(st["epoch_stats"])
         self.history = list(st["history"])
         self.train_time = st["counters"]["train_time"]
-        # checkpoints written before the wall-time counter: at least the training time
-        self.wall_time = max(st["counters"].get("wall_time", 0.0), self.train_time)
+        self.wall_time = st["counters"]["wall_time"]
         self.images_seen = st["counters"]["images_seen"]
         self.best = st.get("best")
         restore_rng(st["rng"])

@@ -94,7 +94,7 @@ def evaluate_checkpoint(path, *, data: str | None = None, model: str | None = No
         config.model = model
     config.test_subset = test_subset
     if data is None:
-        config.data = resolve_data(config.data, file.parent)  # runs stored relative paths before
+        config.data = resolve_data(config.data)
         splits = build_datasets(config.data, config.img_size, in_chans=config.in_chans, train_subset=1,
                                 test_subset=test_subset, seed=config.seed, check_images=config.verify_images)
         dataset, classes, in_chans = splits.test, splits.classes, splits.in_chans
