@@ -35,7 +35,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from .ablations import ABLATIONS, Ablation, get_ablation, operator_support, resolve_variant
-from .common import environment, read_json, write_json
+from .common import environment, jsonable as _jsonable, read_json, write_json
 from .evidence import ablation_of, finalise, markdown, plot, sibling_pool, summarise
 from .protocol import (
     MIN_TOKENS_PER_LANDMARK, PROTOCOL, PROTOCOL_NAME, QUICK, QUICK_NAME, check_geometry, geometry, protocol_diff,
@@ -49,20 +49,6 @@ DEFAULT_RUNS = "runs/ablations"
 REPORT_EVERY_S = 30.0
 _KEEP = ("top1", "top5", "loss", "images_per_s", "params", "wall_time_s", "train_time_s", "steps",
          "epochs_completed", "history", "peak_memory_mb", "run_dir")
-
-
-def _jsonable(value):
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "item"):
-        return _jsonable(value.item())
-    return str(value)
 
 
 def build_protocol(name: str, overrides: dict) -> dict:

@@ -32,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from .ablate import CellRunner, _fmt_time, _jsonable, build_protocol
-from .common import environment, markdown_table, pyplot, read_json, write_json
+from .ablate import CellRunner, _fmt_time, build_protocol
+from .common import environment, jsonable as _jsonable, markdown_table, pyplot, read_json, write_json
 from .protocol import PROTOCOL, QUICK, same_protocol
 from .stats import describe, paired, verdict
 

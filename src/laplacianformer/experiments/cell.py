@@ -26,7 +26,7 @@ def run_cell(config: dict) -> dict:
     """Trains ``config`` (with the two extra keys above) and returns the kept metrics."""
     from ..hub import CHECKPOINT_NAME
     from ..train import TrainConfig, train
-    from .ablate import _jsonable
+    from .common import jsonable as _jsonable
 
     config = dict(config)
     resume, final_test = bool(config.pop("resume", False)), bool(config.pop("final_test", False))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import tempfile
@@ -27,6 +28,22 @@ def write_json(path: str | Path, obj) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def jsonable(value):
+    """``value`` as plain JSON types: tuples as lists, keys as strings, tensors/NumPy scalars as numbers,
+    non-finite floats as strings, anything else as its str."""
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item"):
+        return jsonable(value.item())
+    return str(value)
 
 
 def read_json(path: str | Path):

@@ -8,13 +8,17 @@ copied by hand:
   data, confirmation on test; DESIGN §7.5) and ``results/analysis/gain_tokens.md`` (DESIGN §4.6).
 
     python -m laplacianformer.experiments.results_page [--results results/ablations] [--accuracy results/accuracy]
-                                                       [--page docs/RESULTS.md]
+                                                       [--page docs/RESULTS.md] [--publish]
+
+Without ``--publish`` the page is copied to ``runs/results_page/`` and rewritten there (the published page is
+left alone); ``--publish`` rewrites ``--page`` itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from pathlib import Path
 
 from .ablations import ABLATIONS
@@ -130,11 +134,18 @@ def main(argv=None) -> int:
                    help="folder of selection/confirmation files (DESIGN §7.5)")
     p.add_argument("--gain", type=Path, default=Path("results/analysis/gain_tokens.md"), help="gain-tokens table")
     p.add_argument("--page", type=Path, default=Path("docs/RESULTS.md"), help="page holding the markers")
+    p.add_argument("--publish", action="store_true", help="rewrite --page itself (default: a copy under runs/results_page/)")
     args = p.parse_args(argv)
     if not args.page.is_file():
         p.error(f"--page: {args.page} does not exist")
-    changed = rewrite(args.page, args.results, args.accuracy, args.gain)
-    print(f"{args.page}: {'rewritten' if changed else 'unchanged'} from {args.results}")
+    page = args.page
+    if not args.publish:
+        page = Path("runs/results_page") / args.page.name
+        page.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(args.page, page)
+    changed = rewrite(page, args.results, args.accuracy, args.gain)
+    print(f"{page}: {'rewritten' if changed else 'unchanged'} from {args.results}, {args.accuracy}"
+          + ("" if args.publish else " (pass --publish to rewrite the published page)"))
     return 0
 
 
