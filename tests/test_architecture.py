@@ -47,8 +47,11 @@ MAY_IMPORT: dict[str, set[str]] = {
     "train": _BELOW_HUB | {"hub", "checkpoint", "data"},
     "detection": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "cmdline"},
     "experiments": _BELOW_HUB | {"hub", "checkpoint", "data", "train"},
+    # the benchmarks time everything up to the detectors; the demo trains and shows a model's cost (bench)
+    "bench": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "detection", "cmdline"},
+    "demo": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "bench"},
     # the command line sits on top
-    "cli": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "detection", "experiments", "cmdline"},
+    "cli": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "detection", "experiments", "bench", "demo", "cmdline"},
     # the facade re-exports the library part only (keeps `import laplacianformer` light)
     ROOT_UNIT: _BELOW_HUB | {"hub", "checkpoint"},
     "__main__": {"cli"},
