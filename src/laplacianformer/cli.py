@@ -112,8 +112,9 @@ def _add_demo_parser(sub, specs: dict) -> None:
 
     p = sub.add_parser(
         "demo", help="train laplacian/gaussian/softmax micro models on Fashion-MNIST and measure cost vs resolution",
-        description="Trains laplacianformer_micro with each attention (28 px, stem stride 2, all 60,000 training "
-                    "images, one epoch; evaluated on all 10,000 test images) and measures time and peak memory per "
+        description="Trains laplacianformer_micro with each attention (28 px, stem stride 2, "
+                    f"{DEFAULTS['train_subset']:,} training images, one epoch; evaluated on all 10,000 test images) "
+                    "and measures time and peak memory per "
                     "image of the three backbones at 224-1024 px. Writes OUT/results.{json,md}, curves.png, cost.png "
                     "and one run directory per attention.")
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
