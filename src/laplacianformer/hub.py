@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 

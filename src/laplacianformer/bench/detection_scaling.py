@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch
 
-from .harness import peak_heap_mib, peak_memory, round_robin, timed
+from .harness import inference_call, peak_heap_mib, peak_memory, round_robin, timed
 from .options import add_timing_options, results_stem, start_timing_run
 from .report import fit_exponent, markdown_table, plot_loglog, report_header, write_json, write_text
 from ..detection.builders import build_detector
@@ -59,13 +58,7 @@ def make_case(model: str, variant: str, size: int, mode: str, device: str = "cpu
                          backbone_kwargs=VARIANTS[variant]).to(device)
     image = [torch.rand(3, size, size, device=device)]
     if mode == "infer":
-        net.eval()
-
-        def infer():
-            with torch.no_grad():
-                return net(image)
-
-        return infer
+        return inference_call(net, image)
     net.train()
     s = size / 256
     targets = [{"boxes": torch.tensor([[20.0, 30.0, 120.0, 140.0], [150.0, 60.0, 230.0, 200.0]], device=device) * s,

@@ -92,6 +92,17 @@ def summarise(wall: Sequence[float], cpu: Sequence[float], warmup: Sequence[floa
     return Timing(med, q1, q3, q3 - q1, min(wall), statistics.median(cpu), len(wall), list(warmup))
 
 
+def inference_call(net: torch.nn.Module, *inputs) -> Callable[[], object]:
+    """A call of ``net(*inputs)`` in eval mode without autograd: the "infer" mode of the model benchmarks."""
+    net.eval()
+
+    def infer():
+        with torch.no_grad():
+            return net(*inputs)
+
+    return infer
+
+
 def op_call(fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor],
             backward: bool) -> Callable[[], torch.Tensor]:
     """The zero-argument call ``fn(*inputs)`` of an op benchmark; with ``backward``, the inputs require

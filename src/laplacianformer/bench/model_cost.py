@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from .harness import peak_heap_mib, round_robin, saved_activation_mib, timed
+from .harness import inference_call, peak_heap_mib, round_robin, saved_activation_mib, timed
 from .output import add_output_options, output_stem
 from .report import fit_exponent, write_text
 SIZES = (224, 512, 768, 1024)
@@ -54,13 +54,7 @@ def make_call(net: torch.nn.Module, size: int, mode: str, *, batch: int = 1, dev
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, net.in_chans, size, size, generator=g).to(device)
     if mode == "infer":
-        net.eval()
-
-        def run():
-            with torch.no_grad():
-                return net(x)
-
-        return run
+        return inference_call(net, x)
     net.train()
     target = torch.randint(0, net.num_classes, (batch,), generator=g).to(device)
 

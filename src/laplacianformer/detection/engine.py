@@ -455,8 +455,7 @@ class DetectionTrainer:
         return result
 
     def close(self) -> None:
-        cleanup(self.dist)
-        torch.set_num_threads(self._prev_threads)
+        cleanup(self.dist, self._prev_threads)
 
 
 def train_detector(config: DetectConfig, run_dir: str | Path, *, resume: bool = False) -> dict:

@@ -35,7 +35,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from .ablations import ABLATIONS, Ablation, get_ablation, operator_support, resolve_variant
-from .common import environment, jsonable as _jsonable, read_json, write_json
+from .common import environment, jsonable as _jsonable, read_json, run_command, write_json
 from .evidence import ablation_of, finalise, markdown, plot, sibling_pool, summarise
 from .protocol import (
     MIN_TOKENS_PER_LANDMARK, PROTOCOL, PROTOCOL_NAME, QUICK, QUICK_NAME, check_geometry, geometry, protocol_diff,
@@ -456,7 +456,7 @@ def main(argv=None) -> int:
                 write_report(record, _out)
                 _last[0] = time.monotonic()
 
-        try:
+        def body(ablation=ablation, on_save=on_save) -> int:
             labels = args.values or (list(ablation.quick) if args.quick else ablation.labels)
             for lb in labels:
                 ablation.variant(lb)
@@ -472,15 +472,13 @@ def main(argv=None) -> int:
                                         max_seeds=args.max_seeds, start_seeds=max(start, 2), **common)
                 else:
                     record = run_ablation(ablation, seeds=list(range(start)), **common)
-        except ValueError as exc:
-            print(f"ablate: {exc}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt as exc:
-            print(f"ablate: interrupted ({exc}); recorded cells are kept, rerun the same command to resume",
-                  file=sys.stderr)
-            return 130
-        write_report(record, out)
-        print(f"\n{markdown(record, ablation)}\nwrote {out / (ablation.name + '.json')}, .md, .png", flush=True)
+            write_report(record, out)
+            print(f"\n{markdown(record, ablation)}\nwrote {out / (ablation.name + '.json')}, .md, .png", flush=True)
+            return 0
+
+        code = run_command("ablate", body)
+        if code:
+            return code
     return 0
 
 

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import sys
 import time
 from pathlib import Path
 
 from .ablate import CellRunner, _fmt_time, build_protocol
-from .common import environment, jsonable as _jsonable, markdown_table, pyplot, read_json, write_json
+from .common import environment, jsonable as _jsonable, markdown_table, pyplot, read_json, run_command, write_json
 from .protocol import PROTOCOL, QUICK, same_protocol
 from .stats import describe, paired, verdict
 
@@ -320,52 +319,49 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stage(args) -> int:
+    """One stage of ``main`` (ValueError / KeyboardInterrupt handled by ``run_command``)."""
+    out = Path(args.out or (QUICK_OUT if args.quick else DEFAULT_OUT))
+    runs = Path(args.runs or (out / "runs" if args.quick else DEFAULT_RUNS))
+    if args.jobs < 1:
+        raise ValueError(f"jobs: expected >= 1, got {args.jobs}")
+    if args.stage == "report":
+        write_reports(out, args.choose)
+        print((out / "selection.md").read_text())
+        return 0
+    protocol = build_protocol(QUICK_NAME if args.quick else PROTOCOL_NAME, QUICK_VAL if args.quick else VAL_PROTOCOL)
+    split = validation_split(protocol["recipe"])
+    if args.stage == "select":
+        labels = list(args.values or CANDIDATES) + list(args.combine)
+        if DEFAULT not in labels:
+            labels.insert(0, DEFAULT)
+        seeds = args.seeds or (1 if args.quick else SELECT_SEEDS)
+    else:
+        sel = read_json(out / "selection.json")
+        chosen = args.choose or (sel or {}).get("chosen")
+        if chosen is None:
+            raise ValueError(f"choose: no selection yet in {out / 'selection.json'}; run 'select' or pass --choose")
+        labels = list(dict.fromkeys((chosen, DEFAULT, *BASELINES)))
+        seeds = args.seeds or (1 if args.quick else CONFIRM_SEEDS)
+    for lb in labels:
+        combination(lb)
+    start = time.perf_counter()
+    run_cells(labels, list(range(seeds)), protocol=protocol, out=out, runs=runs, jobs=args.jobs, split=split)
+    done = write_reports(out, args.choose if args.stage == "confirm" else None)
+    print(selection_markdown(done["selection"]))
+    if "confirmation" in done:
+        print("\n" + confirmation_markdown(done["confirmation"]))
+    print(f"\n{_fmt_time(time.perf_counter() - start)}; wrote {out}/", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.stage == "list":
         for lb, (attn, kw) in {**CANDIDATES, **BASELINES}.items():
             print(f"{lb:18s} {attn:9s} {kw or '(paper default)'}{'   [confirmation only]' if lb in BASELINES else ''}")
         return 0
-    out = Path(args.out or (QUICK_OUT if args.quick else DEFAULT_OUT))
-    runs = Path(args.runs or (out / "runs" if args.quick else DEFAULT_RUNS))
-    try:
-        if args.jobs < 1:
-            raise ValueError(f"jobs: expected >= 1, got {args.jobs}")
-        if args.stage == "report":
-            write_reports(out, args.choose)
-            print((out / "selection.md").read_text())
-            return 0
-        protocol = build_protocol(QUICK_NAME if args.quick else PROTOCOL_NAME, QUICK_VAL if args.quick else VAL_PROTOCOL)
-        split = validation_split(protocol["recipe"])
-        if args.stage == "select":
-            labels = list(args.values or CANDIDATES) + list(args.combine)
-            if DEFAULT not in labels:
-                labels.insert(0, DEFAULT)
-            seeds = args.seeds or (1 if args.quick else SELECT_SEEDS)
-        else:
-            sel = read_json(out / "selection.json")
-            chosen = args.choose or (sel or {}).get("chosen")
-            if chosen is None:
-                raise ValueError(f"choose: no selection yet in {out / 'selection.json'}; run 'select' or pass --choose")
-            labels = list(dict.fromkeys((chosen, DEFAULT, *BASELINES)))
-            seeds = args.seeds or (1 if args.quick else CONFIRM_SEEDS)
-        for lb in labels:
-            combination(lb)
-        start = time.perf_counter()
-        run_cells(labels, list(range(seeds)), protocol=protocol, out=out, runs=runs, jobs=args.jobs, split=split)
-        done = write_reports(out, args.choose if args.stage == "confirm" else None)
-    except ValueError as exc:
-        print(f"accuracy: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        print(f"accuracy: interrupted ({exc}); recorded cells are kept, rerun the same command to resume",
-              file=sys.stderr)
-        return 130
-    print(selection_markdown(done["selection"]))
-    if "confirmation" in done:
-        print("\n" + confirmation_markdown(done["confirmation"]))
-    print(f"\n{_fmt_time(time.perf_counter() - start)}; wrote {out}/", flush=True)
-    return 0
+    return run_command("accuracy", lambda: _stage(args))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import platform
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +45,20 @@ def jsonable(value):
     if hasattr(value, "item"):
         return jsonable(value.item())
     return str(value)
+
+
+def run_command(prog: str, body) -> int:
+    """``body()``'s exit status, the experiments' two user-facing stops turned into one line each:
+    ValueError -> 2 (the message names the argument), KeyboardInterrupt -> 130 (recorded cells are kept)."""
+    try:
+        return body()
+    except ValueError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        print(f"{prog}: interrupted ({exc}); recorded cells are kept, rerun the same command to resume",
+              file=sys.stderr)
+        return 130
 
 
 def read_json(path: str | Path):

@@ -88,6 +88,10 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
-def cleanup(info: DistInfo) -> None:
+def cleanup(info: DistInfo, threads: int | None = None) -> None:
+    """Leaves the process group if this run created it; with ``threads``, restores torch's thread count
+    (the end of a classification or detection trainer)."""
     if info.initialized_here and dist.is_initialized():
         dist.destroy_process_group()
+    if threads is not None:
+        torch.set_num_threads(threads)

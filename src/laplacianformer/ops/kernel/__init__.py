@@ -60,24 +60,26 @@ def _tensors(inputs) -> list[torch.Tensor]:
     return [t for t in inputs if isinstance(t, torch.Tensor)]
 
 
-def _custom_kernel_refusal(tensors: list[torch.Tensor]) -> str | None:
-    """What the cpu and triton backends both need: no ONNX export, one dtype."""
+def _custom_kernel_refusal(tensors: list[torch.Tensor], device: str, interpreted: bool = False) -> str | None:
+    """What the cpu and triton backends both need: no ONNX export, one dtype, every tensor on ``device``
+    (or, with ``interpreted``, anywhere: Triton's interpreter runs on the CPU)."""
     if _runtime.onnx_exporting():
         return "torch.onnx export in progress (custom kernels are not exportable)"
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) != 1:
         return f"mixed dtypes {sorted(str(d) for d in dtypes)}"
+    devices = {t.device.type for t in tensors}
+    if devices != {device} and not interpreted:
+        hint = " (set TRITON_INTERPRET=1 to run Triton on the CPU)" if device == "cuda" else ""
+        return f"tensors on {sorted(devices)}, not {device}{hint}"
     return None
 
 
 def _cpu_refusal(*inputs) -> str | None:
     tensors = _tensors(inputs)
-    why = _custom_kernel_refusal(tensors)
+    why = _custom_kernel_refusal(tensors, "cpu")
     if why is not None:
         return why
-    devices = {t.device.type for t in tensors}
-    if devices != {"cpu"}:
-        return f"tensors on {sorted(devices)}, not cpu"
     if tensors[0].dtype not in (torch.float32, torch.float64):
         return f"dtype {tensors[0].dtype} (the CPU path takes float32/float64)"
     return None
@@ -91,12 +93,9 @@ def _cpu_auto_refusal(*_inputs) -> str | None:
 
 def _triton_refusal(*inputs) -> str | None:
     tensors = _tensors(inputs)
-    why = _custom_kernel_refusal(tensors)
+    why = _custom_kernel_refusal(tensors, "cuda", _runtime.triton_interpreted())
     if why is not None:
         return why
-    devices = {t.device.type for t in tensors}
-    if devices != {"cuda"} and not _runtime.triton_interpreted():
-        return f"tensors on {sorted(devices)}, not cuda (set TRITON_INTERPRET=1 to run Triton on the CPU)"
     if tensors[0].dtype not in _TRITON_DTYPES:
         return f"dtype {tensors[0].dtype} (the Triton kernels take float32/float16/bfloat16)"
     d = tensors[0].shape[-1]

@@ -23,12 +23,13 @@ in factor form out_i = c_i M + v̄ instead of (c_i - c̄) M + v̄.  Composite ba
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from .. import _runtime
 from ..dispatch import Backend, Op
 from ..validation import NORMS, check_choice
-from . import fused
 from .fused import InjectiveNormalization, InlineNormalization, injective_forward, inline_forward
 from .limits import triton_unfit
 from .reference import NORM_SCALE_POWERS, normalize_dense, normalize_nystrom_reference, scale_whitened
@@ -201,36 +202,19 @@ def _flat_grad(module, grad_out, saved, c_q, b, v, norm, eps, w_inv):
     return tuple(None if d is None else d.reshape(*batch, *d.shape[-2:]) for d in grads)
 
 
-def _cpu_saving(*inputs):
-    from . import cpu
-
-    return _flat_saving(cpu, *inputs)
-
-
-def _cpu_grad(*inputs):
-    from . import cpu
-
-    return _flat_grad(cpu, *inputs)
+def _module(name: str):
+    """The backend module ``name`` of this package, imported at first use (``triton`` needs Triton)."""
+    return importlib.import_module(f"{__name__}.{name}")
 
 
-def _triton_saving(*inputs):
-    from . import triton
-
-    return _flat_saving(triton, *inputs)
-
-
-def _triton_grad(*inputs):
-    from . import triton
-
-    return _flat_grad(triton, *inputs)
+def _saving_of(name: str):
+    """A backend's ``saving`` form: ``_flat_saving`` with its module (imported when first called)."""
+    return lambda *inputs: _flat_saving(_module(name), *inputs)
 
 
-def _fused_saving(*inputs):
-    return _flat_saving(fused, *inputs)
-
-
-def _fused_grad(*inputs):
-    return _flat_grad(fused, *inputs)
+def _grad_of(name: str):
+    """A backend's ``grad`` form: ``_flat_grad`` with its module (imported when first called)."""
+    return lambda *inputs: _flat_grad(_module(name), *inputs)
 
 
 def _composite_saving(c_q, b, v, norm, eps, w_inv, key_padding_mask=None):
@@ -252,9 +236,10 @@ def _composite_grad(grad_out, saved, c_q, b, v, norm, eps, w_inv, key_padding_ma
 # ``saving(c_q, b, v, norm, eps, w_inv[, key_padding_mask])`` -> (out, saved tensors), without autograd;
 # ``grad(grad_out, saved, c_q, b, v, norm, eps, w_inv[, key_padding_mask])`` -> (dc_q, db, dw_inv, dv).
 NORMALIZATION = Op("normalization", [
-    Backend("triton", _triton, _triton_refusal, _triton_auto_refusal, grad=_triton_grad, saving=_triton_saving),
-    Backend("cpu", _cpu, _cpu_refusal, grad=_cpu_grad, saving=_cpu_saving),
-    Backend("fused", _fused, _fused_refusal, grad=_fused_grad, saving=_fused_saving),
+    Backend("triton", _triton, _triton_refusal, _triton_auto_refusal, grad=_grad_of("triton"),
+            saving=_saving_of("triton")),
+    Backend("cpu", _cpu, _cpu_refusal, grad=_grad_of("cpu"), saving=_saving_of("cpu")),
+    Backend("fused", _fused, _fused_refusal, grad=_grad_of("fused"), saving=_saving_of("fused")),
     Backend("composite", _composite, grad=_composite_grad, saving=_composite_saving),
 ], signature="normalize_nystrom(c_q, b, v, norm, eps, w_inv[, key_padding_mask]): c_q, b (..., N, m), v (..., N, e)")
 

@@ -129,7 +129,6 @@ def normalize_nystrom_reference(
     check_choice("norm", norm, NORMS)
     if key_padding_mask is not None:
         return _normalize_nystrom_masked(c_q, b, v, norm, eps, key_padding_mask)
-    n_keys = b.shape[-2]
     if norm == "none":
         return c_q @ (b.transpose(-1, -2) @ v)
     if norm == "rowsum":
