@@ -89,3 +89,10 @@ def test_image_folder_bf16_randaugment_and_resume_with_more_epochs(tmp_path):
         train(resume=out, epochs=2)  # more epochs change the schedule: refused unless allowed
     r2 = train(resume=out, epochs=2, allow_schedule_change=True)
     assert r2["steps"] == 4 and [h["epoch"] for h in r2["history"]] == [1, 2]
+
+
+def test_progress_lines_count_the_epochs_max_steps_leaves(tmp_path, capsys):
+    """``--max-steps 2`` of a 10-epoch schedule trains one epoch: the lines say 'epoch 1/1', not '1/10'."""
+    r = train(tiny_config(tmp_path / "run", train_subset=64, test_subset=32, epochs=10, max_steps=2))
+    err = capsys.readouterr().err
+    assert r["steps"] == 2 and "epoch 1/1 " in err and "/10 " not in err

@@ -201,6 +201,8 @@ class Trainer:
         self.total_steps = cfg.epochs * self.steps_per_epoch
         if cfg.max_steps is not None:
             self.total_steps = min(self.total_steps, cfg.max_steps)
+        # the epochs this run trains (fewer than ``epochs`` under ``max_steps``): what progress lines count to
+        self.epochs_planned = max(1, -(-self.total_steps // self.steps_per_epoch))
         self.warmup_steps = min(int(round(cfg.warmup_epochs * self.steps_per_epoch)), max(self.total_steps - 1, 0))
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.history: list[dict] = []
@@ -378,7 +380,7 @@ class Trainer:
                 evaluated = self.model if self.ema_model is None else self.ema_model  # filled by _evaluate
                 save_weights(evaluated.state_dict(), self.run_dir / BEST_WEIGHTS_NAME, meta)
         if self.dist.is_main:
-            self._say(f"epoch {row['epoch']}/{self.config.epochs}  step {self.global_step}/{self.total_steps}  "
+            self._say(f"epoch {row['epoch']}/{self.epochs_planned}  step {self.global_step}/{self.total_steps}  "
                       f"train loss {row['train_loss']:.4f}  train top-1 {row['train_top1']:.3f}  "
                       f"{self.eval_split} loss {row['test_loss']:.4f}  {self.eval_split} top-1 {row['test_top1']:.3f}  "
                       f"lr {row['lr']:.2e}  {row['epoch_train_time']:.1f}s")
@@ -426,8 +428,8 @@ class Trainer:
                     idx = epoch_indices(len(self.splits.train), epoch=self.epoch, seed=cfg.seed,
                                         rank=self.dist.rank, world=self.dist.world_size)
                     n_steps = min(self.steps_per_epoch, self.step_in_epoch + self.total_steps - self.global_step)
-                    bar = tqdm(total=n_steps, initial=self.step_in_epoch, desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
-                               disable=not bars, dynamic_ncols=True, leave=True)
+                    bar = tqdm(total=n_steps, initial=self.step_in_epoch, disable=not bars, dynamic_ncols=True,
+                               desc=f"epoch {self.epoch + 1}/{self.epochs_planned}", leave=True)
                     batches = iterate(self.splits.train, idx, cfg.batch_size, start_step=self.step_in_epoch,
                                       num_workers=cfg.num_workers)
                     t0 = time.perf_counter()
@@ -452,7 +454,7 @@ class Trainer:
                             now = time.perf_counter()
                             rate = (self.images_seen - mark[1]) / max(now - mark[0], 1e-9)
                             mark = (now, self.images_seen)
-                            self._say(f"epoch {self.epoch + 1}/{cfg.epochs}  step {self.global_step}/"
+                            self._say(f"epoch {self.epoch + 1}/{self.epochs_planned}  step {self.global_step}/"
                                       f"{self.total_steps}  loss {loss:.4f}  lr {lr:.2e}  {rate:.1f} img/s")
                         interrupted = stop.received(self.dist)
                         over_time = cfg.time_budget is not None and time.perf_counter() - start_wall > cfg.time_budget
@@ -533,8 +535,7 @@ class Trainer:
 
     def close(self) -> None:
         """Leaves the process group (if this trainer created it) and restores the thread count."""
-        cleanup(self.dist)
-        torch.set_num_threads(self._prev_threads)
+        cleanup(self.dist, self._prev_threads)
 
 
 def train(config: TrainConfig | None = None, *, resume: str | Path | ResumePoint | None = None,
