@@ -32,7 +32,7 @@ from ..ops.dispatch import explain
 from ..ops.recompute import recompute_attention
 from ..ops.settings import AttentionSettings, settings_from
 from ..ops.validation import check_hw
-from .token_attention import TokenAttention
+from .token_attention import SHELL_KWARGS, TokenAttention
 from .tracing import notrace
 
 
@@ -65,9 +65,9 @@ class LaplacianAttention(TokenAttention):
     Args:
         dim: channels C (divisible by num_heads).
         num_heads: heads H; head dim d = C / H.
-        qkv_bias: bias in the q/k/v projection.
-        tie_qk: use K = Q (SOFT's symmetric variant); removes the key projection.
-        dwconv: add a 3×3 depthwise conv of V on the token grid (1-D: kernel 3) to the output.
+        qkv_bias: bias in the q/k/v projection (default True).
+        tie_qk: use K = Q (SOFT's symmetric variant); removes the key projection (default False).
+        dwconv: add a 3×3 depthwise conv of V on the token grid (1-D: kernel 3) to the output (default True).
         attn_drop: dropout on the attention output before the projection; proj_drop: after it.
         recompute: in training, keep x, V, the landmarks, W⁺ and the normalisation's small statistics, and
             recompute the q/k products and the two N×m kernel matrices in the backward (the lean recompute,
@@ -88,23 +88,10 @@ class LaplacianAttention(TokenAttention):
     __jit_unused_properties__ = ["attn_kwargs"]
     __jit_ignored_attributes__ = ["settings"]
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        *,
-        qkv_bias: bool = True,
-        tie_qk: bool = False,
-        dwconv: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        recompute: bool = False,
-        **settings,
-    ) -> None:
-        super().__init__(
-            dim, num_heads, qkv_bias=qkv_bias, tie_qk=tie_qk, dwconv=dwconv, attn_drop=attn_drop,
-            proj_drop=proj_drop, recompute=recompute,
-        )
+    def __init__(self, dim: int, num_heads: int = 8, *, dwconv: bool = True, **kwargs) -> None:
+        # the shell's arguments (``SHELL_KWARGS``, defaults of ``TokenAttention``) go to it; the rest are settings
+        settings = dict(kwargs)
+        super().__init__(dim, num_heads, dwconv=dwconv, **{k: settings.pop(k) for k in SHELL_KWARGS if k in settings})
         learned = settings.get("norm_scale") == "learned"
         if learned:
             settings["norm_scale"] = "inv_sqrt_n"

@@ -30,6 +30,10 @@ from .grid_conv import GridConv2d, grid_to_tokens, tokens_to_grid
 from .tracing import is_fx_tracing
 
 
+# the shell's keyword arguments besides dwconv: a subclass passes these through unchanged
+SHELL_KWARGS = ("qkv_bias", "tie_qk", "attn_drop", "proj_drop", "recompute")
+
+
 class TokenAttention(nn.Module):
     """Multi-head attention shell: projections, head split, dropout, output projection.
 
