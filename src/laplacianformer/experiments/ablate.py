@@ -70,13 +70,16 @@ def canonical_attention(attn: str, attn_kwargs: dict, head_dim: int | None) -> d
     ``ops.default_bandwidth``, when d is known), so that two variants that build the same model compare equal."""
     import inspect
 
-    from ..layers import LaplacianAttention
+    from ..layers.laplacian_attention import LaplacianAttention
+    from ..layers.token_attention import TokenAttention
     from ..layers.token_mixer import LAPLACIAN_ATTN_KWARGS, LAPLACIAN_MODULE_KWARGS
     from ..ops.settings import DEFAULTS
 
     if attn == "softmax":
         return {"attn": attn, **attn_kwargs}
-    params = inspect.signature(LaplacianAttention.__init__).parameters
+    # the module's own defaults (dwconv), then the shell's it passes through (tie_qk, recompute, ...)
+    params = {**inspect.signature(TokenAttention.__init__).parameters,
+              **inspect.signature(LaplacianAttention.__init__).parameters}
     defaults = {**DEFAULTS, **{k: params[k].default for k in LAPLACIAN_MODULE_KWARGS}}
     full = {k: defaults[k] for k in LAPLACIAN_ATTN_KWARGS}
     full.update(attn_kwargs)
