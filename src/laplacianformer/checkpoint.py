@@ -128,6 +128,13 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _default_mode() -> int:
+    """The mode ``open()`` gives a new file: 0o666 less the process umask (read without changing it for long)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _atomic_write(path: Path, chunks: list[bytes], keep_previous: bool) -> Path:
     """Temp file in ``path``'s directory, fsync, optional ``.prev`` rotation, ``os.replace``, fsync dir."""
     directory = path.parent
@@ -137,6 +144,7 @@ def _atomic_write(path: Path, chunks: list[bytes], keep_previous: bool) -> Path:
     tmp = Path(tmp_name)
     try:
         try:
+            os.fchmod(fd, _default_mode())  # mkstemp's 0600 would make the checkpoint private to its writer
             with os.fdopen(fd, "wb") as f:
                 for chunk in chunks:
                     _write_payload(f, chunk)

@@ -406,3 +406,15 @@ def test_crash_at_each_step_of_save_leaves_valid_checkpoints(tmp_path, point, la
     latest = load_checkpoint(path)
     assert latest["step"] == latest_step and torch.equal(latest["w"], torch.full((4096,), float(latest_step)))
     assert load_checkpoint(previous_path(path))["step"] in (0, 1)
+
+
+def test_checkpoints_get_the_mode_a_new_file_gets(tmp_path):
+    """Atomic writes go through mkstemp (mode 0600); the file written ends with 0666 less the umask, as open()."""
+    old = os.umask(0o022)
+    try:
+        path = save_checkpoint(_training_state(), tmp_path / "c.pt")
+        save_checkpoint(_training_state(8), path)
+        assert path.stat().st_mode & 0o777 == 0o644
+        assert previous_path(path).stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
