@@ -30,4 +30,7 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && [ -z
     echo "[setup] note: run 'sudo apt-get install dataset-fashion-mnist' for the default data set"
   fi
 fi
+# the C kernels of the CPU path, built now rather than at their first call (a failure is not fatal: the
+# library then runs its PyTorch fallback, and says so)
+"$venv/bin/laplacianformer" build || echo "[setup] warning: C kernels not built (see above); the CPU path will be slower"
 echo "[setup] done: $("$venv/bin/python" -c 'import torch, laplacianformer; print("torch", torch.__version__, "laplacianformer", laplacianformer.__version__)')"

@@ -1,4 +1,4 @@
-"""Command-line interface: ``laplacianformer {train,eval,info,bench,demo,data,detect,ablate,analyze,accuracy} ...``.
+"""Command-line interface: ``laplacianformer {train,eval,info,build,bench,demo,data,detect,ablate,analyze,accuracy} ...``.
 
 User errors (bad flag values, missing or corrupt data, unreadable checkpoints) end the process with exit
 status 2 and one line on stderr naming the flag or path; ``--debug`` shows the traceback instead.
@@ -180,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flags(p, specs, "auto", "--device")
     _add_flags(p, specs, True, "--progress")
 
+    sub.add_parser("build", help="compile the C kernels of the CPU path now (else at their first use) and print "
+                                 "each library's status; exit 1 when one cannot be built",
+                   description="Builds ops/kernel/csrc/pairwise.c, ops/newton_schulz/csrc/newton_schulz.c and "
+                               "ops/csrc/normalization.c into the cache ($LAPLACIANFORMER_CACHE, else "
+                               "$XDG_CACHE_HOME/laplacianformer, else ~/.cache/laplacianformer).")
     p = sub.add_parser("info", help="parameters, FLOPs and per-stage shapes of a model; --dispatch: backends")
     p.add_argument("model", nargs="?", help="e.g. laplacianformer_tiny")
     p.add_argument("--img-size", type=positive_int, default=224)
@@ -309,10 +314,36 @@ def _ints(flag: str, text: str, count: int | None = None) -> tuple[int, ...]:
     return values
 
 
+def _print_builds() -> bool:
+    """Each C library's build status, one line each; True when all are built."""
+    from .ops._clib import build_all, cache_dir
+
+    status, ok = build_all()
+    for name, text in status.items():
+        print(f"C kernels {name}: {text}")
+    print(f"cache: {cache_dir()}")
+    return ok
+
+
+def cmd_build(args) -> int:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the statuses say it, with every reason
+        ok = _print_builds()
+    if not ok:
+        from .ops._clib import FALLBACK_COST
+
+        print(f"build: a library is not built; {FALLBACK_COST}", file=sys.stderr)
+    return 0 if ok else 1
+
+
 def _info_dispatch(args) -> int:
     import torch
 
     from .ops import explain_all
+
+    _print_builds()
 
     b, h, n, d = _ints("--shape", args.shape, 4)
     if args.hw is not None:
@@ -414,7 +445,7 @@ def _run(argv: list[str]) -> int:
         return cmd_forward(rest[0], rest[1:])
     args = build_parser().parse_args([a for a in argv if a != "--debug"])
     handler = {"train": cmd_train, "eval": cmd_eval, "info": cmd_info, "bench": cmd_bench,
-               "demo": cmd_demo, "data": cmd_data, "detect": cmd_detect}[args.command]
+               "demo": cmd_demo, "data": cmd_data, "detect": cmd_detect, "build": cmd_build}[args.command]
     return handler(args)
 
 

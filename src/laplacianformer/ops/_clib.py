@@ -3,11 +3,15 @@
 ``CLibrary(src, signatures)`` serves ``ops/kernel/csrc/pairwise.c``, ``ops/newton_schulz/csrc/newton_schulz.c``
 and ``ops/csrc/normalization.c``; each module exports its ``load``, ``available`` and ``load_error``. The
 sources have no Python or torch headers: ``cc -O3 -march=native -fopenmp`` builds one in a few seconds
-into a per-user cache (``$LAPLACIANFORMER_CACHE`` or ``~/.cache/laplacianformer``), keyed by the source
-and the local headers it includes (``ops/csrc/lf_template.h``), the flags and the CPU's feature flags, and
-it is loaded with ctypes (the GIL is released during calls).
-Nothing is built at install time. When disabled (LAPLACIANFORMER_NO_NATIVE=1) or when no C compiler
-works, ``load()`` returns None with the reason in ``error()`` and the callers run their PyTorch code instead.
+into a per-user cache (``$LAPLACIANFORMER_CACHE``, else ``$XDG_CACHE_HOME/laplacianformer``, else
+``~/.cache/laplacianformer``), keyed by the source and the local headers it includes
+(``ops/csrc/lf_template.h``), the flags and the CPU's feature flags, and it is loaded with ctypes (the GIL
+is released during calls). ``laplacianformer build`` (``build_all``) builds every library ahead of time
+(``scripts/setup.sh`` calls it), so no first call stalls for the compiler; ``statuses()`` says what each
+library is (``laplacianformer info --dispatch`` prints it).
+When disabled (LAPLACIANFORMER_NO_NATIVE=1) or when no C compiler works, ``load()`` returns None with the
+reason in ``error()`` and the callers run their PyTorch code instead; a build that fails (not one disabled
+on purpose) says so once per process in a ``RuntimeWarning`` naming the reason and the cost.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,9 +51,21 @@ def _cpu_signature() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("LAPLACIANFORMER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "laplacianformer")
-    return Path(root)
+FALLBACK_COST = ("the CPU attention then runs its PyTorch fallback, about 2x slower per call "
+                 "(docs/KERNELS.md, the CPU path)")
+LIBRARIES: list["CLibrary"] = []  # every library of the package, in the order their modules were imported
+_warned = threading.Event()
+
+
+def cache_dir() -> Path:
+    """Where the libraries are built: ``$LAPLACIANFORMER_CACHE``, else ``$XDG_CACHE_HOME/laplacianformer``,
+    else ``~/.cache/laplacianformer`` (the XDG base-directory default)."""
+    root = os.environ.get("LAPLACIANFORMER_CACHE")
+    if root:
+        return Path(root).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg and os.path.isabs(os.path.expanduser(xdg)) else Path.home() / ".cache"
+    return base / "laplacianformer"
 
 
 _LOCAL_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.MULTILINE)
@@ -75,7 +92,7 @@ def build(cc: str, src: Path) -> Path:
     key = hashlib.sha256(
         source_text(src) + " ".join([cc, *FLAGS]).encode() + _cpu_signature().encode()
     ).hexdigest()[:16]
-    target = _cache_dir() / f"{src.stem}-{key}.so"
+    target = cache_dir() / f"{src.stem}-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -107,6 +124,8 @@ class CLibrary:
         self._error = ""
         self._tried = False
         self._lock = threading.Lock()
+        self.path: Path | None = None
+        LIBRARIES.append(self)
         self.available: Callable[[], bool] = torch.compiler.assume_constant_result(lambda: self.load() is not None)
 
     def load(self) -> ctypes.CDLL | None:
@@ -132,9 +151,47 @@ class CLibrary:
             self._error = "no C compiler (cc/gcc) on PATH"
             return None
         try:
-            lib = ctypes.CDLL(str(build(cc, self.src)))
+            self.path = build(cc, self.src)
+            lib = ctypes.CDLL(str(self.path))
             self.signatures(lib)
         except Exception as exc:
             self._error = f"{type(exc).__name__}: {exc}"
+            self._warn()
             return None
         return lib
+
+    def _warn(self) -> None:
+        """One RuntimeWarning per process for a failed build: the library, the reason, the cost, the remedy."""
+        if _warned.is_set():
+            return
+        _warned.set()
+        warnings.warn(f"laplacianformer: the C kernels of {self.src.name} could not be built ({self._error[:300]}); "
+                      f"{FALLBACK_COST}. Run `laplacianformer build` to see every library's status; set CC to a "
+                      f"working C compiler or LAPLACIANFORMER_CACHE to a writable folder (now {cache_dir()}).",
+                      RuntimeWarning, stacklevel=2)
+
+    def status(self) -> str:
+        """'built PATH', 'disabled (...)' or 'unavailable (reason)', after trying to load it."""
+        if self.load() is not None:
+            return f"built {self.path}"
+        state = "disabled" if self._error.startswith("disabled") else "unavailable"
+        return f"{state} ({self._error})"
+
+
+def _import_all() -> None:
+    """Imports the modules that hold the package's libraries (each registers its CLibrary in LIBRARIES)."""
+    from .kernel import native as _kernel  # noqa: F401
+    from .newton_schulz import native as _newton_schulz  # noqa: F401
+    from .normalization import cpu as _normalization  # noqa: F401
+
+
+def statuses() -> dict[str, str]:
+    """Source file name -> ``CLibrary.status()`` of every library (building those not built yet)."""
+    _import_all()
+    return {lib.src.name: lib.status() for lib in LIBRARIES}
+
+
+def build_all() -> tuple[dict[str, str], bool]:
+    """Builds every library now (``laplacianformer build``): (statuses, True when all are built)."""
+    status = statuses()
+    return status, all(s.startswith("built") for s in status.values())
