@@ -34,8 +34,9 @@ def test_soft_validation(randn):
     q = randn(1, 2, 9, 4)
     with pytest.raises(ValueError, match="^v:"):
         soft_attention(q, randn(1, 2, 8, 4), hw=(3, 3), landmarks=(2, 2))
-    with pytest.raises(ValueError, match="^landmarks:"):
-        soft_attention(q, q, hw=(3, 3), landmarks=(4, 4))
+    # landmarks beyond the token grid: the exact kernel (the one landmark rule, docs/DESIGN.md §2.2)
+    torch.testing.assert_close(soft_attention(q, q, hw=(3, 3), landmarks=(4, 4)),
+                               soft_attention(q, q, hw=(3, 3), landmarks=None))
 
 
 def test_soft_value_conv_is_one_3x3_filter_per_head_without_bias():

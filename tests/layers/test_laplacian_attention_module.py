@@ -26,14 +26,14 @@ def test_one_dimensional_tokens():
 
 
 def test_module_landmark_rule_clamps_and_falls_back_to_exact():
-    """The modules use ``resolve_landmarks(..., clamp=True)`` (DESIGN.md §2)."""
-    assert resolve_landmarks((7, 7), (14, 14), 196, clamp=True) == (7, 7)
-    assert resolve_landmarks((7, 7), (4, 12), 48, clamp=True) == (4, 7)
-    assert resolve_landmarks((7, 7), (7, 7), 49, clamp=True) is None
-    assert resolve_landmarks((7, 7), (2, 2), 4, clamp=True) is None
-    assert resolve_landmarks(49, (14, 14), 196, clamp=True) == (7, 7)
-    assert resolve_landmarks(8, None, 6, clamp=True) is None
-    assert resolve_landmarks((7, 7), None, 100, clamp=True) == 49
+    """The modules use ``resolve_landmarks(...)`` (DESIGN.md §2)."""
+    assert resolve_landmarks((7, 7), (14, 14), 196) == (7, 7)
+    assert resolve_landmarks((7, 7), (4, 12), 48) == (4, 7)
+    assert resolve_landmarks((7, 7), (7, 7), 49) is None
+    assert resolve_landmarks((7, 7), (2, 2), 4) is None
+    assert resolve_landmarks(49, (14, 14), 196) == (7, 7)
+    assert resolve_landmarks(8, None, 6) is None
+    assert resolve_landmarks((7, 7), None, 100) == 49
     # without clamp (the operator) the same sizes that fit give the same layout
     assert resolve_landmarks((7, 7), (14, 14), 196) == (7, 7) and resolve_landmarks(49, (14, 14), 196) == (7, 7)
 

@@ -113,5 +113,5 @@ class SoftAttention(TokenAttention):
         return y.flatten(2).transpose(1, 2)
 
     def attend(self, q, k, v, hw, key_padding_mask=None):
-        grid = resolve_landmarks(self.landmarks, hw, q.shape[2], clamp=True)
+        grid = resolve_landmarks(self.landmarks, hw, q.shape[2])
         return soft_attention(q, v, hw=hw, landmarks=grid, key_padding_mask=key_padding_mask, **self.solver_kwargs)

@@ -141,7 +141,7 @@ def laplacian_pieces(model: str, stage: int, shape: dict, batch: int, device: st
     hw = shape["hw"]
     x = torch.randn(batch, shape["tokens"], shape["channels"], device=device)
     lam = opts["lam"] / (opts["qk_scale"] or layer.head_dim ** -0.5)
-    grid = resolve_landmarks(layer.landmarks, hw, shape["tokens"], clamp=True)
+    grid = resolve_landmarks(layer.landmarks, hw, shape["tokens"])
     if grid is None:
         return None
     times: dict[str, list[float]] = {}

@@ -50,7 +50,7 @@ def capture_qk(model: torch.nn.Module, images: torch.Tensor, run=None) -> list[d
         scale = module.head_dim**-0.5 if kw["qk_scale"] is None else kw["qk_scale"]
         records.append({
             "name": names[module], "hw": tuple(int(s) for s in hw), "q": _upcast(q) * scale, "k": _upcast(k) * scale,
-            "v": _upcast(v), "landmarks": resolve_landmarks(module.landmarks, tuple(hw), n, clamp=True), "settings": dict(kw),
+            "v": _upcast(v), "landmarks": resolve_landmarks(module.landmarks, tuple(hw), n), "settings": dict(kw),
         })
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in model.modules() if isinstance(m, LaplacianAttention)]
@@ -247,7 +247,7 @@ def synthetic_gain(tokens: int, variants: dict = GAIN_VARIANTS, heads: int = 2, 
     q, k, v = (torch.randn(1, heads, tokens, head_dim, generator=gen, dtype=torch.float64) for _ in range(3))
     side = int(round(tokens ** 0.5))
     hw = (side, side) if side * side == tokens else None
-    grid = resolve_landmarks((7, 7), hw, tokens, clamp=True)
+    grid = resolve_landmarks((7, 7), hw, tokens)
     out = {label: float(laplacian_attention(q, k, v, hw=hw, landmarks=grid, **settings).std())
            for label, settings in variants.items()}
     out["softmax (SDPA)"] = float(torch.nn.functional.scaled_dot_product_attention(q, k, v).std())

@@ -33,7 +33,7 @@ def model_landmark_matrices(rec: dict, *, batch: int | None = None, seed: int = 
 
     def grab(mod, args):
         x, hw = args[0], args[1] if len(args) > 1 else None
-        grid = resolve_landmarks(mod.landmarks, hw, x.shape[1], clamp=True)
+        grid = resolve_landmarks(mod.landmarks, hw, x.shape[1])
         if grid is None:
             return
         q, _ = mod._project_qk(x)

@@ -3,7 +3,7 @@
 Input (B, N, C) tokens and the grid size (height, width); output (B, N, C):
     q, k, v = projections of x (k = q when ``tie_qk``, the SOFT variant)
     out = proj( laplacian_attention(q, k, v) + DWConv3x3(V) )
-The landmarks follow ``resolve_landmarks(..., clamp=True)``: the grid is clamped to the token grid, and
+The landmarks follow ``resolve_landmarks``, the operator's rule: the grid is clamped to the token grid, and
 when it covers every token (m >= N) the exact kernel is used (DESIGN.md §2), so the module works at any
 input resolution; an int on a 2-D grid must be a perfect square (ValueError naming ``landmarks``), and on a
 1-D sequence a (lh, lw) grid counts lh·lw landmarks, as in the operator (the default is m = 49 either way).
@@ -47,13 +47,13 @@ def laplacian_attention_leaf(
     key_padding_mask: Optional[torch.Tensor] = None,
     norm_gain: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The operator with the modules' landmark rule ``resolve_landmarks(..., clamp=True)`` (docs/DESIGN.md §2.2).
+    """The operator (landmarks resolved per call by ``resolve_landmarks``, docs/DESIGN.md §2.2) for a layer.
 
     q, k, v: (B, H, N, d); hw: the token grid or None (1-D) -> (B, H, N, d); settings_key: the
     ``AttentionSettings.key`` of the layer. A leaf for TorchScript and torch.fx: the rule branches on the
     grid size and the operator dispatches to native kernels."""
     return attention_with_settings(q, k, v, AttentionSettings.from_key(settings_key), hw=hw,
-                                   key_padding_mask=key_padding_mask, norm_gain=norm_gain, clamp=True)
+                                   key_padding_mask=key_padding_mask, norm_gain=norm_gain)
 
 
 torch.fx.wrap("laplacian_attention_leaf")
@@ -99,7 +99,9 @@ class LaplacianAttention(TokenAttention):
         self.settings = settings_from(self.head_dim, settings, "LaplacianAttention")
         self.settings_key = self.settings.key
         self.landmarks = self.settings.landmarks
-        self.register_parameter("norm_gain", nn.Parameter(torch.ones(num_heads)) if learned else None)
+        like = self.proj.weight
+        self.register_parameter("norm_gain", nn.Parameter(torch.ones(num_heads, device=like.device, dtype=like.dtype))
+                                if learned else None)
 
     @property
     def attn_kwargs(self) -> dict:
@@ -131,7 +133,10 @@ class LaplacianAttention(TokenAttention):
     def _attend_recompute(self, x: torch.Tensor, v: torch.Tensor, hw: Optional[Tuple[int, int]],
                           key_padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
         """The core with recomputation in the backward: the op ``recompute`` with this layer's projection
-        tensors and settings (docs/DESIGN.md §5.5)."""
+        tensors and settings (docs/DESIGN.md §5.5); with ``qk_norm`` (q, k are not plain projections) the
+        checkpoint of the shell."""
+        if self.qk_norm:
+            return super()._attend_recompute(x, v, hw, key_padding_mask)
         return recompute_attention(x, v, self._projections(), self.settings, hw=hw, key_padding_mask=key_padding_mask,
                                    norm_gain=self.norm_gain)
 

@@ -31,7 +31,8 @@ from .tracing import is_fx_tracing
 
 
 # the shell's keyword arguments besides dwconv: a subclass passes these through unchanged
-SHELL_KWARGS = ("qkv_bias", "tie_qk", "attn_drop", "proj_drop", "recompute")
+SHELL_KWARGS = ("qkv_bias", "tie_qk", "attn_drop", "proj_drop", "recompute", "qk_norm", "scale_norm", "proj_bias",
+                "norm_layer", "device", "dtype")
 
 
 class TokenAttention(nn.Module):
@@ -46,6 +47,11 @@ class TokenAttention(nn.Module):
             the q/k products and the rest of the core there (docs/DESIGN.md §5.5): the lean recompute of
             the N×m kernel matrices where the layer has one (``LaplacianAttention``), else activation
             checkpointing of ``attend``. Less memory, more time. Eager mode only (ignored when scripted or FX-traced).
+        qk_norm, scale_norm, proj_bias, norm_layer: timm's ``Attention`` arguments, so the layer drops into
+            timm's blocks (``VisionTransformer(attn_layer=LaplacianAttention)``): ``norm_layer`` (default
+            ``nn.LayerNorm``) of the head dim on q and k (``qk_norm``), of the channels before the output
+            projection (``scale_norm``); ``proj_bias``: bias of the output projection; ``device``, ``dtype``:
+            where and in which dtype the parameters are made.
     """
 
     def __init__(
@@ -59,6 +65,12 @@ class TokenAttention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         recompute: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        norm_layer: Optional[type] = None,
+        device=None,
+        dtype=None,
     ) -> None:
         super().__init__()
         check_head_split(dim, num_heads)
@@ -69,9 +81,16 @@ class TokenAttention(nn.Module):
         self.tie_qk = tie_qk
         self.qkv = nn.Linear(dim, dim * (2 if tie_qk else 3), bias=qkv_bias)
         self.dwconv = GridConv2d(dim, dim, 3, padding=1, groups=dim) if dwconv else None
+        norm = nn.LayerNorm if norm_layer is None else norm_layer
+        self.q_norm = norm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm(self.head_dim) if qk_norm and not tie_qk else nn.Identity()
+        self.qk_norm = qk_norm
         self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
+        self.norm = norm(dim) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
+        if device is not None or dtype is not None:
+            self.to(device=device, dtype=dtype)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Optional[Tuple[int, int]],
                key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -101,8 +120,8 @@ class TokenAttention(nn.Module):
         and work as a single 3C product). Each result is contiguous in token layout, so v needs no copy
         for the depthwise conv, the CPU kernels read q and k in place, and the backward gets each
         gradient without scattering it into a (B, N, 3C) buffer."""
-        q = self._heads(self._rows(x, 0))
-        return q, q if self.tie_qk else self._heads(self._rows(x, 1))
+        q = self.q_norm(self._heads(self._rows(x, 0)))
+        return q, q if self.tie_qk else self.k_norm(self._heads(self._rows(x, 1)))
 
     def _project_v(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, N, C) -> v_tok (B, N, C), contiguous."""
@@ -179,5 +198,5 @@ class TokenAttention(nn.Module):
             # DWConv(V) in token layout, then the heads added into it: one pass merges the heads.
             out = self._value_conv(v_tok, hw)
             out.view(b, n, self.num_heads, self.head_dim).transpose(1, 2).add_(heads)
-        out = self.proj_drop(self.proj(self.attn_drop(out)))
+        out = self.proj_drop(self.proj(self.norm(self.attn_drop(out))))
         return out if mask is None else out.masked_fill(mask.unsqueeze(-1), 0.0)

@@ -192,7 +192,7 @@ class LaplacianFormer(nn.Module):
             qk_scale, norm, solver, iters, ns_eps, tie_qk, landmarks, dwconv, recompute (see
             ``LaplacianAttention``); softmax: sr_ratio. Name and keys are checked once here.
         landmarks: landmark grid of the Nyström attention in every stage (clamped to the token grid, exact
-            kernel when it covers every token: ``resolve_landmarks(..., clamp=True)``, DESIGN.md §2).
+            kernel when it covers every token: ``resolve_landmarks``, DESIGN.md §2).
         sr_ratios: spatial reduction of the softmax baseline per stage (PVTv2: 8, 4, 2, 1).
         stem_stride: stride of the 7×7 stem conv (4 as in PVTv2; 2 or 1 keep token grids useful for
             28–64 px images). Total stride = stem_stride · 8.

@@ -144,14 +144,14 @@ def check_call(settings: AttentionSettings, heads: int, head_dim: int, hw, grid,
 
 def attention_with_settings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings, *,
                             hw: tuple[int, int] | None = None, key_padding_mask: torch.Tensor | None = None,
-                            norm_gain: torch.Tensor | None = None, clamp: bool = False,
+                            norm_gain: torch.Tensor | None = None,
                             check_finite_inputs: bool = False, return_stats: bool = False):
     """``laplacian_attention`` with its settings made: q, k (B, H, N, d), v (B, H, N, e) -> (B, H, N, e) in v's
     dtype (and the stats dict when ``return_stats``). The landmarks are resolved for this call by
-    ``resolve_landmarks(settings.landmarks, hw, N, clamp=clamp)`` (docs/DESIGN.md §2.2: the modules clamp)."""
+    ``resolve_landmarks(settings.landmarks, hw, N)`` (docs/DESIGN.md §2.2), the rule the modules follow too."""
     check_qkv(q, k, v)
     hw = check_hw(hw, q.shape[2])
-    grid = resolve_landmarks(settings.landmarks, hw, q.shape[2], clamp=clamp)
+    grid = resolve_landmarks(settings.landmarks, hw, q.shape[2])
     mask = check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[2])
     check_call(settings, q.shape[1], q.shape[-1], hw, grid, mask, norm_gain)
     if check_finite_inputs:

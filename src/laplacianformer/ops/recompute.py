@@ -271,8 +271,7 @@ def attend_projections(x, v, q_weight, q_bias, k_weight, k_bias, settings: Atten
     (docs/DESIGN.md §2.2). v: (B, H, N, e) -> (B, H, N, e). What ``checkpoint`` reruns."""
     q = project_heads(x, q_weight, q_bias, v.shape[1])
     k = q if k_weight is None else project_heads(x, k_weight, k_bias, v.shape[1])
-    return attention_with_settings(q, k, v, settings, hw=hw, key_padding_mask=key_padding_mask, norm_gain=norm_gain,
-                                   clamp=True)
+    return attention_with_settings(q, k, v, settings, hw=hw, key_padding_mask=key_padding_mask, norm_gain=norm_gain)
 
 
 def lean_refusal(x: torch.Tensor, hw: tuple[int, int] | None, settings: AttentionSettings,
@@ -284,7 +283,7 @@ def lean_refusal(x: torch.Tensor, hw: tuple[int, int] | None, settings: Attentio
         return f"{why} (the lean recompute is an eager autograd Function)"
     if torch.is_autocast_enabled(x.device.type):
         return "autocast is enabled (the lean recompute would redo the projections outside it)"
-    if resolve_landmarks(settings.landmarks, hw, x.shape[1], clamp=True) is None:
+    if resolve_landmarks(settings.landmarks, hw, x.shape[1]) is None:
         return ("exact kernel (landmarks=None, or the grid covers every token): no N×m factors to recompute, "
                 "the core keeps N×N matrices")
     return None
@@ -295,7 +294,7 @@ def _lean_refusal(x, v, projections, settings, hw, key_padding_mask, norm_gain) 
 
 
 def _lean_backend(x, v, projections, settings, hw, key_padding_mask, norm_gain):
-    grid = resolve_landmarks(settings.landmarks, hw, x.shape[1], clamp=True)
+    grid = resolve_landmarks(settings.landmarks, hw, x.shape[1])
     heads = v.shape[1]
     check_call(settings, heads, projections[0].shape[0] // heads, hw, grid, key_padding_mask, norm_gain)
     return _lean(x, v, projections, settings, hw, grid, key_padding_mask, norm_gain)

@@ -172,20 +172,16 @@ def reject_attn_mask(attn_mask, is_causal) -> None:
         raise ValueError(f"is_causal: not supported: {why}")
 
 
-def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int, *, clamp: bool = False):
+def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int):
     """The landmark layout to use: None (exact kernel), an int m (1-D) or a grid (lh, lw) (2-D) (docs/DESIGN.md §2).
 
     landmarks: None, an int, or a (rows, cols) grid; hw: the (h, w) token grid or None (1-D, n tokens).
     One rule for the operator and the modules: with a 2-D grid an int m must be a perfect square and means
     a sqrt(m) x sqrt(m) grid (ValueError naming ``landmarks`` otherwise). On a 1-D sequence (hw None) a (lh, lw) grid counts lh·lw landmarks, for the operator and the modules
-    alike: the default (7, 7) means m = 49 on a sequence as on a grid. What happens to landmarks beyond
-    the tokens is selected by ``clamp``:
-
-    - ``clamp=False`` (``laplacian_attention``): landmarks exceeding the tokens (a grid larger than the
-      token grid, m > N) are a ValueError.
-    - ``clamp=True`` (modules, so a model works at any resolution): a grid is cut to the token grid per
-      axis, a 1-D count to N, and when the landmarks then cover every token (m >= N) the exact kernel is
-      used: None is returned.
+    alike: the default (7, 7) means m = 49 on a sequence as on a grid. Landmarks beyond the tokens, for
+    the operator and the modules alike (so both work at any resolution and give the same result for the
+    same input): a grid is cut to the token grid per axis, a 1-D count to N, and when the landmarks then
+    cover every token (m >= N) the exact kernel is used: None is returned.
     """
     if landmarks is None:
         return None
@@ -194,11 +190,7 @@ def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int, *, clamp: b
             landmarks = landmarks[0]
         landmarks = check_landmarks(landmarks)
         m = math.prod(landmarks) if isinstance(landmarks, tuple) else landmarks
-        if clamp:
-            return None if m >= n else m
-        if m > n:
-            raise ValueError(f"landmarks: expected at most N = {n} landmarks, got {m}")
-        return m
+        return None if m >= n else m
     if isinstance(landmarks, int) and not isinstance(landmarks, bool):
         side = math.isqrt(max(landmarks, 0))
         if landmarks < 1 or side * side != landmarks:
@@ -209,11 +201,5 @@ def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int, *, clamp: b
     if not isinstance(landmarks, Sequence) or len(landmarks) != 2:
         raise ValueError(f"landmarks: expected an int, a (rows, cols) grid or None, got {landmarks!r}")
     lh, lw = check_landmarks(landmarks)
-    if clamp:
-        lh, lw = min(lh, hw[0]), min(lw, hw[1])
-        return None if lh * lw >= n else (lh, lw)
-    if lh > hw[0] or lw > hw[1]:
-        raise ValueError(
-            f"landmarks: grid {lh}x{lw} exceeds the token grid {hw[0]}x{hw[1]} (landmarks > N)"
-        )
-    return lh, lw
+    lh, lw = min(lh, hw[0]), min(lw, hw[1])
+    return None if lh * lw >= n else (lh, lw)
