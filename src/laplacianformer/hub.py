@@ -247,14 +247,38 @@ def _load_state(file: Path, map_location) -> dict:
     return load_checkpoint(file, map_location=map_location)
 
 
-def from_pretrained(path: str | os.PathLike, *, map_location="cpu", **overrides) -> LaplacianFormer:
-    """Rebuild and load a model from a saved-model directory or a training run directory.
+def _pretrained_source(path: Path, ema: bool) -> tuple[dict, Path]:
+    """(saved config, weights file) of ``from_pretrained``'s ``path``: a weights file (its config from its
+    metadata or the config.json beside it), a run directory (``run_weights``, or ``model_ema.safetensors``
+    with ``ema``) or a saved-model directory. FileNotFoundError / ValueError starting ``path:``."""
+    if path.is_file():
+        if ema:
+            raise ValueError(f"path: {path} is a weights file; ema=True picks the EMA file of a run directory "
+                             f"(pass the directory, or this file without ema)")
+        data = weights_config(path)
+        if data is None:
+            raise FileNotFoundError(f"path: {path}: no saved config in its metadata and no {CONFIG_NAME} beside it "
+                                    "(expected weights written by save_pretrained or a training run)")
+        return data, path
+    data = _read_saved(path)
+    if not ema:
+        return data, run_weights(path) if is_run_dir(path) else path / WEIGHTS_NAME
+    if not (path / EMA_WEIGHTS_NAME).is_file():
+        kind = "run directory (trained without --ema?)" if is_run_dir(path) else "saved-model directory"
+        raise FileNotFoundError(f"path: no {EMA_WEIGHTS_NAME} in the {kind} {path}")
+    return data, path / EMA_WEIGHTS_NAME
+
+
+def from_pretrained(path: str | os.PathLike, *, ema: bool = False, map_location="cpu", **overrides) -> LaplacianFormer:
+    """Rebuild and load a model from a saved-model directory, a training run directory or a weights file.
 
     Saved model (``save_pretrained``): ``config.json`` + ``model.safetensors``. Training run directory:
     its ``config.json`` and the weights chosen by ``run_weights``: the best weights if they exist, else
     the last. ``model.pretrained_cfg`` is the stored one: for a run, its input size (channels, image size),
     mean/std, interpolation and class names (``label_names``), so ``timm.data.resolve_data_config({},
-    model=model)`` gives the run's preprocessing.
+    model=model)`` gives the run's preprocessing. ``ema=True``: a run's EMA weights (``model_ema.safetensors``,
+    runs trained with ``--ema``). A weights file (e.g. ``run/model_ema.safetensors``) loads with the config
+    of its metadata or of the ``config.json`` beside it.
 
     ``overrides`` replace stored constructor arguments (e.g. ``num_classes=10`` for fine-tuning, or
     ``attn="softmax"`` to load the weights into another attention variant): the state dict then goes
@@ -262,14 +286,12 @@ def from_pretrained(path: str | os.PathLike, *, map_location="cpu", **overrides)
     Changing ``attn`` without giving ``attn_kwargs`` drops the stored ``attn_kwargs`` (they belong to the
     old variant).
     """
-    directory = Path(path)
-    data = _read_saved(directory)
+    data, file = _pretrained_source(Path(path), ema)
     config = dict(data["config"])
     if overrides.get("attn", config.get("attn")) != config.get("attn") and "attn_kwargs" not in overrides:
         config["attn_kwargs"] = {}
     config.update(overrides)
     model = LaplacianFormer(**config)
-    file = run_weights(directory) if is_run_dir(directory) else directory / WEIGHTS_NAME
     state = _load_state(file, map_location)
     if overrides:
         state = checkpoint_filter_fn(state, model)

@@ -165,6 +165,23 @@ def _take_indices(num: int, indices) -> tuple[list[int], int]:
     return take, max(take)
 
 
+def _check_img_size(img_size, stride: int) -> tuple[int, int] | None:
+    """``img_size`` as (H, W), or None; ValueError naming it when not positive ints >= the total stride."""
+    if img_size is None:
+        return None
+    size = (img_size, img_size) if isinstance(img_size, int) and not isinstance(img_size, bool) else tuple(img_size)
+    if len(size) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= stride for s in size):
+        raise ValueError(f"img_size: expected an int or (H, W) of ints >= the total stride {stride}, got {img_size!r}")
+    return size
+
+
+def _with_input_size(model: "LaplacianFormer") -> "LaplacianFormer":
+    """``pretrained_cfg["input_size"]`` set from the model's ``img_size`` when it was given (timm's convention)."""
+    if model.img_size is not None:
+        model.pretrained_cfg = dict(model.pretrained_cfg, input_size=(model.in_chans, *model.img_size))
+    return model
+
+
 def _check_global_pool(global_pool: str) -> str:
     if global_pool not in ("avg", ""):
         raise ValueError(f"global_pool: expected 'avg' or '', got {global_pool!r}")
@@ -198,6 +215,9 @@ class LaplacianFormer(nn.Module):
             28–64 px images). Total stride = stem_stride · 8.
         drop_rate: dropout before the head; proj_drop_rate / attn_drop_rate: inside blocks;
         drop_path_rate: stochastic depth, linearly increasing over all blocks up to this value.
+        img_size: the input size the model is meant for (an int or (H, W)), as timm models take it: it goes
+            into ``pretrained_cfg["input_size"]`` (``create_model``); the model itself runs at any H, W >= the
+            total stride, so nothing else depends on it.
 
     Input (B, in_chans, H, W) with H, W >= total stride; ``forward`` -> (B, num_classes) logits;
     ``forward_features`` -> (B, num_features, H/stride, W/stride) unpooled maps.
@@ -222,9 +242,11 @@ class LaplacianFormer(nn.Module):
         proj_drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        img_size: int | Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         mixer = get_token_mixer(attn, attn_kwargs)
+        self.img_size = _check_img_size(img_size, stem_stride * 8)
         _check_global_pool(global_pool)
         if stem_stride not in (1, 2, 4):
             raise ValueError(f"stem_stride: expected 1, 2 or 4, got {stem_stride!r}")
@@ -245,6 +267,8 @@ class LaplacianFormer(nn.Module):
             stem_stride=stem_stride, drop_rate=drop_rate, proj_drop_rate=proj_drop_rate,
             attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate,
         )
+        if self.img_size is not None:
+            self.config["img_size"] = list(self.img_size)
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.global_pool = global_pool
@@ -560,13 +584,13 @@ def create_model(name: str, *, pretrained: bool = False, **kwargs) -> LaplacianF
     if not pretrained and _TIMM_ARGS.isdisjoint(kwargs):
         model = LaplacianFormer(**dict(arch, **kwargs))
         model.pretrained_cfg = dict(default_cfgs[name], architecture=name)
-        return model
+        return _with_input_size(model)
     from timm.models import build_model_with_cfg
 
     if pretrained:
         kwargs = _pretrained_file_defaults(name, kwargs)
     out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
-    return build_model_with_cfg(
+    model = build_model_with_cfg(
         LaplacianFormer,
         name,
         pretrained,
@@ -574,6 +598,7 @@ def create_model(name: str, *, pretrained: bool = False, **kwargs) -> LaplacianF
         feature_cfg=dict(flatten_sequential=True, out_indices=out_indices),
         **dict(arch, **kwargs),
     )
+    return _with_input_size(model) if isinstance(model, LaplacianFormer) else model
 
 
 # timm's entry points: one function per ``registry.MODEL_CONFIGS`` name (tests/models check the pairing),
