@@ -316,7 +316,8 @@ def _ints(flag: str, text: str, count: int | None = None) -> tuple[int, ...]:
 
 def _print_builds() -> bool:
     """Each C library's build status, one line each; True when all are built."""
-    from .ops._clib import build_all, cache_dir
+    from .ops._clib import cache_dir
+    from .ops.builds import build_all
 
     status, ok = build_all()
     for name, text in status.items():
@@ -343,8 +344,6 @@ def _info_dispatch(args) -> int:
 
     from .ops import explain_all
 
-    _print_builds()
-
     b, h, n, d = _ints("--shape", args.shape, 4)
     if args.hw is not None:
         hw = _ints("--hw", args.hw, 2)
@@ -365,6 +364,7 @@ def _info_dispatch(args) -> int:
         print(explain_all(q, k, v, hw=hw, landmarks=landmarks, backward=args.backward))
     except (TypeError, ValueError) as e:
         raise UserError(str(e)) from None
+    _print_builds()
     return 0
 
 

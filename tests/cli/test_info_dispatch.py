@@ -44,7 +44,7 @@ def test_info_dispatch_names_the_normalisation_limit(capsys, monkeypatch):
 @pytest.mark.parametrize("argv,needle", [
     (["--shape", "1,2,64"], "--shape"),
     (["--shape", "1,2,64,16", "--hw", "7,7"], "hw"),
-    (["--shape", "1,1,10,8", "--landmarks", "4,4"], "landmarks"),
+    (["--shape", "1,1,16,8", "--hw", "4,4", "--landmarks", "8"], "perfect square"),
 ])
 def test_info_dispatch_bad_values(capsys, argv, needle):
     assert needle in _error(capsys, ["info", "--dispatch", *argv])

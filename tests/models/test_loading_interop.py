@@ -50,3 +50,13 @@ def test_from_pretrained_reads_ema_weights_and_weight_files(tmp_path):
     stray.write_bytes((plain / "model.safetensors").read_bytes())
     with pytest.raises(FileNotFoundError, match="^path: .*no saved config"):
         lf.from_pretrained(stray)
+
+
+def test_head_of_another_class_count_is_reported():
+    from laplacianformer.models.laplacianformer import checkpoint_filter_fn
+
+    source = create_model("laplacianformer_micro", num_classes=10).state_dict()
+    target = create_model("laplacianformer_micro", num_classes=5)
+    with pytest.warns(UserWarning, match=r"head\.weight has shape \(10, .*another num_classes"):
+        out = checkpoint_filter_fn(source, target)
+    assert torch.equal(out["head.weight"], target.state_dict()["head.weight"])

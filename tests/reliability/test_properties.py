@@ -54,6 +54,9 @@ def materialised_reference(q, k, v, *, hw, landmarks, lam, qk_scale, norm, kerne
     default_scale = q.shape[-1] ** -0.5 if kernel == "laplacian" else 1.0  # DESIGN.md §1.1, §1.4
     scale = default_scale if qk_scale is None else qk_scale
     qs, ks = q * scale, k * scale
+    m = None if landmarks is None else landmarks if isinstance(landmarks, int) else landmarks[0] * landmarks[1]
+    if m is not None and m >= q.shape[2]:
+        landmarks = None  # DESIGN.md §2.2: landmarks that cover every token mean the exact kernel
     if landmarks is None:
         g = laplace_kernel_naive(qs, ks, lam, kernel)
     else:

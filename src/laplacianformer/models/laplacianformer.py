@@ -32,6 +32,7 @@ attention operator is one leaf call in both (``layers/tracing.py``, docs/ARCHITE
 # and TorchScript must read them as types when it scripts that graph (docs/ARCHITECTURE.md)
 import math
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -417,7 +418,7 @@ def checkpoint_filter_fn(state_dict: Mapping[str, torch.Tensor], model: Laplacia
     - strips a leading ``module.`` (DDP) and unwraps {"state_dict": ...} / {"model": ...};
     - Nyström ``attn.qkv`` (3C or tied 2C rows) <-> softmax ``attn.q`` + ``attn.kv`` rows;
     - parameters the target needs but the source lacks (softmax ``sr``/``norm``, the Nyström value
-      ``dwconv``, a head of another size) keep the target's initialisation; source parameters the target
+      ``dwconv``, a head of another size: a UserWarning names it) keep the target's initialisation; source parameters the target
       has no slot for are dropped. Shapes that differ otherwise raise ValueError naming the key.
     Returns a complete state dict for ``model.load_state_dict(..., strict=True)``.
     """
@@ -433,6 +434,10 @@ def checkpoint_filter_fn(state_dict: Mapping[str, torch.Tensor], model: Laplacia
         if value is None and m:
             value = _convert_attn_proj(src, m.group(1), m.group(2), m.group(3), ref.shape[0])
         if value is None or (key.startswith("head.") and value.shape != ref.shape):
+            if value is not None:  # a head of another class count: said, as timm says it
+                warnings.warn(f"state_dict: {key} has shape {tuple(value.shape)}, the model's head "
+                              f"{tuple(ref.shape)} (another num_classes): the head keeps its initialisation",
+                              UserWarning, stacklevel=2)
             out[key] = ref
             continue
         if value.shape != ref.shape:

@@ -6,9 +6,9 @@ sources have no Python or torch headers: ``cc -O3 -march=native -fopenmp`` build
 into a per-user cache (``$LAPLACIANFORMER_CACHE``, else ``$XDG_CACHE_HOME/laplacianformer``, else
 ``~/.cache/laplacianformer``), keyed by the source and the local headers it includes
 (``ops/csrc/lf_template.h``), the flags and the CPU's feature flags, and it is loaded with ctypes (the GIL
-is released during calls). ``laplacianformer build`` (``build_all``) builds every library ahead of time
-(``scripts/setup.sh`` calls it), so no first call stalls for the compiler; ``statuses()`` says what each
-library is (``laplacianformer info --dispatch`` prints it).
+is released during calls). ``laplacianformer build`` (``ops/builds.py``) builds every library ahead of time
+(``scripts/setup.sh`` calls it), so no first call stalls for the compiler, and says what each library is
+(``laplacianformer info --dispatch`` prints it too).
 When disabled (LAPLACIANFORMER_NO_NATIVE=1) or when no C compiler works, ``load()`` returns None with the
 reason in ``error()`` and the callers run their PyTorch code instead; a build that fails (not one disabled
 on purpose) says so once per process in a ``RuntimeWarning`` naming the reason and the cost.
@@ -176,22 +176,3 @@ class CLibrary:
             return f"built {self.path}"
         state = "disabled" if self._error.startswith("disabled") else "unavailable"
         return f"{state} ({self._error})"
-
-
-def _import_all() -> None:
-    """Imports the modules that hold the package's libraries (each registers its CLibrary in LIBRARIES)."""
-    from .kernel import native as _kernel  # noqa: F401
-    from .newton_schulz import native as _newton_schulz  # noqa: F401
-    from .normalization import cpu as _normalization  # noqa: F401
-
-
-def statuses() -> dict[str, str]:
-    """Source file name -> ``CLibrary.status()`` of every library (building those not built yet)."""
-    _import_all()
-    return {lib.src.name: lib.status() for lib in LIBRARIES}
-
-
-def build_all() -> tuple[dict[str, str], bool]:
-    """Builds every library now (``laplacianformer build``): (statuses, True when all are built)."""
-    status = statuses()
-    return status, all(s.startswith("built") for s in status.values())
