@@ -1,4 +1,4 @@
-"""The demo (README "The demo"): CLI defaults and validation, results assembly, one tiny end-to-end run.
+"""The demo (docs/MEASUREMENTS.md, "The demo"): CLI defaults and validation, results assembly, one tiny end-to-end run.
 
 The full demo is never run here; the end-to-end test uses ``--quick`` with a few dozen images and a 32-px
 cost panel.

@@ -1,7 +1,7 @@
-"""Same machine, same thread count, same settings: two runs end bit-identical (README, "The demo").
+"""Same machine, same thread count, same settings: two runs end bit-identical (docs/MEASUREMENTS.md, "The demo").
 
 Across machines this is not promised (BLAS kernels and instruction sets change the summation order); the
-spread between thread counts measured on the project machine is in the README.
+spread between thread counts measured on the project machine is in docs/MEASUREMENTS.md.
 """
 
 from __future__ import annotations

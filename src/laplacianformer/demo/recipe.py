@@ -26,7 +26,7 @@ DEFAULTS = dict(
 )
 """The recipe. A probe of the Laplacian model (one thread, full 10,000-image test set): 40,000 training
 images, 1 epoch, lr 2e-3 gave 85.95 % (seed 0) and 86.09 % (seed 1), where lr 3e-3 gave 84.70 / 84.54 %
-and the full 60,000 images at lr 3e-3 85.53 % in 1.5x the time (README, "The demo")."""
+and the full 60,000 images at lr 3e-3 85.53 % in 1.5x the time (docs/MEASUREMENTS.md, "The demo")."""
 QUICK = {**DEFAULTS, "train_subset": 512, "test_subset": 256, "batch_size": 64}
 """Smoke-test budget (seconds per variant; its numbers are not results)."""
 COST = dict(sizes=list(SIZES), repeats=3, max_seconds=20.0, cap_s=30.0)
