@@ -133,9 +133,16 @@ def test_second_backward_and_float32(seeded):
     plain = _plain(*single, 2, hw=(6, 6), landmarks=(2, 2))
     assert lean.dtype == torch.float32
     torch.testing.assert_close(lean, plain)
+    # float32 gradients: the lean path's error against the float64 gradients (``first``, equal to the plain
+    # operator's in float64 by the tests above) stays of the order of the plain float32 path's own rounding
+    # error (a fixed absolute tolerance failed once at 1.14e-5 for gradients of norm ~10)
     got = torch.autograd.grad(lean, single, probe.float())
-    for a, b in zip(got, torch.autograd.grad(plain, single, probe.float())):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    ref = torch.autograd.grad(plain, single, probe.float())
+    for a, b, truth in zip(got, ref, first):
+        lean_err = (a.double() - truth).abs().max().item()
+        plain_err = (b.double() - truth).abs().max().item()
+        scale = truth.abs().max().item()
+        assert lean_err <= 4 * plain_err + 1e-6 * scale, (lean_err, plain_err, scale)
 
 
 def _saved(fn):
