@@ -9,10 +9,12 @@ import pytest
 from laplacianformer.experiments import detection_report as dr
 
 
-def _run(root, name, attn, seed, ap, ap50, *, finished=True, segm=None):
+def _run(root, name, attn, seed, ap, ap50, *, finished=True, segm=None, attn_kwargs=None):
     d = root / name
     d.mkdir()
-    kwargs = {} if attn == "laplacian" else {"attn": attn}
+    kwargs = {} if attn == "laplacian" and not attn_kwargs else {"attn": attn}
+    if attn_kwargs:
+        kwargs["attn_kwargs"] = attn_kwargs
     (d / "train_config.json").write_text(json.dumps(
         {"detector": "retinanet", "backbone": "laplacianformer_tiny", "backbone_kwargs": kwargs, "seed": seed}))
     val = {"bbox": {"AP": ap / 2, "AP50": ap50 / 2}}
@@ -62,6 +64,25 @@ def test_single_seed_and_segm(tmp_path):
     (g,) = result["summary"]["groups"].values()
     assert g["segm"]["AP"]["mean"] == pytest.approx(0.25) and g["bbox"]["AP"]["std"] is None
     assert result["summary"]["paired"] == []
+
+
+def test_settings_variants_are_groups_paired_with_default_and_softmax(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for seed, (lap, var, sr) in enumerate([(0.15, 0.20, 0.27), (0.16, 0.22, 0.28), (0.14, 0.21, 0.28)]):
+        _run(runs, f"lap-s{seed}", "laplacian", seed, lap, 0.3)
+        _run(runs, f"var-s{seed}", "laplacian", seed, var, 0.3, attn_kwargs={"norm_scale": "inv_n", "lam": 0.5})
+        _run(runs, f"sr-s{seed}", "softmax", seed, sr, 0.4)
+    result = dr.report(runs, tmp_path / "out")
+    var_key = "retinanet / laplacianformer_tiny / laplacian lam=0.5 norm_scale=inv_n"
+    assert set(result["summary"]["groups"]) == {"retinanet / laplacianformer_tiny / laplacian", var_key,
+                                                "retinanet / laplacianformer_tiny / softmax"}
+    pairs = {(c["a"], c["b"]): c for c in result["summary"]["paired"] if c["metric"] == "bbox AP"}
+    assert pairs[("retinanet / laplacianformer_tiny / laplacian", var_key)]["mean_delta"] == pytest.approx(-0.06)
+    # the gap left: variant − softmax
+    gap = pairs[(var_key, "retinanet / laplacianformer_tiny / softmax")]
+    assert gap["n"] == 3 and gap["mean_delta"] == pytest.approx(-0.0666667, abs=1e-6)
+    assert len(pairs) == 3
 
 
 def test_bad_input_names_the_file(tmp_path, capsys):

@@ -4,8 +4,8 @@ val AP curves.
 
     python -m laplacianformer.experiments.detection_report --runs runs/detection --out results/detection
 
-Reads only files: each run directory's ``train_config.json`` (detector, backbone, ``backbone_kwargs.attn``,
-seed), ``history.json`` (per-epoch val metrics on the run's val subset, train and CPU seconds) and
+Reads only files: each run directory's ``train_config.json`` (detector, backbone, ``backbone_kwargs.attn``
+and its ``attn_kwargs``, seed), ``history.json`` (per-epoch val metrics on the run's val subset, train and CPU seconds) and
 ``eval_val.json`` (``detect eval`` on the full val split). A run without ``eval_val.json`` is listed as
 unfinished and left out of every statistic. Writes ``OUT/fashionscenes.{json,md}`` and ``OUT/ap_curves.png``.
 """
@@ -21,6 +21,15 @@ from .stats import describe, paired
 
 METRICS = ("AP", "AP50", "AP75")
 REFERENCE_ATTN = "laplacian"
+SOFTMAX_ATTN = "softmax"
+
+
+def attention_label(backbone_kwargs: dict | None) -> str:
+    """The token mixer of a run: ``attn`` (default laplacian), then its ``attn_kwargs`` as k=v, sorted
+    (``laplacian norm_scale=inv_n``): runs of one mixer with other settings are other groups."""
+    kw = backbone_kwargs or {}
+    extra = " ".join(f"{k}={v}" for k, v in sorted((kw.get("attn_kwargs") or {}).items()))
+    return f"{kw.get('attn', REFERENCE_ATTN)}{' ' + extra if extra else ''}"
 
 
 def _read_json(path: Path) -> dict:
@@ -48,7 +57,7 @@ def collect(runs: str | Path) -> tuple[list[dict], list[str]]:
             "name": d.name,
             "detector": cfg.get("detector"),
             "backbone": cfg.get("backbone"),
-            "attn": (cfg.get("backbone_kwargs") or {}).get("attn", REFERENCE_ATTN),
+            "attn": attention_label(cfg.get("backbone_kwargs")),
             "seed": int(cfg.get("seed", 0)),
             "steps": epochs[-1]["step"] if epochs else None,
             "train_time_s": sum(r.get("train_time_s", 0.0) for r in epochs),
@@ -81,15 +90,24 @@ def summarize(runs: list[dict]) -> dict:
         g["cpu_time_s"] = describe([r["cpu_time_s"] for r in rs]).__dict__
         out_groups[key] = g
     comparisons = []
-    for key, rs in groups.items():
-        det, bb, attn = rs[0]["detector"], rs[0]["backbone"], rs[0]["attn"]
-        ref = groups.get(f"{det} / {bb} / {REFERENCE_ATTN}")
-        if attn == REFERENCE_ATTN or ref is None:
-            continue
+
+    def compare(ref_key: str, rs: list[dict]) -> None:
+        ref = groups[ref_key]
         for m in ("AP", "AP50"):
             ci = paired({r["seed"]: r["bbox"][m] for r in ref}, {r["seed"]: r["bbox"][m] for r in rs})
-            comparisons.append({"a": f"{det} / {bb} / {REFERENCE_ATTN}", "b": key, "metric": f"bbox {m}",
+            comparisons.append({"a": ref_key, "b": _group_key(rs[0]), "metric": f"bbox {m}",
                                 "n": ci.n, "mean_delta": ci.mean, "std": ci.std, "ci95": ci.ci})
+
+    # every other mixer against the paper-default Laplacian; then every Laplacian variant against softmax
+    # (how much of the gap is left)
+    for key, rs in groups.items():
+        det, bb, attn = rs[0]["detector"], rs[0]["backbone"], rs[0]["attn"]
+        if attn != REFERENCE_ATTN and f"{det} / {bb} / {REFERENCE_ATTN}" in groups:
+            compare(f"{det} / {bb} / {REFERENCE_ATTN}", rs)
+    for key, rs in groups.items():
+        det, bb, attn = rs[0]["detector"], rs[0]["backbone"], rs[0]["attn"]
+        if attn.startswith(REFERENCE_ATTN + " ") and f"{det} / {bb} / {SOFTMAX_ATTN}" in groups:
+            compare(key, groups[f"{det} / {bb} / {SOFTMAX_ATTN}"])
     return {"groups": out_groups, "paired": comparisons}
 
 
@@ -114,8 +132,9 @@ def markdown(report: dict) -> str:
                      f"{_fmt(g['bbox']['AP50'])} | {_fmt(g['bbox']['AP75'])} | {segm} | "
                      f"{_fmt(g['train_time_s'], 1 / 60)} | {_fmt(g['cpu_time_s'], 1 / 60)} |")
     if s["paired"]:
-        lines += ["", "Paired differences (reference − other, same seeds; points; 95 % CI from Student's t):", "",
-                  "| reference | other | metric | n | mean Δ | 95 % CI |", "|---|---|---|---|---|---|"]
+        lines += ["", "Paired differences a − b (same seeds; points; 95 % CI from Student's t): every mixer against "
+                  "the paper-default Laplacian, then every Laplacian variant against softmax (the gap left):", "",
+                  "| a | b | metric | n | mean Δ (a − b) | 95 % CI |", "|---|---|---|---|---|---|"]
         for c in s["paired"]:
             ci = "needs ≥ 2 seeds" if c["ci95"] is None else f"[{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}]"
             mean = "—" if c["mean_delta"] is None else f"{100 * c['mean_delta']:+.1f}"
