@@ -294,6 +294,21 @@ def test_capture_reason_names_the_mode(monkeypatch):
     assert _runtime.capture_reason(modes=False) == "torch.onnx export in progress" and _runtime.capturing()
 
 
+def test_stream_capture_is_a_capture_reason_and_skips_the_data_dependent_checks(monkeypatch):
+    """Under CUDA-graph stream capture (faked here: no GPU) the data-dependent mask check, a host
+    synchronisation that capture forbids, is skipped; ``streams=False`` callers still run eagerly."""
+    from laplacianformer.ops.validation import check_key_padding_mask
+
+    all_padding = torch.tensor([[True, True], [False, True]])
+    with pytest.raises(ValueError, match="all padding"):
+        check_key_padding_mask(all_padding, 2, 2)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert "CUDA graph" in _runtime.capture_reason() and _runtime.capturing(modes=False)
+    assert _runtime.capture_reason(streams=False) is None
+    assert check_key_padding_mask(all_padding, 2, 2) is all_padding
+
+
 # --- no import cycles inside ops -----------------------------------------------------------------------
 
 

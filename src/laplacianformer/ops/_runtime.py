@@ -5,8 +5,8 @@
   block wins), ``configure(...)`` sets the process-wide defaults under the blocks.
   ``use(reference=True)`` forces every op to its reference backend (plain PyTorch).
 - ``capture_reason()`` / ``capturing()``: torch.compile, torch.jit tracing or scripting, torch.onnx
-  export, or (``modes=True``) a Python dispatch or function mode such as FlopCounterMode, which must
-  see the ops.
+  export, (``streams=True``) a CUDA graph capturing the current stream, or (``modes=True``) a Python
+  dispatch or function mode such as FlopCounterMode, which must see the ops.
 - ``graph_ops()``: whether the public ops call their custom ops (torch.compile / torch.export tracing).
 - ``triton_available()`` / ``triton_interpreted()``: whether Triton imports, whether it runs in its
   CPU interpreter (TRITON_INTERPRET=1).
@@ -106,18 +106,31 @@ def onnx_exporting() -> bool:
         return False
 
 
-def capture_reason(*, modes: bool = True) -> str | None:
+def stream_capturing() -> bool:
+    """True while a CUDA graph captures the current stream (``torch.cuda.graph``, ``make_graphed_callables``,
+    ``torch.compile(mode="reduce-overhead")``'s replay recording): the kernels are recorded, not run, so no
+    host synchronisation (``.item()``, ``bool(tensor)``) may happen and no tensor made now may be cached
+    for later eager calls (its contents exist only in the replays). Asks nothing of CUDA before it is
+    initialised (no capture can be open then)."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
+def capture_reason(*, modes: bool = True, streams: bool = True) -> str | None:
     """Why the ops are being captured rather than run eagerly, or None.
 
     torch.compile (asked first: dynamo folds it and traces none of the later checks), torch.jit tracing
-    or scripting, torch.onnx export; with ``modes`` also an active Python dispatch or function mode
-    (FlopCounterMode, FakeTensorMode, ...)."""
+    or scripting, torch.onnx export; with ``streams`` a CUDA graph capturing the current stream (the
+    data-dependent checks are then skipped, caches not filled; ``streams=False`` for callers that only
+    refuse graph *tracing*: an eager backend runs as it is under stream capture); with ``modes`` also an
+    active Python dispatch or function mode (FlopCounterMode, FakeTensorMode, ...)."""
     if torch.compiler.is_compiling():
         return "torch.compile is tracing"
     if torch.jit.is_tracing() or torch.jit.is_scripting():
         return "torch.jit is tracing or scripting"
     if onnx_exporting():
         return "torch.onnx export in progress"
+    if streams and stream_capturing():
+        return "a CUDA graph is capturing the stream (no host synchronisation, no caching)"
     if modes and (torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()):
         return "a dispatch or function mode (e.g. FlopCounterMode) is active and must see the ops"
     return None
@@ -131,9 +144,9 @@ def graph_ops() -> bool:
     return torch.compiler.is_compiling() and not onnx_exporting()
 
 
-def capturing(*, modes: bool = True) -> bool:
-    """``capture_reason(modes=modes) is not None``."""
-    return capture_reason(modes=modes) is not None
+def capturing(*, modes: bool = True, streams: bool = True) -> bool:
+    """``capture_reason(modes=modes, streams=streams) is not None``."""
+    return capture_reason(modes=modes, streams=streams) is not None
 
 
 _triton_probe: list[tuple[bool, str]] = []
