@@ -54,7 +54,7 @@ xdist=()
 "$py" -c "import xdist" 2>/dev/null && xdist=(-n 8)
 step triton_tests 130 "$py" -m pytest -q -p no:cacheprovider -m triton "${xdist[@]}" \
   tests/ops/test_kernel_triton.py tests/ops/test_newton_schulz_triton.py tests/ops/test_normalization_native.py \
-  tests/ops/test_lean_recompute.py
+  tests/ops/test_lean_recompute.py tests/models/test_cuda_graph.py
 step kernels_bench 80 "$py" -m laplacianformer.bench.kernels --devices cuda --sizes 1024 4096 16384 65536 --naive-max-n 4096 \
   --check-max-n 16384 --repeats 10 --out "$out/kernels_cuda"
 step attention_scaling 90 "$py" -m laplacianformer.bench.attention_scaling --device cuda --repeats 5 \
