@@ -37,9 +37,9 @@ from pathlib import Path
 from .ablations import ABLATIONS, Ablation, get_ablation, operator_support, resolve_variant
 from .common import environment, jsonable as _jsonable, read_json, run_command, write_json
 from .evidence import ablation_of, finalise, markdown, plot, sibling_pool, summarise
+from ..train.geometry import MIN_TOKENS_PER_LANDMARK, check_geometry, geometry
 from .protocol import (
-    MIN_TOKENS_PER_LANDMARK, PROTOCOL, PROTOCOL_NAME, QUICK, QUICK_NAME, check_geometry, geometry, protocol_diff,
-    protocol_record, recipe, same_protocol,
+    PROTOCOL, PROTOCOL_NAME, QUICK, QUICK_NAME, protocol_diff, protocol_record, recipe, same_protocol,
 )
 
 DEFAULT_SEEDS = 3

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..train.geometry import MIN_TOKENS_PER_LANDMARK, check_geometry, geometry
-from ..train.geometry import in_chans_of as _in_chans
-
 PROTOCOL_NAME = "fmnist28-full"
 PROTOCOL: dict[str, Any] = {
     "model": "laplacianformer_micro",

@@ -24,7 +24,7 @@ def model_landmark_matrices(rec: dict, *, batch: int | None = None, seed: int = 
     from ..ops.kernel import laplace_kernel
     from ..ops.validation import resolve_landmarks
     from ..models import create_model
-    from .protocol import _in_chans
+    from ..train.geometry import in_chans_of as _in_chans
 
     torch.manual_seed(seed)
     chans, size = _in_chans(rec), rec["img_size"]

@@ -40,7 +40,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import DropPath, GridConv2d, get_token_mixer, grid_to_tokens, is_fx_tracing, tokens_to_grid
-from .registry import MODEL_CONFIGS, PAPER, model_config
+from .registry import MODEL_CONFIGS, model_config
 
 __all__ = [
     "LaplacianFormer",

@@ -38,8 +38,8 @@ from torch import nn
 from ..checkpoint import CheckpointError, save_training_state, save_weights
 from ..data import DataSplits, build_datasets
 from ..hub import (
-    BEST_WEIGHTS_NAME, CHECKPOINT_NAME, EMA_WEIGHTS_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME, read_run_checkpoint,
-    write_config,
+    BEST_WEIGHTS_NAME, CHECKPOINT_NAME, EMA_WEIGHTS_NAME, TRAIN_CONFIG_NAME, TRAIN_FORMAT, WEIGHTS_NAME,
+    read_run_checkpoint, write_config,
 )
 from ..models import create_model
 from .augment import mix_batch, normalize, rand_augment, random_crop_flip
@@ -53,7 +53,7 @@ from .interrupt import StopFlag
 from .plots import plot_curves
 from .runlog import StepLog, write_epochs
 from .schedule import lr_at
-from .state import FORMAT, capture_rng, restore_rng, seed_everything, step_seed
+from .state import capture_rng, restore_rng, seed_everything, step_seed
 
 SUMMARY = "summary.json"
 CURVES = "curves.png"
@@ -227,7 +227,7 @@ class Trainer:
 
     def state_dict(self) -> dict:
         return {
-            "format": FORMAT,
+            "format": TRAIN_FORMAT,
             "config": self.config.to_dict(),
             "classes": [str(c) for c in self.classes],
             "model": self.model.state_dict(),
@@ -302,7 +302,7 @@ class Trainer:
             cfg = self.config
             meta = {"model": cfg.model, "attn": cfg.attn, "train_config": json.dumps(cfg.to_dict()),
                     "classes": json.dumps(state["classes"])}
-            save_training_state(self.run_dir / CHECKPOINT_NAME, model, state, format=FORMAT, metadata=meta)
+            save_training_state(self.run_dir / CHECKPOINT_NAME, model, state, format=TRAIN_FORMAT, metadata=meta)
         barrier(self.dist)
 
     def _train_step(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[float, int, float]:

@@ -12,7 +12,6 @@ import random
 import numpy as np
 import torch
 
-from ..hub import TRAIN_FORMAT as FORMAT  # the "format" of a classification training checkpoint
 
 
 def capture_rng() -> dict:
