@@ -2,7 +2,7 @@
 
     q' = s·q, k' = s·k                        (s = qk_scale, default d**-0.5; DESIGN.md §1, ours;
                                                computed as k(q, k; lam / s) for the Laplacian kernel)
-    L  = AdaptiveAvgPool(q') to the landmark grid (DESIGN.md §2)
+    L  = AdaptiveAvgPool(q') to the landmark grid (DESIGN.md §2; the grid tokens after any prefix tokens, §2.7)
     C_q = k(q', L) (N×m),  C_k = k(k', L) (N×m),  W = k(L, L) (m×m)
     W⁺ ≈ (W + eps·I)^{-1} by Newton–Schulz (DESIGN.md §3)
     ĝ  = C_q W⁺ C_kᵀ, never materialised; output = Z(ĝ) V (DESIGN.md §4)
@@ -27,8 +27,8 @@ from .settings import DEFAULTS, AttentionSettings, default_bandwidth
 from .validation import (
     WHITENED_NORMS,
     check_finite,
-    check_hw,
     check_key_padding_mask,
+    check_prefix_layout,
     check_qkv,
     reject_attn_mask,
     resolve_landmarks,
@@ -44,6 +44,7 @@ def laplacian_attention(
     v: torch.Tensor,
     *,
     hw: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 0,
     landmarks=(7, 7),
     lam: float | None = None,
     qk_scale: float | None = None,
@@ -67,7 +68,13 @@ def laplacian_attention(
 
     Args:
         q, k: (B, H, N, d); v: (B, H, N, d_v).
-        hw: (height, width) of a 2-D token grid with height·width = N; None for a 1-D sequence.
+        hw: (height, width) of a 2-D token grid with height·width = N - num_prefix_tokens; None for a 1-D
+            sequence.
+        num_prefix_tokens: P >= 0 (default 0), the tokens before the grid (a class token, register tokens;
+            docs/DESIGN.md §2.7): they attend and are attended as every token (rows of C_q, C_k, V, of the
+            output and of the statistics of §4), but the landmarks pool the N - P tokens after them only (the
+            ``hw`` grid, or on a 1-D sequence the N - P tokens), and the landmark clamp of §2.2 counts those.
+            The exact kernel (landmarks None) does not use P.
         landmarks: grid (lh, lw) or a perfect-square int (2-D), an int (1-D), or None for the exact
             O(N²) kernel.  Landmarks are the adaptive average pool of the scaled queries.
         lam: kernel bandwidth lambda > 0; None is the kernel's default (``default_bandwidth``: 4 for the
@@ -93,7 +100,8 @@ def laplacian_attention(
             of every statistic of §4 (row means, column variances, 1/N, v̄), and their output rows are 0;
             what they hold does not matter and they receive zero gradient. Each real token then gets what
             its sequence gives alone (with the same ``landmarks``). With Nyström landmarks only 1-D
-            sequences (hw=None) take a mask; every sequence needs a valid token.
+            sequences (hw=None) take a mask; every sequence needs a valid token (with pooled landmarks and
+            prefix tokens: a valid token after its prefix).
         attn_mask, is_causal: not supported (ValueError saying why): each pooled landmark averages queries
             from all positions.
         settings: an ``AttentionSettings`` standing for the operator keywords above (landmarks ... ns_backward),
@@ -112,14 +120,17 @@ def laplacian_attention(
         changed = sorted(name for name, value in given.items() if value != DEFAULTS[name])
         if changed:
             raise TypeError(f"settings: given together with the operator keywords {changed}; pass one or the other")
-    return attention_with_settings(q, k, v, settings, hw=hw, key_padding_mask=key_padding_mask, norm_gain=norm_gain,
+    return attention_with_settings(q, k, v, settings, hw=hw, num_prefix_tokens=num_prefix_tokens,
+                                   key_padding_mask=key_padding_mask, norm_gain=norm_gain,
                                    check_finite_inputs=check_finite_inputs, return_stats=return_stats)
 
 
-def check_call(settings: AttentionSettings, heads: int, head_dim: int, hw, grid, mask, norm_gain) -> None:
+def check_call(settings: AttentionSettings, heads: int, head_dim: int, hw, grid, mask, norm_gain,
+               prefix: int = 0) -> None:
     """The checks of one call against its settings (the settings themselves were checked when made):
-    the inputs' head dim, a padding mask with pooled landmarks on a 2-D grid (docs/DESIGN.md §2.5), the per-head
-    ``norm_gain`` (H,) of §4.6. Shared by the operator and the lean recompute."""
+    the inputs' head dim, a padding mask with pooled landmarks on a 2-D grid (docs/DESIGN.md §2.5) or leaving no
+    valid token after the ``prefix`` prefix tokens to pool (§2.7), the per-head ``norm_gain`` (H,) of §4.6.
+    Shared by the operator and the lean recompute."""
     if not isinstance(settings, AttentionSettings):
         raise TypeError(f"settings: expected an AttentionSettings, got {type(settings).__name__}")
     if settings.head_dim != head_dim:
@@ -130,6 +141,10 @@ def check_call(settings: AttentionSettings, heads: int, head_dim: int, hw, grid,
             "cells of the grid, and a padded grid has no bins matching the unpadded one); pass a 1-D sequence "
             "(hw=None) or landmarks=None (docs/DESIGN.md §2.5)"
         )
+    if mask is not None and grid is not None and prefix > 0 and not _runtime.capturing() \
+            and bool(mask[:, prefix:].all(-1).any()):
+        raise ValueError(f"key_padding_mask: a sequence has no valid token after its num_prefix_tokens = {prefix} "
+                         "prefix tokens (the landmarks pool those; docs/DESIGN.md §2.7)")
     if norm_gain is None:
         return
     if settings.norm not in WHITENED_NORMS:
@@ -143,21 +158,22 @@ def check_call(settings: AttentionSettings, heads: int, head_dim: int, hw, grid,
 
 
 def attention_with_settings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: AttentionSettings, *,
-                            hw: tuple[int, int] | None = None, key_padding_mask: torch.Tensor | None = None,
-                            norm_gain: torch.Tensor | None = None,
+                            hw: tuple[int, int] | None = None, num_prefix_tokens: int = 0,
+                            key_padding_mask: torch.Tensor | None = None, norm_gain: torch.Tensor | None = None,
                             check_finite_inputs: bool = False, return_stats: bool = False):
     """``laplacian_attention`` with its settings made: q, k (B, H, N, d), v (B, H, N, e) -> (B, H, N, e) in v's
     dtype (and the stats dict when ``return_stats``). The landmarks are resolved for this call by
-    ``resolve_landmarks(settings.landmarks, hw, N)`` (docs/DESIGN.md §2.2), the rule the modules follow too."""
+    ``resolve_landmarks(settings.landmarks, hw, N - num_prefix_tokens)`` (docs/DESIGN.md §2.2, §2.7), the rule
+    the modules follow too."""
     check_qkv(q, k, v)
-    hw = check_hw(hw, q.shape[2])
-    grid = resolve_landmarks(settings.landmarks, hw, q.shape[2])
+    prefix, hw = check_prefix_layout(hw, q.shape[2], num_prefix_tokens)
+    grid = resolve_landmarks(settings.landmarks, hw, q.shape[2] - prefix if prefix else q.shape[2])
     mask = check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[2])
-    check_call(settings, q.shape[1], q.shape[-1], hw, grid, mask, norm_gain)
+    check_call(settings, q.shape[1], q.shape[-1], hw, grid, mask, norm_gain, prefix)
     if check_finite_inputs:
         for name, t in (("q", q), ("k", k), ("v", v)):
             check_finite(name, t)
-    return attention_core(q, k, v, settings, hw, grid, mask, norm_gain, return_stats)
+    return attention_core(q, k, v, settings, hw, grid, mask, norm_gain, return_stats, prefix)
 
 
 def explain_all(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backward: bool | None = None, **kwargs) -> str:

@@ -1,8 +1,9 @@
 """The attention core of docs/DESIGN.md §1–§4, one for the plain operator and the lean recompute.
 
-    attention_core(q, k, v, settings, hw, grid, mask, norm_gain) -> (B, H, N, e)
+    attention_core(q, k, v, settings, hw, grid, mask, norm_gain, prefix) -> (B, H, N, e)
         q, k, v in the compute dtype, padded tokens 0 (§1.3, §2.5); the exact kernel when grid is None,
-        else L = landmarks (§2.1) and ``nystrom``; the output scale of §4.6.
+        else L = landmarks of the grid tokens after the ``prefix`` first ones (§2.1, §2.7) and ``nystrom``
+        over all N tokens; the output scale of §4.6.
     nystrom(qs, ks, vv, marks, settings, mask, steps) -> (out, W, W⁺)
         W = k(L, L), W⁺ = (W + eps·I)^{-1} (§3); C_k = k(K, L), padded keys 0;
         norm "none": out = k(Q, L) (W⁺ C_kᵀ V); else out = Z(C_q W⁺ C_kᵀ) V (§4), C_q = C_k when K is Q.
@@ -23,8 +24,8 @@ from .pooling import landmarks_of
 from .settings import AttentionSettings
 from .validation import WHITENED_NORMS
 
-__all__ = ["PLAIN", "Steps", "attention_core", "compute_dtype", "nystrom", "pad_rows", "padded_inputs",
-           "scale_output"]
+__all__ = ["PLAIN", "Steps", "attention_core", "compute_dtype", "grid_landmarks", "nystrom", "pad_rows",
+           "padded_inputs", "scale_output"]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -47,6 +48,14 @@ def padded_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torc
     elif k is q:
         ks = qs
     return qs, ks, vv
+
+
+def grid_landmarks(qs: torch.Tensor, hw, grid, mask: torch.Tensor | None, prefix: int = 0) -> torch.Tensor:
+    """The landmarks (B, H, m, d) of the padded queries qs (B, H, N, d): the pooling of §2.1 (masked: §2.5) over
+    the grid tokens only, the N - ``prefix`` tokens after the prefix tokens (docs/DESIGN.md §2.7)."""
+    if prefix == 0:
+        return landmarks_of(qs, hw, grid, mask)
+    return landmarks_of(qs[:, :, prefix:], hw, grid, None if mask is None else mask[:, prefix:])
 
 
 class Steps:
@@ -95,10 +104,12 @@ def scale_output(out, vv, s: AttentionSettings, norm_gain=None, mask=None) -> to
     return scale_whitened(out, vv, s.norm_scale, norm_gain, mask)
 
 
-def attention_core(q, k, v, s: AttentionSettings, hw, grid, mask=None, norm_gain=None, return_stats: bool = False):
+def attention_core(q, k, v, s: AttentionSettings, hw, grid, mask=None, norm_gain=None, return_stats: bool = False,
+                   prefix: int = 0):
     """The operator on checked inputs: q, k (B, H, N, d), v (B, H, N, e), ``grid`` the resolved landmarks
-    (None: exact kernel). Returns (B, H, N, e) in v's dtype, and with ``return_stats`` a dict with the
-    solver residual ||I - P W⁺||_F per (B, H) and the landmark count."""
+    (None: exact kernel), pooled from the tokens after the first ``prefix`` (hw: their grid). Returns
+    (B, H, N, e) in v's dtype, and with ``return_stats`` a dict with the solver residual ||I - P W⁺||_F per
+    (B, H) and the landmark count."""
     out_dtype = v.dtype
     with torch.autocast(device_type=q.device.type, enabled=False):
         qs, ks, vv = padded_inputs(q, k, v, compute_dtype(q.dtype), mask)
@@ -107,7 +118,7 @@ def attention_core(q, k, v, s: AttentionSettings, hw, grid, mask=None, norm_gain
             g = laplace_kernel(qs, ks, s.bandwidth, s.kernel)
             out = normalize_dense(g, vv, s.norm, s.norm_eps, key_padding_mask=mask)
         else:
-            marks = landmarks_of(qs, hw, grid, mask)
+            marks = grid_landmarks(qs, hw, grid, mask, prefix)
             out, w, w_inv = nystrom(qs, ks, vv, marks, s, mask)
             if return_stats:
                 with torch.no_grad():

@@ -20,9 +20,9 @@ checkpointing (``torch.utils.checkpoint``) keeps x and V too but reruns the whol
 normalisation included, in the backward.
 
 The op ``recompute`` (``ops/dispatch.py``): ``recompute_attention(x, v, projections, settings, hw=...,
-key_padding_mask=..., norm_gain=...)`` is ``attend_projections`` (the modules' attention on the projections
-of x, landmarks clamped to the token grid) differentiated with recomputation. Backends, in order: ``lean``
-(the Function above, where the call has pooled landmarks, runs eagerly and not under autocast) and
+key_padding_mask=..., norm_gain=..., num_prefix_tokens=...)`` is ``attend_projections`` (the modules' attention on
+the projections of x, landmarks clamped to the token grid) differentiated with recomputation. Backends, in order:
+``lean`` (the Function above, where the call has pooled landmarks, runs eagerly and not under autocast) and
 ``checkpoint`` (``torch.utils.checkpoint`` of ``attend_projections``, serves every call, the reference).
 ``ops.use(recompute="checkpoint")`` forces the checkpoint; ``ops.explain("recompute", ...)`` and the log name
 ``laplacianformer.ops.recompute`` give the reason a call is checkpointed.
@@ -42,10 +42,10 @@ from .attention import attention_with_settings, check_call
 from .dispatch import Backend, Op
 from .kernel import KERNEL, KERNEL_MATMUL
 from .normalization import normalize_nystrom_grad, normalize_nystrom_saving, scale_whitened
-from .nystrom import Steps, compute_dtype, nystrom, pad_rows, padded_inputs
-from .pooling import landmarks_of
+from .nystrom import Steps, compute_dtype, grid_landmarks, nystrom, pad_rows, padded_inputs
 from .settings import AttentionSettings, settings_from
-from .validation import WHITENED_NORMS, check_float_tensor, check_hw, check_key_padding_mask, resolve_landmarks
+from .validation import (WHITENED_NORMS, check_float_tensor, check_key_padding_mask, check_prefix_layout,
+                         resolve_landmarks)
 
 __all__ = ["RECOMPUTE", "attend_projections", "laplacian_attention_recompute", "lean_refusal", "project_heads",
            "recompute_attention"]
@@ -54,13 +54,14 @@ __all__ = ["RECOMPUTE", "attend_projections", "laplacian_attention_recompute", "
 @dataclass(frozen=True)
 class _Call:
     """What one lean call adds to its settings: the heads, the token grid, the resolved landmarks, the
-    compute dtype."""
+    compute dtype, the prefix tokens before the grid (docs/DESIGN.md §2.7)."""
 
     settings: AttentionSettings
     heads: int
     hw: tuple[int, int] | None
     grid: object
     dtype: torch.dtype
+    prefix: int = 0
 
 
 def project_heads(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, heads: int) -> torch.Tensor:
@@ -118,7 +119,7 @@ class _LeanAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, v, q_weight, q_bias, k_weight, k_bias, mask, call: _Call):
         qs, ks, vv = _factors(x, v, (q_weight, q_bias, k_weight, k_bias), mask, call)
-        marks = landmarks_of(qs, call.hw, call.grid, mask)
+        marks = grid_landmarks(qs, call.hw, call.grid, mask, call.prefix)
         steps = _Keeping()
         out, _, w_inv = nystrom(qs, ks, vv, marks, call.settings, mask, steps)
         ctx.save_for_backward(x, v, q_weight, q_bias, k_weight, k_bias, mask, marks, w_inv, *steps.saved)
@@ -142,7 +143,7 @@ class _LeanAttention(torch.autograd.Function):
                   for t, need in zip(inputs, ctx.needs_input_grad)]
         with torch.enable_grad():
             qs, ks, vv = _factors(leaves[0], leaves[1], tuple(leaves[2:]), mask, call)
-            pooled = landmarks_of(qs, call.hw, call.grid, mask) if qs.requires_grad else None
+            pooled = grid_landmarks(qs, call.hw, call.grid, mask, call.prefix) if qs.requires_grad else None
         qd, kd, vd = qs.detach(), ks.detach(), vv.detach()
         grad = pad_rows(grad_out.to(call.dtype), mask)
         # 2. the two N×m kernel matrices again (no autograd), then the backward formulas of the plain path
@@ -206,10 +207,10 @@ def _check_projections(x, v, q_weight, k_weight, k_bias, num_heads: int) -> None
         raise ValueError("k_bias: given without k_weight (K = Q takes the query projection)")
 
 
-def _lean(x, v, projections, settings: AttentionSettings, hw, grid, mask, norm_gain) -> torch.Tensor:
-    """The lean Function on checked inputs (grid: pooled landmarks), then the scale of §4.6 outside it
-    (autograd keeps nothing N-sized for a constant scale)."""
-    call = _Call(settings, v.shape[1], hw, grid, compute_dtype(x.dtype))
+def _lean(x, v, projections, settings: AttentionSettings, hw, grid, mask, norm_gain, prefix: int = 0) -> torch.Tensor:
+    """The lean Function on checked inputs (grid: pooled landmarks of the tokens after the ``prefix`` first),
+    then the scale of §4.6 outside it (autograd keeps nothing N-sized for a constant scale)."""
+    call = _Call(settings, v.shape[1], hw, grid, compute_dtype(x.dtype), prefix)
     with torch.autocast(device_type=x.device.type, enabled=False):
         out = _LeanAttention.apply(x, v, *projections, mask, call)
         if settings.norm in WHITENED_NORMS:
@@ -228,6 +229,7 @@ def laplacian_attention_recompute(
     *,
     num_heads: int,
     hw: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 0,
     key_padding_mask: torch.Tensor | None = None,
     norm_gain: torch.Tensor | None = None,
     settings: AttentionSettings | None = None,
@@ -240,7 +242,8 @@ def laplacian_attention_recompute(
         q_weight, q_bias: the query projection (H·d, C) and (H·d,) or None; k_weight, k_bias: the key
             projection, or k_weight None for K = Q (``tie_qk``).
         num_heads: H; the head dim is d = q_weight.shape[0] / H.
-        hw, key_padding_mask, norm_gain: as for ``laplacian_attention``.
+        hw, num_prefix_tokens, key_padding_mask, norm_gain: as for ``laplacian_attention`` (the landmarks pool
+            the tokens after the first num_prefix_tokens, docs/DESIGN.md §2.7).
         settings, options: the operator settings, an ``AttentionSettings`` or its keywords
             (``ops.settings.OPERATOR_SETTINGS``, TypeError naming another); the landmarks must resolve to
             pooled ones (the exact kernel has no N×m factors to recompute: ValueError).
@@ -254,28 +257,30 @@ def laplacian_attention_recompute(
         raise TypeError(f"settings: given together with the operator keywords {sorted(options)}; pass one or the other")
     _check_projections(x, v, q_weight, k_weight, k_bias, num_heads)
     n = x.shape[1]
-    hw = check_hw(hw, n)
-    grid = resolve_landmarks(settings.landmarks, hw, n)
+    prefix, hw = check_prefix_layout(hw, n, num_prefix_tokens)
+    grid = resolve_landmarks(settings.landmarks, hw, n - prefix)
     if grid is None:
         raise ValueError("landmarks: the lean recompute needs pooled landmarks (the exact kernel keeps N×N "
                          "matrices; use laplacian_attention, checkpointed)")
     mask = check_key_padding_mask(key_padding_mask, x.shape[0], n)
-    check_call(settings, num_heads, q_weight.shape[0] // num_heads, hw, grid, mask, norm_gain)
-    return _lean(x, v, (q_weight, q_bias, k_weight, k_bias), settings, hw, grid, mask, norm_gain)
+    check_call(settings, num_heads, q_weight.shape[0] // num_heads, hw, grid, mask, norm_gain, prefix)
+    return _lean(x, v, (q_weight, q_bias, k_weight, k_bias), settings, hw, grid, mask, norm_gain, prefix)
 
 
 def attend_projections(x, v, q_weight, q_bias, k_weight, k_bias, settings: AttentionSettings, hw, key_padding_mask,
-                       norm_gain) -> torch.Tensor:
+                       norm_gain, num_prefix_tokens: int = 0) -> torch.Tensor:
     """The modules' attention on the projections of x (B, N, C): q, k = ``project_heads`` (k = q when
     ``k_weight`` is None), then ``attention_with_settings`` with the landmarks clamped to the token grid
-    (docs/DESIGN.md §2.2). v: (B, H, N, e) -> (B, H, N, e). What ``checkpoint`` reruns."""
+    (docs/DESIGN.md §2.2) after the prefix tokens (§2.7). v: (B, H, N, e) -> (B, H, N, e). What ``checkpoint``
+    reruns."""
     q = project_heads(x, q_weight, q_bias, v.shape[1])
     k = q if k_weight is None else project_heads(x, k_weight, k_bias, v.shape[1])
-    return attention_with_settings(q, k, v, settings, hw=hw, key_padding_mask=key_padding_mask, norm_gain=norm_gain)
+    return attention_with_settings(q, k, v, settings, hw=hw, num_prefix_tokens=num_prefix_tokens,
+                                   key_padding_mask=key_padding_mask, norm_gain=norm_gain)
 
 
 def lean_refusal(x: torch.Tensor, hw: tuple[int, int] | None, settings: AttentionSettings,
-                 key_padding_mask: torch.Tensor | None = None) -> str | None:
+                 key_padding_mask: torch.Tensor | None = None, num_prefix_tokens: int = 0) -> str | None:
     """Why the lean recompute cannot stand in for the plain operator in this call (None: it can): graph
     capture, autocast, or no pooled landmarks for this token count (the modules' clamped rule)."""
     why = _runtime.capture_reason(modes=False)
@@ -283,25 +288,25 @@ def lean_refusal(x: torch.Tensor, hw: tuple[int, int] | None, settings: Attentio
         return f"{why} (the lean recompute is an eager autograd Function)"
     if torch.is_autocast_enabled(x.device.type):
         return "autocast is enabled (the lean recompute would redo the projections outside it)"
-    if resolve_landmarks(settings.landmarks, hw, x.shape[1]) is None:
+    if resolve_landmarks(settings.landmarks, hw, x.shape[1] - num_prefix_tokens) is None:
         return ("exact kernel (landmarks=None, or the grid covers every token): no N×m factors to recompute, "
                 "the core keeps N×N matrices")
     return None
 
 
-def _lean_refusal(x, v, projections, settings, hw, key_padding_mask, norm_gain) -> str | None:
-    return lean_refusal(x, hw, settings, key_padding_mask)
+def _lean_refusal(x, v, projections, settings, hw, key_padding_mask, norm_gain, prefix=0) -> str | None:
+    return lean_refusal(x, hw, settings, key_padding_mask, prefix)
 
 
-def _lean_backend(x, v, projections, settings, hw, key_padding_mask, norm_gain):
-    grid = resolve_landmarks(settings.landmarks, hw, x.shape[1])
+def _lean_backend(x, v, projections, settings, hw, key_padding_mask, norm_gain, prefix=0):
+    grid = resolve_landmarks(settings.landmarks, hw, x.shape[1] - prefix)
     heads = v.shape[1]
-    check_call(settings, heads, projections[0].shape[0] // heads, hw, grid, key_padding_mask, norm_gain)
-    return _lean(x, v, projections, settings, hw, grid, key_padding_mask, norm_gain)
+    check_call(settings, heads, projections[0].shape[0] // heads, hw, grid, key_padding_mask, norm_gain, prefix)
+    return _lean(x, v, projections, settings, hw, grid, key_padding_mask, norm_gain, prefix)
 
 
-def _checkpointed(x, v, projections, settings, hw, key_padding_mask, norm_gain):
-    return checkpoint(attend_projections, x, v, *projections, settings, hw, key_padding_mask, norm_gain,
+def _checkpointed(x, v, projections, settings, hw, key_padding_mask, norm_gain, prefix=0):
+    return checkpoint(attend_projections, x, v, *projections, settings, hw, key_padding_mask, norm_gain, prefix,
                       use_reentrant=False)
 
 
@@ -309,15 +314,16 @@ RECOMPUTE = Op("recompute", [
     Backend("lean", _lean_backend, _lean_refusal),
     Backend("checkpoint", _checkpointed),
 ], log="laplacianformer.ops.recompute",
-    signature="recompute_attention(x, v, projections, settings, hw, key_padding_mask, norm_gain): "
+    signature="recompute_attention(x, v, projections, settings, hw, key_padding_mask, norm_gain, num_prefix_tokens): "
               "x (B, N, C), v (B, H, N, e)")
 
 
 def recompute_attention(x: torch.Tensor, v: torch.Tensor, projections: tuple, settings: AttentionSettings, *,
                         hw: tuple[int, int] | None = None, key_padding_mask: torch.Tensor | None = None,
-                        norm_gain: torch.Tensor | None = None) -> torch.Tensor:
-    """``attend_projections(x, v, *projections, settings, hw, key_padding_mask, norm_gain)`` -> (B, H, N, e),
-    differentiated with recomputation (docs/DESIGN.md §5.5): backend ``lean`` where it serves, else
-    ``checkpoint``. projections: (q_weight, q_bias, k_weight, k_bias), k_weight None for K = Q; x (B, N, C),
-    v (B, H, N, e), hw and key_padding_mask checked by the caller (the layer)."""
-    return RECOMPUTE(x, v, projections, settings, hw, key_padding_mask, norm_gain)
+                        norm_gain: torch.Tensor | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
+    """``attend_projections(x, v, *projections, settings, hw, key_padding_mask, norm_gain, num_prefix_tokens)``
+    -> (B, H, N, e), differentiated with recomputation (docs/DESIGN.md §5.5): backend ``lean`` where it serves,
+    else ``checkpoint``. projections: (q_weight, q_bias, k_weight, k_bias), k_weight None for K = Q; x (B, N, C),
+    v (B, H, N, e), hw (the grid of the N - num_prefix_tokens tokens after the prefix, §2.7), num_prefix_tokens
+    and key_padding_mask checked by the caller (the layer)."""
+    return RECOMPUTE(x, v, projections, settings, hw, key_padding_mask, norm_gain, num_prefix_tokens)

@@ -203,3 +203,29 @@ def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int):
     lh, lw = check_landmarks(landmarks)
     lh, lw = min(lh, hw[0]), min(lw, hw[1])
     return None if lh * lw >= n else (lh, lw)
+
+
+def check_num_prefix_tokens(num_prefix_tokens, n: int | None = None) -> int:
+    """num_prefix_tokens P: an int with 0 <= P < N (N tokens, None before a token count is known: module
+    constructors; docs/DESIGN.md §2.7); TypeError / ValueError naming ``num_prefix_tokens`` otherwise. Returns it."""
+    if isinstance(num_prefix_tokens, bool) or not isinstance(num_prefix_tokens, int):
+        raise TypeError(f"num_prefix_tokens: expected an int >= 0, got {type(num_prefix_tokens).__name__}")
+    if num_prefix_tokens < 0:
+        raise ValueError(f"num_prefix_tokens: expected an int >= 0, got {num_prefix_tokens}")
+    if num_prefix_tokens and type(n) is int and num_prefix_tokens >= n:  # graph sizes: checked by hw
+        raise ValueError(f"num_prefix_tokens: expected fewer than the N = {n} tokens (the tokens after the prefix "
+                         f"form the grid), got {num_prefix_tokens}")
+    return num_prefix_tokens
+
+
+def check_prefix_layout(hw, n: int, num_prefix_tokens) -> tuple[int, tuple[int, int] | None]:
+    """(P, hw) of N tokens whose first P are prefix tokens (docs/DESIGN.md §2.7): P checked by
+    ``check_num_prefix_tokens``, hw by ``check_hw`` against the N - P grid tokens (None: 1-D)."""
+    prefix = check_num_prefix_tokens(num_prefix_tokens, n)
+    if prefix == 0:
+        return 0, check_hw(hw, n)
+    if isinstance(hw, Sequence) and len(hw) == 2 and all(type(s) is int for s in hw) and min(hw) >= 1 \
+            and isinstance(n, int) and hw[0] * hw[1] != n - prefix:
+        raise ValueError(f"hw: expected height * width == N - num_prefix_tokens = {n} - {prefix} = {n - prefix} "
+                         f"(the grid tokens after the prefix tokens), got {hw[0]} x {hw[1]} = {hw[0] * hw[1]}")
+    return prefix, check_hw(hw, n - prefix)
