@@ -1,6 +1,8 @@
 """``LaplacianAttention`` as timm's ``attn_layer`` (docs/MODELS.md): timm's VisionTransformer builds it with its
 ``Attention`` arguments (qkv_bias, qk_norm, proj_bias, attn_drop, proj_drop, norm_layer, device, dtype) and
-calls ``attn(x, attn_mask=None, is_causal=False)``; the class token makes N = 1 + grid, a 1-D sequence here."""
+calls ``attn(x, attn_mask=None, is_causal=False)``; the class token makes N = 1 + grid, a 1-D sequence for the
+plain layer, and the grid after the class and register tokens with ``LaplacianAttention.with_options(
+num_prefix_tokens=...)`` (docs/DESIGN.md §2.7)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,40 @@ def test_vision_transformer_trains_with_the_drop_in(qk_norm):
         opt.step()
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("reg_tokens", [0, 2])
+def test_vision_transformer_with_prefix_tokens_uses_2d_landmarks_and_trains(reg_tokens, monkeypatch):
+    from timm.models.vision_transformer import VisionTransformer
+
+    from laplacianformer.ops import nystrom
+
+    pooled = []
+    grid_landmarks = nystrom.grid_landmarks
+
+    def recording(qs, hw, grid, mask, prefix=0):
+        pooled.append((qs.shape[2], hw, grid, prefix))
+        return grid_landmarks(qs, hw, grid, mask, prefix)
+
+    monkeypatch.setattr(nystrom, "grid_landmarks", recording)
+    torch.manual_seed(0)
+    attn_layer = LaplacianAttention.with_options(num_prefix_tokens=1 + reg_tokens, landmarks=(4, 4))
+    model = VisionTransformer(img_size=32, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=1,
+                              num_heads=2, attn_layer=attn_layer, reg_tokens=reg_tokens)
+    assert model.num_prefix_tokens == 1 + reg_tokens
+    assert all(block.attn.num_prefix_tokens == model.num_prefix_tokens for block in model.blocks)
+    x, y = torch.randn(8, 1, 32, 32), torch.randint(0, 10, (8,))
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    losses = []
+    for _ in range(6):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+    # every layer pooled the 8×8 patch grid after the prefix tokens to 4×4 landmarks
+    assert pooled and set(pooled) == {(1 + reg_tokens + 64, (8, 8), (4, 4), 1 + reg_tokens)}
 
 
 def test_timm_arguments_and_masks():

@@ -9,6 +9,11 @@ input resolution; an int on a 2-D grid must be a perfect square (ValueError nami
 1-D sequence a (lh, lw) grid counts lh·lw landmarks, as in the operator (the default is m = 49 either way).
 ``forward(x, hw=None, key_padding_mask=None)``: a (B, N) padding mask (True = padding) follows
 docs/DESIGN.md §2.5; with Nyström landmarks only on 1-D sequences.
+Prefix tokens (``num_prefix_tokens`` P, docs/DESIGN.md §2.7; timm's ``VisionTransformer`` with a class token and
+register tokens): the first P tokens attend and are attended as every token, the landmarks pool the grid of the
+N - P tokens after them (``hw``, or a square grid inferred from N - P when not given), DWConv(V) convolves
+that grid only. ``LaplacianAttention.with_options(num_prefix_tokens=1, ...)`` is a layer class for builders
+that take a class (timm's ``attn_layer``).
 
 The operator settings are one ``AttentionSettings`` (``ops/settings.py``), made and validated once in the
 constructor and held as ``settings``; every call passes it to the operator, ``recompute`` to the op
@@ -30,8 +35,7 @@ from torch import nn
 from ..ops.attention import attention_with_settings
 from ..ops.dispatch import explain
 from ..ops.recompute import recompute_attention
-from ..ops.settings import AttentionSettings, settings_from
-from ..ops.validation import check_hw
+from ..ops.settings import OPERATOR_SETTINGS, AttentionSettings, settings_from
 from .token_attention import SHELL_KWARGS, TokenAttention
 from .tracing import notrace
 
@@ -46,14 +50,16 @@ def laplacian_attention_leaf(
     settings_key: str,
     key_padding_mask: Optional[torch.Tensor] = None,
     norm_gain: Optional[torch.Tensor] = None,
+    num_prefix_tokens: int = 0,
 ) -> torch.Tensor:
     """The operator (landmarks resolved per call by ``resolve_landmarks``, docs/DESIGN.md §2.2) for a layer.
 
-    q, k, v: (B, H, N, d); hw: the token grid or None (1-D) -> (B, H, N, d); settings_key: the
-    ``AttentionSettings.key`` of the layer. A leaf for TorchScript and torch.fx: the rule branches on the
-    grid size and the operator dispatches to native kernels."""
+    q, k, v: (B, H, N, d); hw: the grid of the tokens after the ``num_prefix_tokens`` prefix tokens or None
+    (1-D) -> (B, H, N, d); settings_key: the ``AttentionSettings.key`` of the layer. A leaf for TorchScript and
+    torch.fx: the rule branches on the grid size and the operator dispatches to native kernels."""
     return attention_with_settings(q, k, v, AttentionSettings.from_key(settings_key), hw=hw,
-                                   key_padding_mask=key_padding_mask, norm_gain=norm_gain)
+                                   num_prefix_tokens=num_prefix_tokens, key_padding_mask=key_padding_mask,
+                                   norm_gain=norm_gain)
 
 
 torch.fx.wrap("laplacian_attention_leaf")
@@ -69,6 +75,11 @@ class LaplacianAttention(TokenAttention):
         tie_qk: use K = Q (SOFT's symmetric variant); removes the key projection (default False).
         dwconv: add a 3×3 depthwise conv of V on the token grid (1-D: kernel 3) to the output (default True).
         attn_drop: dropout on the attention output before the projection; proj_drop: after it.
+        num_prefix_tokens: P tokens before the grid (default 0; docs/DESIGN.md §2.7): they attend and are
+            attended as every token, the landmarks pool the grid of the N - P tokens after them (``hw`` of
+            ``forward``, or the square grid of N - P tokens when ``hw`` is not given; ValueError naming
+            ``hw`` when N - P is not a square), and DWConv(V) convolves that grid: the prefix tokens get no
+            conv term.
         recompute: in training, keep x, V, the landmarks, W⁺ and the normalisation's small statistics, and
             recompute the q/k products and the two N×m kernel matrices in the backward (the lean recompute,
             docs/DESIGN.md §5.5; the exact kernel, autocast and graph capture checkpoint the core instead).
@@ -87,6 +98,7 @@ class LaplacianAttention(TokenAttention):
 
     __jit_unused_properties__ = ["attn_kwargs"]
     __jit_ignored_attributes__ = ["settings"]
+    takes_prefix_tokens = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, dwconv: bool = True, **kwargs) -> None:
         # the shell's arguments (``SHELL_KWARGS``, defaults of ``TokenAttention``) go to it; the rest are settings
@@ -103,6 +115,27 @@ class LaplacianAttention(TokenAttention):
         self.register_parameter("norm_gain", nn.Parameter(torch.ones(num_heads, device=like.device, dtype=like.dtype))
                                 if learned else None)
 
+    @classmethod
+    def with_options(cls, **options) -> type:
+        """A subclass of this layer whose constructor takes ``options`` as its keyword defaults (keywords given
+        when it is built win), for builders that take a layer class, e.g. timm's
+        ``VisionTransformer(attn_layer=LaplacianAttention.with_options(num_prefix_tokens=1))`` (a class token
+        before the grid; docs/DESIGN.md §2.7). TypeError for a name the constructor does not take; the values
+        are checked when a layer is built."""
+        allowed = set(SHELL_KWARGS) | set(OPERATOR_SETTINGS) | {"dwconv"}
+        unknown = sorted(set(options) - allowed)
+        if unknown:
+            raise TypeError(f"with_options: {cls.__name__} takes no keyword {unknown}; "
+                            f"expected some of {sorted(allowed)}")
+        defaults = dict(options)
+
+        def __init__(self, dim: int, num_heads: int = 8, **kwargs) -> None:
+            cls.__init__(self, dim, num_heads, **{**defaults, **kwargs})
+
+        text = ", ".join(f"{key}={value!r}" for key, value in defaults.items())
+        return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__,
+                                           "__doc__": f"{cls.__name__} with the defaults {text}."})
+
     @property
     def attn_kwargs(self) -> dict:
         """The operator settings passed to the operator (``AttentionSettings.options()`` but the landmarks)."""
@@ -114,7 +147,8 @@ class LaplacianAttention(TokenAttention):
         opts = ", ".join(f"{k}={v}" for k, v in self.attn_kwargs.items())
         return (
             f"dim={self.dim}, heads={self.num_heads}, landmarks={self.landmarks}, tie_qk={self.tie_qk}, "
-            f"recompute={self.recompute}, {opts}"
+            f"recompute={self.recompute}, "
+            + (f"num_prefix_tokens={self.num_prefix_tokens}, " if self.num_prefix_tokens else "") + opts
         )
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: Optional[Tuple[int, int]],
@@ -122,7 +156,8 @@ class LaplacianAttention(TokenAttention):
         """q, k, v: (B, H, N, d), key_padding_mask: (B, N) or None -> the operator's output (B, H, N, d).
 
         The landmarks are resolved from the padded length N, so every sequence of a batch takes one path."""
-        return laplacian_attention_leaf(q, k, v, hw, self.settings_key, key_padding_mask, self.norm_gain)
+        return laplacian_attention_leaf(q, k, v, hw, self.settings_key, key_padding_mask, self.norm_gain,
+                                        self.num_prefix_tokens)
 
     def _projections(self):
         """(q_weight, q_bias, k_weight, k_bias): the q and k row blocks of ``qkv`` (k None when ``tie_qk``)."""
@@ -138,11 +173,12 @@ class LaplacianAttention(TokenAttention):
         if self.qk_norm:
             return super()._attend_recompute(x, v, hw, key_padding_mask)
         return recompute_attention(x, v, self._projections(), self.settings, hw=hw, key_padding_mask=key_padding_mask,
-                                   norm_gain=self.norm_gain)
+                                   norm_gain=self.norm_gain, num_prefix_tokens=self.num_prefix_tokens)
 
     def explain_recompute(self, x: torch.Tensor, hw: Optional[Tuple[int, int]] = None,
                           key_padding_mask: Optional[torch.Tensor] = None) -> str:
         """Which recomputation ``recompute=True`` runs for this input (lean or checkpoint) and why the other
         does not. x: (B, N, C) tokens, as for ``forward``."""
-        hw = check_hw(hw, x.shape[1])
-        return explain("recompute", x, None, self._projections(), self.settings, hw, key_padding_mask, self.norm_gain)
+        hw = self._layout(x.shape[1], hw)
+        return explain("recompute", x, None, self._projections(), self.settings, hw, key_padding_mask, self.norm_gain,
+                       self.num_prefix_tokens)

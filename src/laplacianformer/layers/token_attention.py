@@ -14,10 +14,15 @@ only; an FX graph merges the heads out of place instead of in place (the same va
 serves, else checkpointing); ``explain_recompute`` says which runs and why.
 A ``key_padding_mask`` (B, N), True = padding (docs/DESIGN.md §2.5), reaches ``attend``; the shell reads
 padded tokens as 0 (also in DWConv(V)) and returns 0 at padded positions.
+Prefix tokens (docs/DESIGN.md §2.7): with ``num_prefix_tokens`` P > 0 (a layer that takes them:
+``takes_prefix_tokens``) the first P tokens precede the grid; ``hw`` is the grid of the N - P tokens after
+them, a square grid inferred from N - P when not given (``square_grid``), and DWConv(V) runs on the grid
+tokens only (the prefix tokens get no conv term).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -25,14 +30,32 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..ops.validation import check_head_split, check_hw, check_key_padding_mask, reject_attn_mask
+from ..ops.validation import (check_head_split, check_key_padding_mask, check_num_prefix_tokens, check_prefix_layout,
+                              reject_attn_mask)
 from .grid_conv import GridConv2d, grid_to_tokens, tokens_to_grid
-from .tracing import is_fx_tracing
+from .tracing import is_fx_tracing, notrace
 
 
 # the shell's keyword arguments besides dwconv: a subclass passes these through unchanged
 SHELL_KWARGS = ("qkv_bias", "tie_qk", "attn_drop", "proj_drop", "recompute", "qk_norm", "scale_norm", "proj_bias",
-                "norm_layer", "device", "dtype")
+                "norm_layer", "device", "dtype", "num_prefix_tokens")
+
+
+@notrace
+def square_grid(n: int, num_prefix_tokens: int) -> Tuple[int, int]:
+    """(s, s) with s·s = n - num_prefix_tokens: the grid of the tokens after the prefix when ``hw`` is not given
+    (docs/DESIGN.md §2.7); ValueError naming ``hw`` when n - num_prefix_tokens is not a square. An FX leaf
+    (its sizes are those of the traced input)."""
+    tokens = n - num_prefix_tokens
+    side = int(math.floor(math.sqrt(float(max(tokens, 0))) + 0.5))
+    if tokens < 1 or side * side != tokens:
+        raise ValueError("hw: not given, and the N - num_prefix_tokens = " + str(n) + " - " + str(num_prefix_tokens)
+                         + " = " + str(tokens) + " tokens after the prefix tokens are not a square grid; pass "
+                         "hw=(height, width)")
+    return side, side
+
+
+torch.fx.wrap("square_grid")
 
 
 class TokenAttention(nn.Module):
@@ -47,12 +70,20 @@ class TokenAttention(nn.Module):
             the q/k products and the rest of the core there (docs/DESIGN.md §5.5): the lean recompute of
             the N×m kernel matrices where the layer has one (``LaplacianAttention``), else activation
             checkpointing of ``attend``. Less memory, more time. Eager mode only (ignored when scripted or FX-traced).
+        num_prefix_tokens: P >= 0 tokens before the grid (a class token, register tokens; docs/DESIGN.md §2.7),
+            for layers that take them (``takes_prefix_tokens``; ValueError otherwise): ``hw`` is then the grid
+            of the N - P tokens after them, inferred as a square grid when not given (ValueError naming ``hw``
+            when N - P is not a square), and DWConv(V) convolves the grid tokens only: the prefix tokens get
+            no conv term.
         qk_norm, scale_norm, proj_bias, norm_layer: timm's ``Attention`` arguments, so the layer drops into
             timm's blocks (``VisionTransformer(attn_layer=LaplacianAttention)``): ``norm_layer`` (default
             ``nn.LayerNorm``) of the head dim on q and k (``qk_norm``), of the channels before the output
             projection (``scale_norm``); ``proj_bias``: bias of the output projection; ``device``, ``dtype``:
             where and in which dtype the parameters are made.
     """
+
+    takes_prefix_tokens = False
+    """Whether ``attend`` handles prefix tokens (``num_prefix_tokens``, docs/DESIGN.md §2.7)."""
 
     def __init__(
         self,
@@ -71,9 +102,15 @@ class TokenAttention(nn.Module):
         norm_layer: Optional[type] = None,
         device=None,
         dtype=None,
+        num_prefix_tokens: int = 0,
     ) -> None:
         super().__init__()
         check_head_split(dim, num_heads)
+        check_num_prefix_tokens(num_prefix_tokens)
+        if num_prefix_tokens and not self.takes_prefix_tokens:
+            raise ValueError(f"num_prefix_tokens: {type(self).__name__} takes no prefix tokens, "
+                             f"got {num_prefix_tokens} (LaplacianAttention does)")
+        self.num_prefix_tokens = num_prefix_tokens
         self.recompute = recompute
         self.dim = dim
         self.num_heads = num_heads
@@ -147,13 +184,31 @@ class TokenAttention(nn.Module):
     def _value_conv(self, v_tok: torch.Tensor, hw: tuple[int, int] | None) -> torch.Tensor:
         """DWConv(V): v_tok (B, N, C) -> (B, N, C), 3×3 depthwise on the grid (1-D: kernel 3 along N).
 
-        The grid is a channels-last view of the tokens, so the convolution reads and writes token layout."""
+        The grid is a channels-last view of the tokens, so the convolution reads and writes token layout.
+        With ``num_prefix_tokens`` P > 0 it convolves the N - P grid tokens and the P prefix rows are 0
+        (docs/DESIGN.md §2.7)."""
+        if self.num_prefix_tokens > 0:
+            prefix = self.num_prefix_tokens
+            return F.pad(self._grid_conv(v_tok[:, prefix:], hw), (0, 0, prefix, 0))
+        return self._grid_conv(v_tok, hw)
+
+    def _grid_conv(self, v_tok: torch.Tensor, hw: tuple[int, int] | None) -> torch.Tensor:
+        """The depthwise conv of ``_value_conv`` on tokens that are all grid tokens: (B, N, C) -> (B, N, C)."""
         b, n, c = v_tok.shape
         if hw is None:
             weight = self.dwconv.weight[:, :, 1:2, :]
             y = F.conv2d(v_tok.transpose(1, 2).unsqueeze(2), weight, self.dwconv.bias, padding=(0, 1), groups=c)
             return y.squeeze(2).transpose(1, 2)
         return grid_to_tokens(self.dwconv(tokens_to_grid(v_tok, hw)))
+
+    @torch.jit.unused
+    def _layout(self, n: int, hw: Optional[Tuple[int, int]]) -> Optional[Tuple[int, int]]:
+        """The checked grid of the tokens after the prefix (the square one when ``hw`` is None and there are
+        prefix tokens; docs/DESIGN.md §2.7) for n tokens. Eager mode only."""
+        if hw is None and self.num_prefix_tokens > 0:
+            check_num_prefix_tokens(self.num_prefix_tokens, n)
+            hw = square_grid(n, self.num_prefix_tokens)
+        return check_prefix_layout(hw, n, self.num_prefix_tokens)[1]
 
     def forward(
         self,
@@ -163,7 +218,8 @@ class TokenAttention(nn.Module):
         attn_mask: Optional[torch.Tensor] = None,
         is_causal: bool = False,
     ) -> torch.Tensor:
-        """x: (B, N, C), hw: (height, width) with height·width = N, or None (1-D) -> (B, N, C).
+        """x: (B, N, C), hw: (height, width) with height·width = N - num_prefix_tokens, or None (1-D; with
+        prefix tokens: the square grid of the N - num_prefix_tokens tokens) -> (B, N, C).
 
         key_padding_mask: (B, N) bool, True = padding (docs/DESIGN.md §2.5); padded rows of the output are 0
         and padded inputs get no gradient. attn_mask / is_causal: rejected (ValueError saying why).
@@ -173,8 +229,10 @@ class TokenAttention(nn.Module):
             reject_attn_mask(attn_mask, is_causal)
             if x.dim() != 3 or x.shape[-1] != self.dim:
                 raise ValueError(f"x: expected (B, N, {self.dim}) tokens, got shape {tuple(x.shape)}")
-            hw = check_hw(hw, x.shape[1])
+            hw = self._layout(x.shape[1], hw)
             mask = check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
+        elif hw is None and self.num_prefix_tokens > 0:
+            hw = square_grid(x.shape[1], self.num_prefix_tokens)
         b, n, c = x.shape
         if mask is not None:
             x = x.masked_fill(mask.unsqueeze(-1), 0.0)
