@@ -14,7 +14,10 @@ Two formats, one loader:
   ``"state"``, next to ``"format"``). ``load_training_state`` reads it back.
 * ``load_checkpoint(path)`` reads either: ``.safetensors`` files (also their ``.safetensors.prev``
   copies) through ``safetensors`` (no pickle at all), anything else through ``torch.load(weights_only=True)``
-  after the trailer check.
+  after the trailer check. ``verify=False`` skips the trailer check for files written by plain
+  ``torch.save`` (a ``.pth`` state dict, timm's ``train.py`` checkpoints such as ``model_best.pth.tar``);
+  the one class allowed beyond ``weights_only``'s own is ``argparse.Namespace``, which holds the ``args``
+  of timm's checkpoints and runs no code when rebuilt (its attributes are set, nothing is called).
 
 Every write goes to a temporary file in the destination directory, is flushed and fsynced, renamed over
 the destination with ``os.replace`` and followed by an fsync of the directory, so a crash at any point
@@ -26,6 +29,7 @@ latest file is missing or damaged, with a ``RuntimeWarning``; it never does so u
 
 from __future__ import annotations
 
+import argparse
 import errno
 import hashlib
 import io
@@ -66,6 +70,15 @@ _FORMAT_KEY = "format"
 _STATE_KEY = "state"
 _CHUNK = 1 << 20
 _SCALARS = (str, int, float, bool, type(None))
+# the classes torch.load(weights_only=True) may rebuild beyond its own: the args of timm's train.py checkpoints
+_SAFE_GLOBALS = (argparse.Namespace,)
+NO_TRAILER = (
+    "no integrity trailer: truncated, or not written by save_checkpoint (a plain torch.save file, e.g. a .pth "
+    "state dict or timm's model_best.pth.tar, has none: load it without the integrity check with --no-verify "
+    "on the command line, verify=False in Python; it is still read with weights_only=True)"
+)
+"""The problem ``verify_checkpoint`` reports for a file without the trailer (it names the way out in both
+entry points: ``laplacianformer eval --no-verify`` and ``verify=False`` of the Python loaders)."""
 _TORCH_ATOMS = (torch.dtype, torch.device)
 
 
@@ -312,10 +325,7 @@ def verify_checkpoint(path: str | os.PathLike) -> memoryview:
         )
     magic, size, digest, magic2 = _TRAILER.unpack_from(data, len(data) - TRAILER_SIZE)
     if magic != _MAGIC or magic2 != _MAGIC:
-        raise CheckpointError(
-            f"checkpoint: {path}: no integrity trailer: truncated, or not written by save_checkpoint "
-            "(pass verify=False to load a plain torch.save file with weights_only=True)"
-        )
+        raise CheckpointError(f"checkpoint: {path}: " + NO_TRAILER)
     if size != len(data) - TRAILER_SIZE:
         raise CheckpointError(
             f"checkpoint: {path}: truncated or altered: trailer records {size} payload bytes, "
@@ -329,7 +339,8 @@ def verify_checkpoint(path: str | os.PathLike) -> memoryview:
 
 def _torch_load(path: Path, payload, map_location) -> dict:
     try:
-        obj = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
+        with torch.serialization.safe_globals(list(_SAFE_GLOBALS)):
+            obj = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         text = str(exc)
         if "Unsupported global" in text:
@@ -396,8 +407,10 @@ def load_checkpoint(
         path: a ``.safetensors`` file or its ``.safetensors.prev`` copy (returns ``{name: tensor}``) or a
             ``save_checkpoint`` file (returns the saved dict, loaded with ``torch.load(weights_only=True)``).
         map_location: as for ``torch.load``; default ``"cpu"``.
-        verify: check the integrity trailer (size + SHA-256). ``False`` accepts plain ``torch.save`` files,
-            still with ``weights_only=True``.
+        verify: check the integrity trailer (size + SHA-256). ``False`` accepts plain ``torch.save`` files
+            (a ``.pth`` state dict, a timm ``train.py`` checkpoint), still with ``weights_only=True`` (plus
+            ``argparse.Namespace``); such a file is then checked only as far as ``torch.load`` checks it
+            (a cut zip archive fails to read; altered tensor bytes are not detected).
         fallback_previous: when ``path`` is missing or damaged, load ``<name>.prev`` instead and emit a
             ``RuntimeWarning`` naming the problem. Off by default.
 
