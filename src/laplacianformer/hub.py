@@ -29,19 +29,32 @@ settings in ``config.json``; those layouts are not read, and meeting one is an e
 
 Weights are written atomically with an integrity hash (``checkpoint.save_weights``) and read with
 ``checkpoint.load_checkpoint``, which reads safetensors and never unpickles code.
+
+Weights files of other origins (``read_weights``): a timm ``train.py`` checkpoint (``model_best.pth.tar``,
+``last.pth.tar``, ``checkpoint-N.pth.tar``: a ``torch.save`` dict with ``state_dict``, ``state_dict_ema``,
+``arch``, ``args``) or a plain ``{name: tensor}`` state dict (``.pth``). They carry no integrity trailer, so
+they load only with ``verify=False`` (``--no-verify``), still with ``weights_only=True``; ``arch`` names the
+model, the weights give the class count and input channels, ``args`` the image size, ``model_kwargs`` and
+preprocessing; a file that names no model needs ``model_name`` (``--model``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
 
 from .checkpoint import (
     CheckpointError, load_checkpoint, load_training_state, previous_path, read_metadata, save_weights,
 )
-from .models.laplacianformer import LaplacianFormer, checkpoint_filter_fn, default_cfgs, set_weights_config_reader
+from .models.laplacianformer import (
+    LaplacianFormer, checkpoint_filter_fn, create_model, default_cfgs, set_weights_config_reader,
+)
 from .models.registry import list_models
 
 __all__ = [
@@ -53,6 +66,8 @@ __all__ = [
     "is_run_dir",
     "run_weights",
     "read_run_checkpoint",
+    "read_weights",
+    "WeightsFile",
     "old_layout",
     "CONFIG_NAME",
     "WEIGHTS_NAME",
@@ -241,10 +256,171 @@ def read_run_checkpoint(path: str | os.PathLike, *, map_location="cpu") -> tuple
     return loaded.path, {**loaded.state, "format": loaded.metadata["format"], "model": loaded.model}
 
 
-def _load_state(file: Path, map_location) -> dict:
+# --- weights files of other origins: timm training checkpoints, plain state dicts --------------------------
+
+_WRAPPERS = ("module.", "_orig_mod.")  # key prefixes of DDP and torch.compile wrappers (in either order)
+_CFG_ARGS = ("mean", "std", "interpolation", "crop_pct")  # timm train.py args that are pretrained-cfg entries
+
+
+class WeightsFile(NamedTuple):
+    """A weights file as ``read_weights`` read it.
+
+    ``state``: the model's ``{name: tensor}`` (wrapper prefixes removed). ``kind``: ``"timm"`` (a timm
+    ``train.py`` checkpoint) or ``"state_dict"`` (a plain state dict, or safetensors weights).
+    ``model``: the registered name the file records (a timm checkpoint's ``arch`` / ``args.model``), else
+    None; ``arch``: that entry as written (also when it names no model of this family).
+    ``kwargs``: constructor arguments the file fixes: ``num_classes`` (rows of ``head.weight``, else
+    ``args.num_classes``), ``in_chans`` (the stem's input channels, else ``args.in_chans``) and, for a timm
+    checkpoint, the entries of ``args.model_kwargs``. ``img_size``: ``args.img_size``, else
+    ``args.input_size[1:]``, else None.
+    ``pretrained_cfg``: ``args``' mean, std, interpolation and crop_pct where set.
+    """
+
+    state: dict
+    path: Path
+    kind: str
+    model: str | None = None
+    arch: str | None = None
+    kwargs: dict = {}
+    img_size: int | tuple[int, int] | None = None
+    pretrained_cfg: dict = {}
+
+
+def _tensor_dict(obj: Any, path: Path, what: str) -> dict:
+    """``obj`` as a state dict with DDP / torch.compile prefixes removed; CheckpointError when it is not one."""
+    if not isinstance(obj, Mapping) or not obj or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+        keys = sorted(map(str, obj))[:6] if isinstance(obj, Mapping) else type(obj).__name__
+        raise CheckpointError(f"checkpoint: {path}: wrong format: {what} is not a state dict ({{name: tensor}}) "
+                              f"nor a timm training checkpoint (a dict with 'state_dict'); found {keys}")
+    state = {}
+    for key, value in obj.items():
+        name = key
+        while name.startswith(_WRAPPERS):
+            name = name[len(next(p for p in _WRAPPERS if name.startswith(p))):]
+        if name in state:
+            raise CheckpointError(f"checkpoint: {path}: {what} holds {name!r} twice (with and without a wrapper "
+                                  "prefix)")
+        state[name] = value
+    return state
+
+
+def _weights_kwargs(state: dict) -> dict:
+    """The constructor arguments the weights themselves fix: ``num_classes`` (rows of ``head.weight``) and
+    ``in_chans`` (input channels of the stem), where the state holds them."""
+    head, stem = state.get("head.weight"), state.get("patch_embed.proj.weight")
+    kwargs = {} if head is None or head.dim() != 2 else {"num_classes": int(head.shape[0])}
+    return kwargs if stem is None or stem.dim() != 4 else dict(kwargs, in_chans=int(stem.shape[1]))
+
+
+def _registered(arch: Any) -> str | None:
+    """The registered name in a timm ``arch``/``--model`` entry (``timm/`` prefix and ``.tag`` dropped)."""
+    if not isinstance(arch, str):
+        return None
+    name = arch.removeprefix("timm/").partition(".")[0]
+    return name if name in list_models() else None
+
+
+def _timm_args(args: Any, state: dict) -> tuple[dict, int | tuple[int, int] | None, dict]:
+    """(constructor kwargs, image size, pretrained-cfg entries) of a timm checkpoint's ``args`` and weights."""
+    a = vars(args) if isinstance(args, argparse.Namespace) else dict(args) if isinstance(args, Mapping) else {}
+    extra = a.get("model_kwargs")
+    kwargs = {str(k): v for k, v in extra.items()} if isinstance(extra, Mapping) else {}
+    kwargs.update({k: a[k] for k in ("num_classes", "in_chans") if isinstance(a.get(k), int)})
+    kwargs.update(_weights_kwargs(state))
+    img = a.get("img_size")
+    if not isinstance(img, int):
+        size = a.get("input_size")
+        img = (int(size[1]), int(size[2])) if isinstance(size, (list, tuple)) and len(size) == 3 else None
+    cfg = {k: (tuple(a[k]) if isinstance(a[k], list) else a[k]) for k in _CFG_ARGS if a.get(k) is not None}
+    return kwargs, img, cfg
+
+
+def read_weights(path: str | os.PathLike, *, ema: bool = False, verify: bool = True, map_location="cpu") -> WeightsFile:
+    """Read a weights file of any origin: safetensors weights, a plain ``torch.save`` state dict (``.pth``)
+    or a timm ``train.py`` checkpoint (``model_best.pth.tar``, ...), never unpickling code.
+
+    Args:
+        path: the file.
+        ema: take a timm checkpoint's ``state_dict_ema`` (CheckpointError when it has none; ValueError for a
+            file holding one set of weights).
+        verify: check the integrity trailer of a ``torch.save`` file (``checkpoint.load_checkpoint``): timm
+            and plain ``torch.save`` files have none and load only with ``verify=False``, still with
+            ``weights_only=True`` (``argparse.Namespace`` allowed for timm's ``args``).
+        map_location: as for ``torch.load``.
+
+    Returns:
+        a ``WeightsFile``: the state dict without ``module.`` / ``_orig_mod.`` prefixes and what the file
+        records of its model. CheckpointError (``checkpoint: <path>: ...``) for a file that is neither.
+    """
+    path = Path(path)
+    _refuse_old_checkpoint(path)
+    obj = load_checkpoint(path, map_location=map_location, verify=verify)
+    if not isinstance(obj.get("state_dict"), Mapping):
+        if ema:
+            raise ValueError(f"ema: {path} holds one set of weights, not a timm checkpoint with state_dict_ema "
+                             "(pass a run directory or a timm checkpoint, or this file without ema)")
+        state = _tensor_dict(obj, path, "the file")
+        return WeightsFile(state, path, "state_dict", kwargs=_weights_kwargs(state))
+    key = "state_dict_ema" if ema else "state_dict"
+    if obj.get(key) is None:
+        raise CheckpointError(f"checkpoint: {path}: ema: this timm checkpoint holds no state_dict_ema "
+                              "(trained without --model-ema)")
+    state = _tensor_dict(obj[key], path, key)
+    arch = obj.get("arch")
+    args = obj.get("args")
+    if not isinstance(arch, str) and isinstance(args, argparse.Namespace):
+        arch = getattr(args, "model", None)
+    kwargs, img, cfg = _timm_args(args, state)
+    return WeightsFile(state, path, "timm", _registered(arch), arch if isinstance(arch, str) else None,
+                       kwargs, img, cfg)
+
+
+def _merge(config: dict, overrides: Mapping) -> dict:
+    """``config`` with ``overrides``; changing ``attn`` without ``attn_kwargs`` drops the stored ones."""
+    config = dict(config)
+    if overrides.get("attn", config.get("attn")) != config.get("attn") and "attn_kwargs" not in overrides:
+        config.pop("attn_kwargs", None)
+    config.update(overrides)
+    return config
+
+
+def _load_into(model: LaplacianFormer, state: dict, file: Path, filtered: bool) -> LaplacianFormer:
+    """``load_state_dict(strict=True)`` (through ``checkpoint_filter_fn`` when ``filtered``); a mismatch is a
+    one-line CheckpointError naming the file."""
+    if filtered:
+        state = checkpoint_filter_fn(state, model)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"checkpoint: {file}: weights do not fit the model built ({detail})") from None
+    return model
+
+
+def _from_weights_file(path: Path, ema: bool, verify: bool, model_name: str | None, map_location,
+                       overrides: dict) -> LaplacianFormer:
+    """``from_pretrained`` of a weights file with no saved config: a timm checkpoint or a plain state dict."""
+    wf = read_weights(path, ema=ema, verify=verify, map_location=map_location)
+    name = model_name or wf.model
+    if name is None:
+        said = f" (its arch {wf.arch!r} is not one)" if wf.arch else ""
+        raise FileNotFoundError(f"path: {path}: no saved config in its metadata, no {CONFIG_NAME} beside it and "
+                                f"no timm arch naming a model of this family{said}: pass model_name= (one of "
+                                f"{list_models()})")
+    kwargs = dict(wf.kwargs)
+    if wf.img_size is not None:
+        kwargs.setdefault("img_size", wf.img_size)
+    model = create_model(name, **_merge(kwargs, overrides))
+    _load_into(model, wf.state, path, filtered=bool(overrides))
+    model.pretrained_cfg = _fit_cfg(dict(model.pretrained_cfg, **wf.pretrained_cfg), model)
+    return model.to(map_location) if map_location is not None else model
+
+
+def _load_state(file: Path, map_location, verify: bool = True) -> dict:
     if file.name == CHECKPOINT_NAME:
         return read_run_checkpoint(file.parent, map_location=map_location)[1]["model"]
-    return load_checkpoint(file, map_location=map_location)
+    return load_checkpoint(file, map_location=map_location, verify=verify)
 
 
 def _pretrained_source(path: Path, ema: bool) -> tuple[dict, Path]:
@@ -255,11 +431,7 @@ def _pretrained_source(path: Path, ema: bool) -> tuple[dict, Path]:
         if ema:
             raise ValueError(f"path: {path} is a weights file; ema=True picks the EMA file of a run directory "
                              f"(pass the directory, or this file without ema)")
-        data = weights_config(path)
-        if data is None:
-            raise FileNotFoundError(f"path: {path}: no saved config in its metadata and no {CONFIG_NAME} beside it "
-                                    "(expected weights written by save_pretrained or a training run)")
-        return data, path
+        return weights_config(path), path  # from_pretrained reads files without one with read_weights
     data = _read_saved(path)
     if not ema:
         return data, run_weights(path) if is_run_dir(path) else path / WEIGHTS_NAME
@@ -269,7 +441,8 @@ def _pretrained_source(path: Path, ema: bool) -> tuple[dict, Path]:
     return data, path / EMA_WEIGHTS_NAME
 
 
-def from_pretrained(path: str | os.PathLike, *, ema: bool = False, map_location="cpu", **overrides) -> LaplacianFormer:
+def from_pretrained(path: str | os.PathLike, *, ema: bool = False, verify: bool = True, model_name: str | None = None,
+                    map_location="cpu", **overrides) -> LaplacianFormer:
     """Rebuild and load a model from a saved-model directory, a training run directory or a weights file.
 
     Saved model (``save_pretrained``): ``config.json`` + ``model.safetensors``. Training run directory:
@@ -285,16 +458,23 @@ def from_pretrained(path: str | os.PathLike, *, ema: bool = False, map_location=
     through ``checkpoint_filter_fn``, and parameters without a counterpart keep their initialisation.
     Changing ``attn`` without giving ``attn_kwargs`` drops the stored ``attn_kwargs`` (they belong to the
     old variant).
+
+    A weights file without a saved config (``read_weights``): a timm ``train.py`` checkpoint
+    (``model_best.pth.tar``; ``ema=True`` takes its ``state_dict_ema``) or a plain state dict. Such files
+    have no integrity trailer and load only with ``verify=False`` (still ``weights_only=True``: no code
+    runs; a cut file fails to read, altered tensor bytes go unnoticed). The model is the one the file names
+    (timm's ``arch``) or ``model_name`` (a registered name, e.g. ``"laplacianformer_tiny"``; required when the
+    file names none), with the class count and input channels of the weights and timm's ``args``
+    (``model_kwargs``, image size, mean/std) in ``pretrained_cfg``.
     """
-    data, file = _pretrained_source(Path(path), ema)
-    config = dict(data["config"])
-    if overrides.get("attn", config.get("attn")) != config.get("attn") and "attn_kwargs" not in overrides:
-        config["attn_kwargs"] = {}
-    config.update(overrides)
-    model = LaplacianFormer(**config)
-    state = _load_state(file, map_location)
-    if overrides:
-        state = checkpoint_filter_fn(state, model)
-    model.load_state_dict(state, strict=True)
+    path = Path(path)
+    if path.is_file() and weights_config(path) is None:
+        return _from_weights_file(path, ema, verify, model_name, map_location, overrides)
+    if model_name is not None:
+        raise ValueError(f"model_name: {path} has a saved config, which names its model; pass constructor "
+                         "overrides instead (model_name is for weights files without one)")
+    data, file = _pretrained_source(path, ema)
+    model = LaplacianFormer(**_merge(data["config"], overrides))
+    _load_into(model, _load_state(file, map_location, verify), file, filtered=bool(overrides))
     model.pretrained_cfg = _fit_cfg(data["pretrained_cfg"], model)
     return model.to(map_location) if map_location is not None else model
