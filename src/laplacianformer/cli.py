@@ -168,14 +168,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flags(p, specs, argparse.SUPPRESS, *specs)
 
     p = sub.add_parser("eval", help="evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion PNG")
-    p.add_argument("--checkpoint", required=True, help="a run directory, its checkpoint.safetensors or a .safetensors weights file")
+    p.add_argument("--checkpoint", required=True,
+                   help="a run directory, its checkpoint.safetensors, a .safetensors weights file, or a timm "
+                        "train.py checkpoint (model_best.pth.tar, ...) or .pth state dict (with --no-verify)")
     _add_flags(p, specs, None, "--data", "--model", "--test-subset",
                data=dict(help="data to score: an image folder (every image in it; its val/ or test/ split when it "
-                              "has one) or a built-in set (its test split); default: the test split of the run's data"),
-               model=dict(help="override the model name stored with the checkpoint"))
+                              "has one) or a built-in set (its test split); default: the test split of the run's "
+                              "data (required for weights without a run: timm checkpoints, state dicts)"),
+               model=dict(help="override the model name stored with the checkpoint (required for weights "
+                               "that name none, e.g. a .pth state dict)"))
     _add_flags(p, specs, 256, "--batch-size")
     _add_flags(p, specs, "off", "--amp")
-    p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
+    p.add_argument("--ema", action="store_true", help="evaluate the EMA weights (a timm checkpoint's state_dict_ema)")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="accept a torch.save file without laplacianformer's integrity trailer (timm's .pth.tar, a "
+                        ".pth state dict); still read with weights_only=True, but not checked for alteration")
     p.add_argument("--out", help="where to write eval.json and confusion.png (default: the run directory)")
     _add_flags(p, specs, "auto", "--device")
     _add_flags(p, specs, True, "--progress")
@@ -294,8 +301,8 @@ def cmd_eval(args) -> int:
     from .train.evaluate_run import evaluate_checkpoint
 
     res = evaluate_checkpoint(args.checkpoint, data=args.data, model=args.model, test_subset=args.test_subset,
-                              batch_size=args.batch_size, amp=args.amp, ema=args.ema, out=args.out,
-                              device=args.device, progress=args.progress)
+                              batch_size=args.batch_size, amp=args.amp, ema=args.ema, verify=args.verify,
+                              out=args.out, device=args.device, progress=args.progress)
     print(f"top-1 {100 * res['top1']:.2f}%  top-5 {100 * res['top5']:.2f}%  loss {res['loss']:.4f}  (n={res['n']})")
     width = max(len(str(c)) for c in res["classes"])
     for c, acc in zip(res["classes"], res["per_class"]):

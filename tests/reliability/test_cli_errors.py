@@ -43,7 +43,7 @@ def files(tmp_path):
 CASES = [
     (["train", "--resume", "{d}/trunc.pt"], "checkpoint: {d}/trunc.pt: ", "not a training checkpoint"),
     (["train", "--resume", "{d}/evil.pt"], "checkpoint: {d}/evil.pt: ", "not a training checkpoint"),
-    (["eval", "--checkpoint", "{d}/evil.pt"], "checkpoint: {d}/evil.pt: ", "not a training checkpoint"),
+    (["eval", "--checkpoint", "{d}/evil.pt"], "checkpoint: {d}/evil.pt: ", "refused pickle"),  # a weights file, unpickled weights_only
     (["eval", "--checkpoint", "{d}/flip.safetensors"], "checkpoint: {d}/flip.safetensors: ", "hash mismatch"),
     (["train", "--resume", "{d}/run"], "checkpoint: {d}/run/checkpoint.pt: ", "before 0.1, no longer read: retrain"),
     (["eval", "--checkpoint", "{d}/run"], "checkpoint: {d}/run/checkpoint.pt: ", "before 0.1, no longer read: retrain"),

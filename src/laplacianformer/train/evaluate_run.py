@@ -4,16 +4,27 @@ Without ``data`` the run's own test split is scored (its data path resolved from
 ``config.resolve_data``); with ``data`` = an image folder, every image of that folder is scored
 (``data.build_eval_dataset``: its ``val/``/``test/`` split when it has one), its class folders matched by
 name to the classes the model was trained on.
+
+A weights file that records no training config (a timm ``train.py`` checkpoint such as
+``model_best.pth.tar``, a plain ``.pth`` state dict, safetensors weights without a run beside them) is read
+with ``hub.read_weights`` (``verify=False`` / ``--no-verify`` for files without the integrity trailer); the
+model is the one the file names (timm's ``arch``) or ``model``, the data set must be given (``data``).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
-from ..checkpoint import CheckpointError, load_checkpoint, read_metadata
+from ..checkpoint import CheckpointError, read_metadata
 from ..data import BUILTIN, build_datasets, build_eval_dataset
-from ..hub import CHECKPOINT_NAME, EMA_WEIGHTS_NAME, WEIGHTS_NAME, read_run_checkpoint, weights_config
+from ..hub import (
+    CHECKPOINT_NAME, EMA_WEIGHTS_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME, WeightsFile, read_run_checkpoint,
+    read_weights, weights_config,
+)
+from ..models.laplacianformer import LaplacianFormer, default_cfgs
+from ..models.registry import list_models
 from .config import TrainConfig, read_train_config, resolve_data
 from .engine import build_model, load_model_state, resolve_device
 from .evaluate import evaluate
@@ -25,16 +36,49 @@ def _is_training_checkpoint(file: Path) -> bool:
     safetensors weights) rather than a weights file."""
     if file.name.endswith(".prev") or file.name == CHECKPOINT_NAME:
         return True
-    return file.suffix != ".safetensors" or "state" in read_metadata(file)
+    return file.suffix == ".safetensors" and "state" in read_metadata(file)
 
 
-def load_for_eval(path: str | Path, *, ema: bool = False) -> tuple[TrainConfig, dict, Path]:
+def _has_train_config(file: Path) -> bool:
+    """Whether the weights ``file`` has a training config: in its safetensors metadata or beside it."""
+    if file.suffix == ".safetensors" and "train_config" in read_metadata(file):
+        return True
+    return (file.parent / TRAIN_CONFIG_NAME).is_file()
+
+
+def _config_of_file(wf: WeightsFile, model: str | None, data: str | None) -> TrainConfig:
+    """The config that evaluates ``wf``, a weights file without a training config: the model it names (or
+    ``model``) as timm built it (its ``args.model_kwargs``; the constructor's stem stride, not the small-image
+    rule of ``geometry.model_kwargs_for``), at its training image size (else the name's default cfg's)."""
+    name = model or wf.model
+    if name is None:
+        said = f"its arch {wf.arch!r} is not a model of this family" if wf.arch else "it names no model"
+        raise ValueError(f"model: {wf.path} has no training config and {said}: pass the registered name "
+                         f"(one of {list_models()})")
+    if name not in list_models():
+        raise ValueError(f"model: expected one of {list_models()}, got {name!r}")
+    if data is None:
+        raise ValueError(f"data: {wf.path} has no training config, so no data set to score: pass a built-in set "
+                         "or an image folder")
+    kwargs = {k: v for k, v in wf.kwargs.items() if k not in ("num_classes", "in_chans")}  # from the data / weights
+    attn, attn_kwargs = kwargs.pop("attn", "laplacian"), kwargs.pop("attn_kwargs", None) or {}
+    kwargs.setdefault("stem_stride", inspect.signature(LaplacianFormer).parameters["stem_stride"].default)
+    size = wf.img_size if wf.img_size is not None else default_cfgs[name]["input_size"][1:]
+    img = size if isinstance(size, int) else max(size)  # eval resizes to a square
+    return TrainConfig(model=name, attn=attn, attn_kwargs=dict(attn_kwargs), model_kwargs=kwargs, data=data,
+                       img_size=img, drop_path=0.0)
+
+
+def load_for_eval(path: str | Path, *, ema: bool = False, verify: bool = True, model: str | None = None,
+                  data: str | None = None) -> tuple[TrainConfig, dict, Path]:
     """(config, model state dict, file read) from a run directory, a training checkpoint
-    (``checkpoint.safetensors``) or a ``.safetensors`` weights file.
+    (``checkpoint.safetensors``) or a weights file.
 
     A run directory gives ``model.safetensors`` (``model_ema.safetensors`` with ``ema``), else its training
     checkpoint (``hub.read_run_checkpoint``: the previous file when the latest is damaged). A weights file's
-    training config is its metadata's, else the ``train_config.json`` beside it."""
+    training config is its metadata's, else the ``train_config.json`` beside it; a file with neither (a timm
+    checkpoint, a plain state dict: ``hub.read_weights`` with ``ema`` and ``verify``) is evaluated as
+    ``_config_of_file`` says, which needs ``data`` and, unless the file names its model, ``model``."""
     p = Path(path)
     if p.is_dir():
         if ema:
@@ -53,10 +97,12 @@ def load_for_eval(path: str | Path, *, ema: bool = False) -> tuple[TrainConfig, 
                 raise CheckpointError(f"checkpoint: {file}: the run kept no EMA weights (trained without --ema)")
             state = obj["ema"]["shadow"]
         return TrainConfig.from_dict(obj["config"]), state, file
-    obj = load_checkpoint(p)
-    saved = read_metadata(p).get("train_config")
+    wf = read_weights(p, ema=ema, verify=verify)
+    if not _has_train_config(p):
+        return _config_of_file(wf, model, data), wf.state, p
+    saved = read_metadata(p).get("train_config") if p.suffix == ".safetensors" else None
     config = TrainConfig.from_dict(json.loads(saved)) if saved else read_train_config(p.parent)
-    return config, obj, p
+    return config, wf.state, p
 
 
 def run_classes(file: Path) -> list[str] | None:
@@ -66,8 +112,10 @@ def run_classes(file: Path) -> list[str] | None:
     file = Path(file)
     if _is_training_checkpoint(file):
         names = read_run_checkpoint(file)[1].get("classes")
-    else:
+    elif file.suffix == ".safetensors":
         names = json.loads(read_metadata(file).get("classes") or "null")
+    else:  # a torch.save file (timm checkpoint, state dict): no class names
+        names = None
     if not names:
         names = ((weights_config(file) or {}).get("pretrained_cfg") or {}).get("label_names")
     return [str(c) for c in names] if names else None
@@ -79,17 +127,20 @@ def _head_rows(state: dict) -> int | None:
 
 
 def evaluate_checkpoint(path, *, data: str | None = None, model: str | None = None, test_subset: int | None = None,
-                        batch_size: int = 256, amp: str = "off", ema: bool = False, out: str | Path | None = None,
-                        device: str = "auto", progress: bool = True) -> dict:
+                        batch_size: int = 256, amp: str = "off", ema: bool = False, verify: bool = True,
+                        out: str | Path | None = None, device: str = "auto", progress: bool = True) -> dict:
     """Evaluates a saved model on the test split of its own data set, or on ``data``.
 
     ``data``: a built-in set (its test split) or an image folder, of which EVERY image is scored (its
     ``val/`` or ``test/`` split when it has one, else all ``<class>/`` folders); the folder's classes are
     matched by name to the model's (a subset is fine; DataError for a class the model lacks).
+    ``model``: the registered name to build instead of the stored one (required for a weights file that
+    names none). ``verify=False``: accept a ``torch.save`` file without the integrity trailer (a timm
+    ``train.py`` checkpoint, a ``.pth`` state dict), still read with ``weights_only=True``.
     Returns the ``evaluate`` dict plus ``classes`` (the model's), ``data``, ``json`` and ``confusion_png``
     (paths written).
     """
-    config, state, file = load_for_eval(path, ema=ema)
+    config, state, file = load_for_eval(path, ema=ema, verify=verify, model=model, data=data)
     if model is not None:
         config.model = model
     config.test_subset = test_subset
