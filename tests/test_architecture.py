@@ -67,6 +67,7 @@ GATED = {
     f"{PKG}.ops.kernel.triton": {"triton"},
     f"{PKG}.ops.newton_schulz.triton": {"triton"},
     f"{PKG}.ops.normalization.triton": {"triton"},
+    f"{PKG}.ops.streaming.triton": {"triton"},
 }
 
 

@@ -6,7 +6,9 @@
         over all N tokens; the output scale of §4.6.
     nystrom(qs, ks, vv, marks, settings, mask, steps) -> (out, W, W⁺)
         W = k(L, L), W⁺ = (W + eps·I)^{-1} (§3); C_k = k(K, L), padded keys 0;
-        norm "none": out = k(Q, L) (W⁺ C_kᵀ V); else out = Z(C_q W⁺ C_kᵀ) V (§4), C_q = C_k when K is Q.
+        norm "none": out = k(Q, L) (W⁺ C_kᵀ V); else out = Z(C_q W⁺ C_kᵀ) V (§4), C_q = C_k when K is Q;
+        with the plain steps, the op ``streaming`` (ops/streaming: the same output in fused passes over the
+        rows, CUDA inference) runs instead of the C_k, C_q and normalisation steps when it serves.
 
 ``Steps`` runs each step with autograd (the plain operator). The lean recompute (``ops/recompute.py``,
 §5.5) passes steps that run the same backends without autograd and keep what its backward needs: it decides
@@ -22,6 +24,7 @@ from .newton_schulz import pinv_residual, regularise, regularised_inverse
 from .normalization import normalize_dense, normalize_nystrom, scale_whitened
 from .pooling import landmarks_of
 from .settings import AttentionSettings
+from .streaming import streaming_nystrom
 from .validation import WHITENED_NORMS
 
 __all__ = ["PLAIN", "Steps", "attention_core", "compute_dtype", "grid_landmarks", "nystrom", "pad_rows",
@@ -87,6 +90,10 @@ def nystrom(qs, ks, vv, marks, s: AttentionSettings, mask=None, steps: Steps = P
     """The Nyström path (module docstring) on padded compute-dtype factors qs, ks (B, H, N, d), vv (B, H, N, e)
     and landmarks (B, H, m, d); ks is qs when K = Q. Returns (out (B, H, N, e), W, W⁺)."""
     w, w_inv = steps.inverse(marks, s)
+    if steps is PLAIN:  # the fused passes of ops/streaming (CUDA inference), or None: the steps below
+        out = streaming_nystrom(qs, ks, vv, marks, w_inv, s, mask)
+        if out is not None:
+            return out, w, w_inv
     c_k = pad_rows(steps.kernel(ks, marks, s, "k"), mask)  # padded keys weigh 0
     if s.norm == "none":
         out = pad_rows(steps.kernel_matmul(qs, marks, w_inv @ (c_k.transpose(-1, -2) @ vv), s), mask)

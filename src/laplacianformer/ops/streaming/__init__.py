@@ -1,0 +1,102 @@
+"""The op ``streaming``: the Nyström output of the core in three fused passes over the rows (docs/KERNELS.md,
+"The streaming passes"; the formulas are docs/DESIGN.md §4.3–§4.4 with the masking of §2.5).
+
+    streaming_nystrom(qs, ks, vv, marks, w_inv, settings, mask) -> (B, H, N, e), or None
+
+is asked by ``ops/nystrom.py``'s ``nystrom()`` once W and W⁺ are known: instead of C_k = k(K, L),
+C_q = k(Q, L) and the normalisation as separate ops (about 30 launches on a GPU), the passes recompute the
+kernel rows from q, k and the landmarks and never store them (3 launches). Backends, in the order "auto"
+tries them:
+
+- ``triton`` (``triton.py``): CUDA tensors (or ``TRITON_INTERPRET=1`` when forced), forward only;
+- ``torch`` (``reference.py``): the same passes in plain PyTorch, the kernels' test specification; never
+  chosen automatically (the step path is faster on the CPU), forced for tests;
+- ``steps`` (the reference of the op): returns None, and the caller runs its step path (the dispatched
+  ops ``kernel``, ``normalization``), which serves everything.
+
+Both pass backends refuse: an input that may need a gradient, graph capture or a dispatch mode (which must
+see the ops), m > 64, d or e > 128, and (``triton``) another dtype than float32. The output scale of §4.6
+(``norm_scale``) stays the core's post-op after this output.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _runtime
+from ..dispatch import Backend, Op
+from ..settings import AttentionSettings
+from .limits import FLAGS, unfit
+from .reference import streaming_nystrom_reference
+
+__all__ = ["STREAMING", "STREAMED_NORMS", "streaming_nystrom", "streaming_nystrom_reference"]
+
+STREAMED_NORMS = tuple(FLAGS)
+
+
+def streaming_nystrom(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks: torch.Tensor,
+                      w_inv: torch.Tensor, s: AttentionSettings, mask: torch.Tensor | None = None):
+    """Z(C_q W⁺ C_kᵀ) V (norm "none": C_q W⁺ C_kᵀ V) by the selected backend, or None for the step path.
+
+    qs, ks (B, H, N, d) (``ks is qs`` when K = Q), vv (B, H, N, e): the core's padded compute-dtype
+    factors; marks (B, H, m, d); w_inv (B, H, m, m); mask (B, N) bool (True = padding) or None."""
+    return STREAMING(qs, ks, vv, marks, w_inv, s, mask)
+
+
+def _pass_refusal(qs, ks, vv, marks, w_inv, s, mask) -> str | None:
+    """What both pass backends refuse."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (qs, ks, vv, marks, w_inv)):
+        return "an input requires grad: the streaming passes are forward-only (the step path has the backward)"
+    why = _runtime.capture_reason(modes=True)
+    if why is not None:
+        return f"{why} (the streaming passes run eagerly only)"
+    if qs.shape[-2] == 0 or vv.shape[-1] == 0:
+        return "empty input"
+    return unfit(s.norm, marks.shape[-2], qs.shape[-1], vv.shape[-1])
+
+
+def _triton_refusal(qs, ks, vv, marks, w_inv, s, mask) -> str | None:
+    why = _pass_refusal(qs, ks, vv, marks, w_inv, s, mask)
+    if why is not None:
+        return why
+    why = unfit(s.norm, marks.shape[-2], qs.shape[-1], vv.shape[-1], qs.dtype)
+    if why is not None:
+        return why
+    tensors = [qs, ks, vv, marks, w_inv] + ([] if mask is None else [mask])
+    devices = {t.device.type for t in tensors}
+    if devices != {"cuda"} and not (devices == {"cpu"} and _runtime.triton_interpreted()):
+        return f"tensors on {sorted(devices)}, not cuda (set TRITON_INTERPRET=1 to run Triton on the CPU)"
+    ok, why = _runtime.triton_available()
+    return None if ok else why
+
+
+def _triton_auto_refusal(qs, *_inputs) -> str | None:
+    if qs.device.type != "cuda":
+        return "only chosen automatically for CUDA tensors (the interpreter is for tests)"
+    return None
+
+
+def _torch_auto_refusal(*_inputs) -> str | None:
+    return "the passes' PyTorch specification, for tests: the step path is faster where Triton does not run"
+
+
+def _triton(qs, ks, vv, marks, w_inv, s, mask):
+    from .triton import streaming_triton
+
+    return streaming_triton(qs, ks, vv, marks, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps, mask)
+
+
+def _torch(qs, ks, vv, marks, w_inv, s, mask):
+    return streaming_nystrom_reference(qs, ks, vv, marks, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps, mask)
+
+
+def _steps(*_inputs):
+    return None
+
+
+STREAMING = Op("streaming", [
+    Backend("triton", _triton, _triton_refusal, _triton_auto_refusal),
+    Backend("torch", _torch, _pass_refusal, _torch_auto_refusal),
+    Backend("steps", _steps),
+], signature="streaming_nystrom(qs, ks, vv, marks, w_inv, settings, mask): qs, ks (B, H, N, d), vv (B, H, N, e); "
+              "None from 'steps' = run the step path")

@@ -1,0 +1,64 @@
+"""What the streaming Nyström passes serve and how they split the rows, in pure Python (docs/KERNELS.md,
+"The streaming passes"): the registry asks it without importing Triton, ``triton.py`` enumerates its
+specialisations within it, and ``reference.py`` follows the same plan.
+
+``FLAGS[norm]`` says which statistics a norm of docs/DESIGN.md §4.3–§4.4 needs, on ĝ = C_q W⁺ C_kᵀ:
+
+- ``whiten``: the variances s_j = k̃_j S' k̃_jᵀ (S the centred covariance of C_q, S' = W⁺ᵀ S W⁺) and the
+  weights r_j = (max(s_j, 0) + eps)^-½ ("injective", "injective_nomean");
+- ``centre_k``: the key factor centred, k̃ = C_k − k̄ (every norm with a row centring: injective, inline);
+  the query pass (pass 1) runs exactly when this is set (it gives c̄, S, k̄ and the valid-token count);
+- ``centre_q``: the output reads c̃ = C_q − c̄ ("injective": subtracting μ_j);
+- ``add_mean``: the output adds v̄ (the 1/N row);
+- ``rowsum``: the output divides by c_i · (W⁺ Σ_j C_kj) ("rowsum").
+"""
+
+from __future__ import annotations
+
+import torch
+
+MAX_M = 64
+"""Largest landmark count m of the passes (their (rows, m) and (m, m) register tiles)."""
+MAX_D = 128
+"""Largest head dim d (q, k and landmarks are read in chunks of d) and value dim e (held whole)."""
+
+FLAGS = {
+    "injective": dict(whiten=True, centre_k=True, centre_q=True, add_mean=True, rowsum=False),
+    "injective_nomean": dict(whiten=True, centre_k=True, centre_q=False, add_mean=True, rowsum=False),
+    "inline": dict(whiten=False, centre_k=True, centre_q=False, add_mean=True, rowsum=False),
+    "rowsum": dict(whiten=False, centre_k=False, centre_q=False, add_mean=False, rowsum=True),
+    "none": dict(whiten=False, centre_k=False, centre_q=False, add_mean=False, rowsum=False),
+}
+
+BLOCK_ROWS = 32
+"""Rows of one tile (queries or keys) in every pass."""
+MAX_SPLITS = 16
+"""Most row splits per (batch, head) group: the next pass's prologue sums this many partials."""
+TARGET_PROGRAMS = 256
+"""Splits are chosen so that splits × groups reaches about this many programs (two per SM on a
+132-SM H100/H200), within MAX_SPLITS and one tile per split."""
+
+
+def splits_for(n: int, groups: int) -> tuple[int, int]:
+    """(splits, rows per split) of the N rows of each group: a multiple of ``BLOCK_ROWS`` rows per split,
+    every split non-empty. Fixed by (n, groups) alone, so the summation order (and every bit of the
+    result) does not depend on the device."""
+    tiles = max(1, -(-n // BLOCK_ROWS))
+    want = max(1, min(MAX_SPLITS, tiles, -(-TARGET_PROGRAMS // max(groups, 1))))
+    rows = -(-tiles // want) * BLOCK_ROWS
+    return max(1, -(-n // rows)), rows
+
+
+def unfit(norm: str, m: int, d: int, e: int, dtype: torch.dtype | None = None) -> str | None:
+    """Why the streaming passes have no form for these sizes (and, given ``dtype``, for the Triton kernels'
+    dtype), or None."""
+    if norm not in FLAGS:
+        return f"norm {norm!r} has no streaming form (only {sorted(FLAGS)})"
+    if m > MAX_M:
+        return f"m={m} landmarks: the streaming passes take m <= {MAX_M} (register tiles)"
+    if d > MAX_D or e > MAX_D:
+        return f"d={d}, e={e}: the streaming passes take d, e <= {MAX_D}"
+    if dtype is not None and dtype != torch.float32:
+        return (f"dtype {dtype}: the streaming passes take the float32 compute dtype (half inputs reach the "
+                "core as float32; float64 runs the step path)")
+    return None

@@ -1,0 +1,130 @@
+"""The streaming Nyström passes in plain PyTorch: the readable specification of ``triton.py``.
+
+This is **not** a second forward formula. It restates the Nyström core of ``ops/nystrom.py`` (C_k, C_q and
+the normalisation of docs/DESIGN.md §4.3–§4.4 on ĝ = C_q W⁺ C_kᵀ, with the masking of §2.5) in the pass
+form the kernels run, so that the kernels can be tested against it step by step; tests hold it equal to
+the core (``attention_core``) in float64 for every norm, K = Q and K ≠ Q, with and without a mask. Runs on
+any device and dtype (float64 included). The rows of each (batch, head) group are cut into the splits of
+``limits.splits_for``, as in the kernels:
+
+1. **query pass** (when ``FLAGS[norm]["centre_k"]``): per split s, with C = k(Q, L) recomputed from q and
+   the landmarks, the valid-row count n_s, a shift p_s (the mean of the split's first tile of valid rows),
+   a_s = Σ (c − p_s), and with ``whiten`` G_s = Σ (c − p_s)ᵀ (c − p_s); for K ≠ Q also Σ C_k. Shifted sums
+   keep the covariance centred in float32 (no E[ccᵀ] − c̄c̄ᵀ cancellation).
+2. **key pass**: the prologue combines the query partials (``combine_queries``) into n, c̄, k̄ (= c̄ when
+   K = Q) and S = Σ (c − c̄)ᵀ(c − c̄) / n = Σ_s [G_s + a_s δ_sᵀ + δ_s a_sᵀ + n_s δ_s δ_sᵀ] / n with
+   δ_s = p_s − c̄ (an exact identity), then S' = W⁺ᵀ S W⁺. Per key row, C_k recomputed, k̃ = C_k − k̄,
+   s_j = k̃_j S' k̃_jᵀ, r_j = (max(s_j, 0) + eps)^-½ (1 without ``whiten``); per split the partials of
+   M' = Σ_j r_j k̃_jᵀ v_j, Σ v and Σ C_k (``rowsum``).
+3. **output pass**: M = W⁺ Σ_s M'_s, v̄ = Σ v / n, b_Σ = W⁺ Σ C_k; per query row, C_q recomputed,
+   out_i = (c_i − c̄) M + v̄ (centring and v̄ as the norm says; ``rowsum`` divides by c_i · b_Σ). Padded
+   rows weigh 0 everywhere and their output is 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .limits import BLOCK_ROWS, FLAGS, splits_for
+
+
+def kernel_rows(x: torch.Tensor, marks: torch.Tensor, bandwidth: float, l1: bool) -> torch.Tensor:
+    """k(X, L) = exp(−dist / bandwidth) by broadcasting: x (..., n, d), marks (..., m, d) -> (..., n, m);
+    dist the L1 distance (``l1``) or the squared L2 one (docs/DESIGN.md §1, §1.2)."""
+    diff = x.unsqueeze(-2) - marks.unsqueeze(-3)
+    dist = diff.abs().sum(-1) if l1 else diff.square().sum(-1)
+    return torch.exp(dist * (-1.0 / bandwidth))
+
+
+def _split_rows(n: int, groups: int) -> list[slice]:
+    splits, rows = splits_for(n, groups)
+    return [slice(s * rows, min((s + 1) * rows, n)) for s in range(splits)]
+
+
+def query_pass(qs, ks, marks, valid, bandwidth, l1, flags):
+    """Pass 1: per split, (n_s (B, H, S), p_s (B, H, S, m), a_s (B, H, S, m), G_s (B, H, S, m, m) or None,
+    Σ C_k (B, H, S, m) or None). ``valid`` (B, 1, N, 1) weights (1 valid, 0 padded)."""
+    b, h, n, _ = qs.shape
+    counts, shifts, sums, grams, ksums = [], [], [], [], []
+    for rows in _split_rows(n, b * h):
+        w = valid[:, :, rows]
+        c = kernel_rows(qs[:, :, rows], marks, bandwidth, l1) * w
+        first = slice(0, min(BLOCK_ROWS, c.shape[2]))
+        shift = c[:, :, first].sum(2) / w[:, :, first].sum(2).clamp_min(1.0)
+        d = (c - shift.unsqueeze(2)) * w
+        counts.append(w.sum((2, 3)).expand(b, h))
+        shifts.append(shift)
+        sums.append(d.sum(2))
+        if flags["whiten"]:
+            grams.append(d.transpose(-1, -2) @ d)
+        if ks is not qs:
+            ksums.append((kernel_rows(ks[:, :, rows], marks, bandwidth, l1) * w).sum(2))
+    stack = lambda xs: torch.stack(xs, 2) if xs else None  # noqa: E731
+    return stack(counts), stack(shifts), stack(sums), stack(grams), stack(ksums)
+
+
+def combine_queries(stats):
+    """The key pass's prologue: (n (B, H, 1, 1), c̄ (B, H, m), k̄ (B, H, m), S (B, H, m, m) or None)."""
+    counts, shifts, sums, grams, ksums = stats
+    n = counts.sum(2)[..., None, None].clamp_min(1.0)
+    c_mean = (counts.unsqueeze(-1) * shifts + sums).sum(2) / n[..., 0]
+    k_mean = c_mean if ksums is None else ksums.sum(2) / n[..., 0]
+    cov = None
+    if grams is not None:
+        delta = shifts - c_mean.unsqueeze(2)
+        outer = sums.unsqueeze(-1) * delta.unsqueeze(-2)
+        cov = (grams + outer + outer.transpose(-1, -2)
+               + counts[..., None, None] * delta.unsqueeze(-1) * delta.unsqueeze(-2)).sum(2) / n
+    return n, c_mean, k_mean, cov
+
+
+def key_pass(ks, vv, marks, w_inv, valid, bandwidth, l1, eps, flags, k_mean, cov):
+    """Pass 2: per split, (M'_s (B, H, S, m, e), Σ v (B, H, S, e), Σ C_k (B, H, S, m))."""
+    b, h, n, _ = ks.shape
+    sp = None if cov is None else w_inv.transpose(-1, -2) @ cov @ w_inv
+    parts, vsums, ksums = [], [], []
+    for rows in _split_rows(n, b * h):
+        w = valid[:, :, rows]
+        k = kernel_rows(ks[:, :, rows], marks, bandwidth, l1) * w
+        k_t = (k - k_mean.unsqueeze(2)) * w if flags["centre_k"] else k
+        if sp is not None:
+            s = ((k_t @ sp) * k_t).sum(-1, keepdim=True)
+            k_t = k_t * torch.rsqrt(s.clamp_min(0.0) + eps)
+        v = vv[:, :, rows] * w
+        parts.append(k_t.transpose(-1, -2) @ v)
+        vsums.append(v.sum(2))
+        ksums.append(k.sum(2))
+    return torch.stack(parts, 2), torch.stack(vsums, 2), torch.stack(ksums, 2)
+
+
+def output_pass(qs, marks, w_inv, valid, bandwidth, l1, flags, n, c_mean, key_stats):
+    """Pass 3: (B, H, N, e), padded rows 0."""
+    parts, vsums, ksums = key_stats
+    m_mat = w_inv @ parts.sum(2)
+    c = kernel_rows(qs, marks, bandwidth, l1)
+    if flags["centre_q"]:
+        c = c - c_mean.unsqueeze(2)
+    out = c @ m_mat
+    if flags["add_mean"]:
+        out = out + vsums.sum(2).unsqueeze(2) / n
+    if flags["rowsum"]:
+        out = out / (c @ (w_inv @ ksums.sum(2).unsqueeze(-1)))
+    return out * valid
+
+
+def streaming_nystrom_reference(qs, ks, vv, marks, w_inv, bandwidth: float, kernel: str, norm: str, eps: float,
+                                mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The Nyström output of the core in pass form (module docstring).
+
+    qs (B, H, N, d), ks (B, H, N, d) (``ks is qs`` when K = Q), vv (B, H, N, e), padded rows 0 (as the core
+    holds them); marks (B, H, m, d); w_inv (B, H, m, m); mask (B, N) bool, True = padding, or None.
+    Returns (B, H, N, e)."""
+    flags = FLAGS[norm]
+    l1 = kernel == "laplacian"
+    b, _, n, _ = qs.shape
+    valid = qs.new_ones(b, 1, n, 1) if mask is None else (~mask).to(qs.dtype)[:, None, :, None]
+    n_valid, c_mean, k_mean, cov = None, None, None, None
+    if flags["centre_k"]:
+        n_valid, c_mean, k_mean, cov = combine_queries(query_pass(qs, ks, marks, valid, bandwidth, l1, flags))
+    key_stats = key_pass(ks, vv, marks, w_inv, valid, bandwidth, l1, eps, flags, k_mean, cov)
+    return output_pass(qs, marks, w_inv, valid, bandwidth, l1, flags, n_valid, c_mean, key_stats)

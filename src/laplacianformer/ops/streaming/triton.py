@@ -1,0 +1,458 @@
+"""The streaming Nyström passes in Triton (docs/KERNELS.md, "The streaming passes"): C_q and C_k are
+recomputed from q, k and the landmarks inside each pass and never stored; the specification, pass by
+pass, is ``reference.py`` (docstring there), the formulas docs/DESIGN.md §4.3–§4.4 with the masking of §2.5.
+
+Per (batch, head) group g = b·H + h, rows cut into the splits of ``limits.splits_for`` (grid (splits, G)
+for the passes; each program walks its split in tiles of ``BLOCK_ROWS`` rows):
+
+- ``query_stats_kernel`` (pass 1, norms with a centred key factor): per split the valid-row count, the
+  shift p (mean of the first tile), Σ (c − p), with ``WHITEN`` Σ (c − p)ᵀ (c − p), for K ≠ Q Σ C_k;
+- ``combine_kernel`` (grid (G,)): the pass-1 partials summed in split order into n, c̄, k̄ and
+  S' = W⁺ᵀ S W⁺ (two m×m products). Its own kernel: as a prologue of the key pass, its products next to
+  the key pass's made that kernel spill registers on sm_80 (KERNELS.md);
+- ``key_pass_kernel`` (pass 2): per key tile C_kᵀ (landmarks × rows), k̃ᵀ, s_j = k̃_j S' k̃_jᵀ (from
+  S' k̃ᵀ), r_j, and per split the partials of M' = Σ r_j k̃_jᵀ v_j, Σ v and Σ C_k. The tile is held
+  transposed so that both products have an (m, ·) left operand;
+- ``output_kernel`` (pass 3): prologue M = W⁺ Σ M', v̄ (and b_Σ = W⁺ Σ C_k for ``rowsum``); per query
+  tile C_q, out = (c − c̄) M + v̄, written straight into a (B, N, H, e) buffer (the heads merged: the
+  caller gets its (B, H, N, e) view, whose ``transpose(1, 2).reshape(B, N, H·e)`` is free).
+
+Partials go to float32 workspaces (G, splits, ·), summed in a fixed order by the next kernel:
+deterministic, no atomics. Every C tile is exp(scale · dist), the distance summed over d in chunks of
+``BLOCK_D`` columns as a (BLOCK_ROWS, BLOCK_M, BLOCK_D) difference tile (8192 elements, 32 per thread at
+8 warps). Products: the m×m ones and S' k̃ᵀ IEEE float32, the Gram and output products "tf32x3" (never
+plain TF32: the variances must keep float32 bits). q, k, v are read in place through their (batch, head,
+row) strides (last dim contiguous); a padding mask is a runtime argument (without one, a single 0 byte
+read with stride 0).
+
+Forward only, float32, m <= 64, d, e <= 128 (``limits.unfit``). ``aot_specialisations`` lists every
+launch configuration for ``benchmarks/triton_aot.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .limits import BLOCK_ROWS, FLAGS, MAX_D, MAX_M, splits_for, unfit
+
+
+@triton.jit
+def _valid_rows(MASK, smb, b, rn, row_end, N):
+    """Rows ``rn`` inside the split (< row_end), the sequence (< N) and not padded: MASK (B, N) u8 with batch
+    stride smb (without a mask, one 0 byte and smb = 0, read for every row: one mask load instead of a
+    constexpr that would double the specialisations)."""
+    ok = (rn < N) & (rn < row_end)
+    pad = tl.load(MASK + b * smb + rn * tl.minimum(smb, 1), mask=ok, other=1)
+    return ok & (pad == 0)
+
+
+@triton.jit
+def _kernel_tile(X, sxn, Lg, rn, ok, M, D, scale, L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_D: tl.constexpr):
+    """exp(scale · dist(x_i, l_j)) for rows ``rn`` of X (row stride sxn, columns contiguous) and the M
+    landmarks at Lg (M, D): (BLOCK_N, BLOCK_M), 0 outside rows ``ok`` and columns < M."""
+    rm = tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        x = tl.load(X + rn[:, None] * sxn + cols[None, :], mask=ok[:, None] & (cols[None, :] < D), other=0.0)
+        lm = tl.load(Lg + rm[:, None] * D + cols[None, :], mask=(rm[:, None] < M) & (cols[None, :] < D), other=0.0)
+        diff = x.to(tl.float32)[:, None, :] - lm.to(tl.float32)[None, :, :]
+        if L1:
+            acc += tl.sum(tl.abs(diff), axis=2)
+        else:
+            acc += tl.sum(diff * diff, axis=2)
+    return tl.where(ok[:, None] & (rm[None, :] < M), tl.exp(acc * scale), 0.0)
+
+
+@triton.jit
+def _kernel_tile_t(X, sxn, Lg, rn, ok, M, D, scale, L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """The transpose of ``_kernel_tile``: (BLOCK_M, BLOCK_N), landmarks × rows, 0 outside."""
+    rm = tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        x = tl.load(X + rn[:, None] * sxn + cols[None, :], mask=ok[:, None] & (cols[None, :] < D), other=0.0)
+        lm = tl.load(Lg + rm[:, None] * D + cols[None, :], mask=(rm[:, None] < M) & (cols[None, :] < D), other=0.0)
+        diff = lm.to(tl.float32)[:, None, :] - x.to(tl.float32)[None, :, :]
+        if L1:
+            acc += tl.sum(tl.abs(diff), axis=2)
+        else:
+            acc += tl.sum(diff * diff, axis=2)
+    return tl.where((rm[:, None] < M) & ok[None, :], tl.exp(acc * scale), 0.0)
+
+
+@triton.jit
+def _query_tile(Qg, sqn, Kg, skn, Lg, MASK, smb, b, n0, row_end, N, M, D, scale, shift, count, a, gram, ksum,
+                WHITEN: tl.constexpr, UNTIED: tl.constexpr, L1: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Pass 1's sums plus the tile of rows n0 .. n0 + BLOCK_N."""
+    rn = n0 + tl.arange(0, BLOCK_N)
+    ok = _valid_rows(MASK, smb, b, rn, row_end, N)
+    rm = tl.arange(0, BLOCK_M)
+    c = _kernel_tile(Qg, sqn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+    d = tl.where(ok[:, None] & (rm[None, :] < M), c - shift[None, :], 0.0)
+    count += tl.sum(ok.to(tl.float32), axis=0)
+    a += tl.sum(d, axis=0)
+    if WHITEN:
+        gram += tl.dot(tl.trans(d), d, input_precision="tf32x3")
+    if UNTIED:
+        ksum += tl.sum(_kernel_tile(Kg, skn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D), axis=0)
+    return count, a, gram, ksum
+
+
+@triton.jit
+def query_stats_kernel(Q, sqb, sqh, sqn, K, skb, skh, skn, L, MASK, smb, PCOUNT, PSHIFT, PSUM, PGRAM, PKSUM,
+                       H, N, M, D, scale, rows_per_split, SPLITS,
+                       WHITEN: tl.constexpr, UNTIED: tl.constexpr, L1: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    split, g = tl.program_id(0), tl.program_id(1)
+    b, h = g // H, g % H
+    Qg, Kg, Lg = Q + b * sqb + h * sqh, K + b * skb + h * skh, L + g * M * D
+    rm = tl.arange(0, BLOCK_M)
+    lo = split * rows_per_split
+    row_end = lo + rows_per_split
+    # the shift: mean of the split's first tile of valid rows
+    rn = lo + tl.arange(0, BLOCK_N)
+    ok = _valid_rows(MASK, smb, b, rn, row_end, N)
+    first = tl.sum(_kernel_tile(Qg, sqn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D), axis=0)
+    shift = first / tl.maximum(tl.sum(ok.to(tl.float32), axis=0), 1.0)
+    count = tl.sum(tl.zeros((BLOCK_N,), dtype=tl.float32), axis=0)
+    a = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    gram = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
+    ksum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for n0 in range(lo, row_end, BLOCK_N):
+        count, a, gram, ksum = _query_tile(Qg, sqn, Kg, skn, Lg, MASK, smb, b, n0, row_end, N, M, D, scale, shift,
+                                           count, a, gram, ksum, WHITEN, UNTIED, L1,
+                                           BLOCK_N, BLOCK_M, BLOCK_D)
+    part = g * SPLITS + split
+    tl.store(PCOUNT + part, count)
+    tl.store(PSHIFT + part * M + rm, shift, mask=rm < M)
+    tl.store(PSUM + part * M + rm, a, mask=rm < M)
+    if WHITEN:
+        tl.store(PGRAM + part * M * M + rm[:, None] * M + rm[None, :], gram, mask=(rm[:, None] < M) & (rm[None, :] < M))
+    if UNTIED:
+        tl.store(PKSUM + part * M + rm, ksum, mask=rm < M)
+
+
+@triton.jit
+def _query_means(PCOUNT, PSHIFT, PSUM, g, M, SPLITS, BLOCK_M: tl.constexpr):
+    """(n, c̄) from pass 1's partials, summed in split order."""
+    rm = tl.arange(0, BLOCK_M)
+    n = tl.sum(tl.zeros((BLOCK_M,), dtype=tl.float32), axis=0)
+    total = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for s in range(0, SPLITS):
+        part = g * SPLITS + s
+        cnt = tl.load(PCOUNT + part)
+        n += cnt
+        total += cnt * tl.load(PSHIFT + part * M + rm, mask=rm < M, other=0.0) \
+            + tl.load(PSUM + part * M + rm, mask=rm < M, other=0.0)
+    n = tl.maximum(n, 1.0)
+    return n, total / n
+
+
+@triton.jit
+def _square(P, M, BLOCK_M: tl.constexpr, TRANSPOSE: tl.constexpr):
+    """The (M, M) row-major matrix at P (transposed with TRANSPOSE) as a (BLOCK_M, BLOCK_M) tile, 0 outside."""
+    rm = tl.arange(0, BLOCK_M)
+    inside = (rm[:, None] < M) & (rm[None, :] < M)
+    if TRANSPOSE:
+        return tl.load(P + rm[None, :] * M + rm[:, None], mask=inside, other=0.0)
+    return tl.load(P + rm[:, None] * M + rm[None, :], mask=inside, other=0.0)
+
+
+@triton.jit
+def combine_kernel(PCOUNT, PSHIFT, PSUM, PGRAM, PKSUM, WI, NCOUNT, CMEAN, KMEAN, SP, M, SPLITS,
+                   WHITEN: tl.constexpr, UNTIED: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Pass 1's partials of group program_id(0), summed in split order: n, c̄, k̄ and S' = W⁺ᵀ S W⁺ with
+    S = Σ_s [G_s + a_s δ_sᵀ + δ_s a_sᵀ + n_s δ_s δ_sᵀ] / n, δ_s = p_s − c̄ (``reference.combine_queries``).
+    A kernel of its own: its m×m products next to the key pass's row and Gram products spilled registers."""
+    g = tl.program_id(0)
+    rm = tl.arange(0, BLOCK_M)
+    n, c_mean = _query_means(PCOUNT, PSHIFT, PSUM, g, M, SPLITS, BLOCK_M)
+    k_mean = c_mean
+    if UNTIED:
+        k_mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for s in range(0, SPLITS):
+            k_mean += tl.load(PKSUM + (g * SPLITS + s) * M + rm, mask=rm < M, other=0.0)
+        k_mean = k_mean / n
+    tl.store(NCOUNT + g, n)
+    tl.store(CMEAN + g * M + rm, c_mean, mask=rm < M)
+    tl.store(KMEAN + g * M + rm, k_mean, mask=rm < M)
+    if WHITEN:
+        cov = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
+        for s in range(0, SPLITS):
+            part = g * SPLITS + s
+            cnt = tl.load(PCOUNT + part)
+            delta = tl.where(rm < M, tl.load(PSHIFT + part * M + rm, mask=rm < M, other=0.0) - c_mean, 0.0)
+            a = tl.load(PSUM + part * M + rm, mask=rm < M, other=0.0)
+            cov += _square(PGRAM + part * M * M, M, BLOCK_M, False) + a[:, None] * delta[None, :] \
+                + delta[:, None] * (a + cnt * delta)[None, :]
+        cov = cov / n
+        sw = tl.dot(cov, _square(WI + g * M * M, M, BLOCK_M, False), input_precision="ieee")
+        sp = tl.dot(_square(WI + g * M * M, M, BLOCK_M, True), sw, input_precision="ieee")
+        tl.store(SP + g * M * M + rm[:, None] * M + rm[None, :], sp, mask=(rm[:, None] < M) & (rm[None, :] < M))
+
+
+@triton.jit
+def key_pass_kernel(K, skb, skh, skn, V, svb, svh, svn, L, MASK, smb, KMEAN, SP, PM, PV, PK,
+                    H, N, M, D, E, scale, eps, rows_per_split, SPLITS,
+                    WHITEN: tl.constexpr, CENTRE_K: tl.constexpr, ROWSUM: tl.constexpr, L1: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+    split, g = tl.program_id(0), tl.program_id(1)
+    b, h = g // H, g % H
+    Kg, Vg, Lg = K + b * skb + h * skh, V + b * svb + h * svh, L + g * M * D
+    rm = tl.arange(0, BLOCK_M)
+    re = tl.arange(0, BLOCK_E)
+    k_mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    sp = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
+    if CENTRE_K:
+        k_mean = tl.load(KMEAN + g * M + rm, mask=rm < M, other=0.0)
+    if WHITEN:
+        sp = _square(SP + g * M * M, M, BLOCK_M, False)
+    acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    vsum = tl.zeros((BLOCK_E,), dtype=tl.float32)
+    ksum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    lo = split * rows_per_split
+    row_end = lo + rows_per_split
+    for n0 in range(lo, row_end, BLOCK_N):
+        rn = n0 + tl.arange(0, BLOCK_N)
+        ok = _valid_rows(MASK, smb, b, rn, row_end, N)
+        # the key tile transposed (landmarks × rows): both products below then have an (m, ·) left operand
+        kt = _kernel_tile_t(Kg, skn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+        if ROWSUM:
+            ksum += tl.sum(kt, axis=1)
+        if CENTRE_K:
+            kt = tl.where((rm[:, None] < M) & ok[None, :], kt - k_mean[:, None], 0.0)
+        if WHITEN:
+            tt = tl.dot(sp, kt, input_precision="ieee")  # (k̃ S')ᵀ, S' symmetric
+            r = 1.0 / tl.sqrt(tl.maximum(tl.sum(tt * kt, axis=0), 0.0) + eps)
+            kt = kt * r[None, :]
+        v = tl.load(Vg + rn[:, None] * svn + re[None, :], mask=ok[:, None] & (re[None, :] < E), other=0.0)
+        v = v.to(tl.float32)
+        vsum += tl.sum(v, axis=0)
+        acc += tl.dot(kt, v, input_precision="tf32x3")
+    part = g * SPLITS + split
+    tl.store(PM + part * M * E + rm[:, None] * E + re[None, :], acc, mask=(rm[:, None] < M) & (re[None, :] < E))
+    tl.store(PV + part * E + re, vsum, mask=re < E)
+    if ROWSUM:
+        tl.store(PK + part * M + rm, ksum, mask=rm < M)
+
+
+@triton.jit
+def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK, OUT,
+                  H, N, M, D, E, scale, rows_per_split, SPLITS,
+                  CENTRE_Q: tl.constexpr, ADD_MEAN: tl.constexpr, ROWSUM: tl.constexpr,
+                  L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_E: tl.constexpr):
+    split, g = tl.program_id(0), tl.program_id(1)
+    b, h = g // H, g % H
+    Qg, Lg = Q + b * sqb + h * sqh, L + g * M * D
+    rm = tl.arange(0, BLOCK_M)
+    re = tl.arange(0, BLOCK_E)
+    # prologue: M = W⁺ Σ M' (split order), v̄, c̄, b_Σ = W⁺ Σ C_k
+    mp = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    vsum = tl.zeros((BLOCK_E,), dtype=tl.float32)
+    ksum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for s in range(0, SPLITS):
+        part = g * SPLITS + s
+        mp += tl.load(PM + part * M * E + rm[:, None] * E + re[None, :], mask=(rm[:, None] < M) & (re[None, :] < E),
+                      other=0.0)
+        vsum += tl.load(PV + part * E + re, mask=re < E, other=0.0)
+        if ROWSUM:
+            ksum += tl.load(PK + part * M + rm, mask=rm < M, other=0.0)
+    w_inv = _square(WI + g * M * M, M, BLOCK_M, False)
+    m_mat = tl.dot(w_inv, mp, input_precision="tf32x3")
+    c_mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    bias = tl.zeros((BLOCK_E,), dtype=tl.float32)
+    if CENTRE_Q:
+        c_mean = tl.load(CMEAN + g * M + rm, mask=rm < M, other=0.0)
+    if ADD_MEAN:
+        bias = vsum / tl.load(NCOUNT + g)
+    b_sum = tl.sum(w_inv * ksum[None, :], axis=1)
+    lo = split * rows_per_split
+    row_end = lo + rows_per_split
+    for n0 in range(lo, row_end, BLOCK_N):
+        rn = n0 + tl.arange(0, BLOCK_N)
+        ok = _valid_rows(MASK, smb, b, rn, row_end, N)
+        c = _kernel_tile(Qg, sqn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+        if CENTRE_Q:
+            c = tl.where(rm[None, :] < M, c - c_mean[None, :], 0.0)
+        out = tl.dot(c, m_mat, input_precision="tf32x3") + bias[None, :]
+        if ROWSUM:
+            out = out / tl.where(ok, tl.sum(c * b_sum[None, :], axis=1), 1.0)[:, None]
+        out = tl.where(ok[:, None], out, 0.0)
+        inside = (rn[:, None] < N) & (rn[:, None] < row_end) & (re[None, :] < E)
+        tl.store(OUT + b * N * H * E + rn[:, None] * (H * E) + h * E + re[None, :], out.to(OUT.dtype.element_ty),
+                 mask=inside)
+
+
+MAXNREG = 255
+"""``.maxnreg`` of every launch (as the normalisation's kernels: ptxas otherwise sometimes targets fewer
+registers than a kernel needs and spills)."""
+_OPTIONS = ("num_warps", "num_stages", "maxnreg")
+
+
+def _p2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def config(m: int, d: int, e: int) -> dict:
+    """Tile sizes and launch options for m landmarks, head dim d, value dim e (every pass): BLOCK_D so
+    that the (BLOCK_ROWS, BLOCK_M, BLOCK_D) difference tile has 8192 elements (16, 8, 4 columns at
+    BLOCK_M = 16, 32, 64; d is walked in chunks of BLOCK_D, so no tile depends on d)."""
+    block_m = _p2(m)
+    block_d = 8192 // (BLOCK_ROWS * block_m)
+    return dict(BLOCK_N=BLOCK_ROWS, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_E=_p2(e), num_warps=8, num_stages=1,
+                maxnreg=MAXNREG)
+
+
+def query_spec(m, d, e, l1: bool, whiten: bool, untied: bool) -> dict:
+    cfg = config(m, d, e)
+    cfg.pop("BLOCK_E")
+    return dict(WHITEN=whiten, UNTIED=untied, L1=l1, **cfg)
+
+
+def combine_spec(m, whiten: bool, untied: bool) -> dict:
+    """The combine kernel: one program per group, 4 warps (m×m tiles only)."""
+    return dict(WHITEN=whiten, UNTIED=untied, BLOCK_M=_p2(m), num_warps=16, num_stages=1, maxnreg=MAXNREG)
+
+
+def key_spec(m, d, e, l1: bool, flags: dict) -> dict:
+    return dict(WHITEN=flags["whiten"], CENTRE_K=flags["centre_k"], ROWSUM=flags["rowsum"], L1=l1,
+                **config(m, d, e))
+
+
+def output_spec(m, d, e, l1: bool, flags: dict) -> dict:
+    return dict(CENTRE_Q=flags["centre_q"], ADD_MEAN=flags["add_mean"], ROWSUM=flags["rowsum"], L1=l1,
+                **config(m, d, e))
+
+
+def _launch(spec: dict) -> tuple[dict, dict]:
+    opts = {k: spec[k] for k in _OPTIONS}
+    return {k: v for k, v in spec.items() if k not in opts}, opts
+
+
+_NO_MASK: dict = {}
+
+
+def _no_mask(device: torch.device) -> torch.Tensor:
+    """One 0 byte on ``device`` (kept): the mask of a call without padding, read with batch stride 0."""
+    if device not in _NO_MASK:
+        _NO_MASK[device] = torch.zeros(1, dtype=torch.uint8, device=device)
+    return _NO_MASK[device]
+
+
+def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks: torch.Tensor, w_inv: torch.Tensor,
+                     bandwidth: float, kernel: str, norm: str, eps: float, mask: torch.Tensor | None) -> torch.Tensor:
+    """The Nyström output of ``reference.streaming_nystrom_reference`` (same arguments) by the Triton passes:
+    (B, H, N, e), a view of a (B, N, H, e) buffer. ValueError for what ``limits.unfit`` refuses."""
+    b, h, n, d = qs.shape
+    e, m = vv.shape[-1], marks.shape[-2]
+    why = unfit(norm, m, d, e, qs.dtype)
+    if why is not None:
+        raise ValueError(f"streaming_triton: {why}")
+    flags, l1, untied, groups = FLAGS[norm], kernel == "laplacian", ks is not qs, b * h
+    q = _rows_contiguous(qs)
+    k = q if not untied else _rows_contiguous(ks)
+    v = _rows_contiguous(vv)
+    lm = marks.reshape(groups, m, d).contiguous()
+    wi = w_inv.reshape(groups, m, m).to(torch.float32).contiguous()
+    splits, rows = splits_for(n, groups)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    pad = _no_mask(q.device) if mask is None else mask.contiguous().view(torch.uint8)
+    smb = 0 if mask is None else n
+    scale = -1.0 / float(bandwidth)
+    pcount = torch.empty(groups, splits, **f32)
+    pshift = torch.empty(groups, splits, m, **f32)
+    psum = torch.empty(groups, splits, m, **f32)
+    pgram = torch.empty(groups, splits, m, m, **f32) if flags["whiten"] else pcount
+    pksum = torch.empty(groups, splits, m, **f32) if untied and flags["centre_k"] else pcount
+    grid = (splits, groups)
+    if flags["centre_k"]:
+        meta, opts = _launch(query_spec(m, d, e, l1, flags["whiten"], untied))
+        query_stats_kernel[grid](q, q.stride(0), q.stride(1), q.stride(2), k, k.stride(0), k.stride(1), k.stride(2),
+                                 lm, pad, smb, pcount, pshift, psum, pgram, pksum, h, n, m, d, scale, rows, splits,
+                                 **meta, **opts)
+    ncount, cmean, kmean, sp = pcount, psum, psum, psum  # placeholders where a flag leaves them unread
+    if flags["centre_k"]:
+        ncount = torch.empty(groups, **f32)
+        cmean = torch.empty(groups, m, **f32)
+        kmean = torch.empty(groups, m, **f32)
+        sp = torch.empty(groups, m, m, **f32) if flags["whiten"] else pcount
+        meta, opts = _launch(combine_spec(m, flags["whiten"], untied))
+        combine_kernel[(groups,)](pcount, pshift, psum, pgram, pksum, wi, ncount, cmean, kmean, sp, m, splits,
+                                  **meta, **opts)
+    pm = torch.empty(groups, splits, m, e, **f32)
+    pv = torch.empty(groups, splits, e, **f32)
+    pk = torch.empty(groups, splits, m, **f32) if flags["rowsum"] else pv
+    meta, opts = _launch(key_spec(m, d, e, l1, flags))
+    key_pass_kernel[grid](k, k.stride(0), k.stride(1), k.stride(2), v, v.stride(0), v.stride(1), v.stride(2), lm,
+                          pad, smb, kmean, sp, pm, pv, pk, h, n, m, d, e, scale, float(eps), rows, splits,
+                          **meta, **opts)
+    out = torch.empty(b, n, h, e, dtype=vv.dtype, device=q.device)
+    meta, opts = _launch(output_spec(m, d, e, l1, flags))
+    output_kernel[grid](q, q.stride(0), q.stride(1), q.stride(2), lm, wi, pad, smb, ncount, cmean, pm, pv, pk, out,
+                        h, n, m, d, e, scale, rows, splits, **meta, **opts)
+    return out.permute(0, 2, 1, 3)
+
+
+_INTS = {"smb", "SPLITS", "sqb", "sqh", "sqn", "skb", "skh", "skn", "svb", "svh", "svn", "H", "N", "M", "D", "E", "rows_per_split",
+         "SPLITS"}
+
+
+def _signature(kernel, constexprs: dict) -> dict:
+    """Runtime arguments -> Triton types: the mask u8, sizes and strides i32, scale and eps fp32, every other
+    pointer fp32 (inputs, workspaces and the output)."""
+    sig = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            continue
+        sig[name] = ("i32" if name in _INTS else "fp32" if name in ("scale", "eps")
+                     else "*u8" if name == "MASK" else "*fp32")
+    return sig
+
+
+def _launches(m: int, e: int):
+    """(kernel, spec, label) of every launch ``streaming_triton`` can make for these m, e (the specs do not
+    depend on d: ``config`` takes BLOCK_D from m; the query pass does not depend on e either)."""
+    for l1 in (True, False):
+        kind = f"dtype=fp32 kind={'L1' if l1 else 'L2'}"
+        for norm, flags in FLAGS.items():
+            inj = int(norm == "injective")
+            if flags["centre_k"]:
+                for untied in (False, True):
+                    yield (query_stats_kernel, query_spec(m, MAX_D, e, l1, flags["whiten"], untied),
+                           f"stream_query {kind} m={m} inj={inj} untied={int(untied)}")
+                    yield (combine_kernel, combine_spec(m, flags["whiten"], untied),
+                           f"stream_combine dtype=fp32 m={m} inj={inj} untied={int(untied)}")
+            yield key_pass_kernel, key_spec(m, MAX_D, e, l1, flags), f"stream_key {kind} m={m} e={e} inj={inj}"
+            yield output_kernel, output_spec(m, MAX_D, e, l1, flags), f"stream_out {kind} m={m} e={e} inj={inj}"
+
+
+def aot_specialisations(d_max: int = 128, m_max: int = 128):
+    """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) ``streaming_triton`` can
+    produce for m <= min(m_max, 64), e <= min(d_max, 128) and any d <= 128, from the same ``*_spec`` functions
+    (benchmarks/triton_aot.py). m and e are enumerated as powers of two (the specs depend on them only through
+    ``next_power_of_2``, and not on d); identical specialisations are yielded once, under the label of their
+    first launch. The mask is a runtime argument (no specialisation of its own)."""
+    dims = lambda top, cap: [x for x in (16, 32, 64, 128) if x <= _p2(min(top, cap))]  # noqa: E731
+    seen = set()
+    for m in dims(m_max, MAX_M):
+        for e in dims(d_max, MAX_D):
+            for kernel, spec, label in _launches(m, e):
+                meta, opts = _launch(spec)
+                sig = _signature(kernel, meta)
+                key = (kernel.__name__, tuple(sorted((k, str(v)) for k, v in meta.items())),
+                       tuple(sorted(opts.items())))
+                if key not in seen:
+                    seen.add(key)
+                    yield (kernel, sig, meta, opts["num_warps"], opts["num_stages"], label,
+                           {"maxnreg": opts["maxnreg"]})

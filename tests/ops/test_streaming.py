@@ -1,0 +1,269 @@
+"""The op ``streaming`` (ops/streaming): the Nyström output of the core in fused passes over the rows.
+
+- ``reference.py`` (backend ``torch``) equals the core's step path in float64 for every norm, K = Q and K ≠ Q,
+  with and without a padding mask, through the one dispatch point of ``nystrom()``;
+- the Triton passes (marked ``triton``: CUDA, or TRITON_INTERPRET=1, which ``test_triton_suite_under_interpreter``
+  sets in a subprocess) equal the float64 reference to float32 round-off, are bitwise deterministic, and run
+  the whole operator (bfloat16 inputs, computed in float32);
+- the registry's refusals and explanations.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from laplacianformer import laplacian_attention
+from laplacianformer.ops import explain, use
+from laplacianformer.ops.dispatch import BackendRefused
+from laplacianformer.ops.pooling import pool_landmarks
+from laplacianformer.ops.settings import AttentionSettings
+from laplacianformer.ops.streaming import STREAMED_NORMS, streaming_nystrom, streaming_nystrom_reference
+from laplacianformer.ops.streaming.limits import splits_for
+
+TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _qkv(gen, b, h, n, d, e, tied, dtype=torch.float64, device="cpu"):
+    q = torch.randn(b, h, n, d, generator=gen, dtype=dtype).to(device)
+    k = q if tied else torch.randn(b, h, n, d, generator=gen, dtype=dtype).to(device)
+    v = torch.randn(b, h, n, e, generator=gen, dtype=dtype).to(device)
+    return q, k, v
+
+
+def _mask(b, n, device="cpu"):
+    """The last sequence padded from 60 % of its length on (not a multiple of the 32-row tiles)."""
+    mask = torch.zeros(b, n, dtype=torch.bool, device=device)
+    mask[-1, (3 * n) // 5:] = True
+    return mask
+
+
+# --- the pass form equals the core (float64) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm", STREAMED_NORMS)
+@pytest.mark.parametrize("tied", [True, False], ids=["k_is_q", "k_not_q"])
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+def test_reference_equals_the_core(seeded, norm, tied, masked):
+    """1-D sequences of 75 tokens (two splits of 32-row tiles and a partial one), 16 landmarks."""
+    _, gen = seeded
+    q, k, v = _qkv(gen, 2, 1, 75, 16, 8, tied)
+    kwargs = dict(landmarks=16, norm=norm, key_padding_mask=_mask(2, 75) if masked else None)
+    with use(streaming="steps"):
+        want = laplacian_attention(q, k, v, **kwargs)
+    with use(streaming="torch"):
+        got = laplacian_attention(q, k, v, **kwargs)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel,norm_scale", [("laplacian", "inv_sqrt_n"), ("gaussian", "one")])
+def test_reference_equals_the_core_on_a_grid(seeded, kernel, norm_scale):
+    """2-D grid (7×7 landmarks on 12×10 tokens, m = 49), the Gaussian kernel, and the output scale of §4.6,
+    which stays the core's post-op after the streamed output."""
+    _, gen = seeded
+    q, k, v = _qkv(gen, 1, 3, 120, 32, 16, False)
+    kwargs = dict(hw=(12, 10), landmarks=(7, 7), kernel=kernel, norm_scale=norm_scale)
+    with use(streaming="steps"):
+        want = laplacian_attention(q, k, v, **kwargs)
+    with use(streaming="torch"):
+        got = laplacian_attention(q, k, v, **kwargs)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_splits_cover_the_rows():
+    for n, groups in [(1, 1), (31, 8), (75, 4), (300, 2), (16384, 8), (256, 64)]:
+        splits, rows = splits_for(n, groups)
+        assert rows % 32 == 0 and (splits - 1) * rows < n <= splits * rows and splits <= 16
+
+
+# --- the registry ----------------------------------------------------------------------------------------
+
+
+def _inputs(gen, m=16, d=16, e=8, dtype=torch.float32, norm="injective", n=40):
+    q, _, v = _qkv(gen, 1, 2, n, d, e, True, dtype)
+    marks = torch.randn(1, 2, m, d, generator=gen, dtype=dtype)
+    w_inv = torch.eye(m, dtype=dtype).expand(1, 2, m, m)
+    return q, q, v, marks, w_inv, AttentionSettings(head_dim=d, norm=norm), None
+
+
+def test_auto_runs_the_step_path_on_the_cpu(seeded, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    _, gen = seeded
+    inputs = _inputs(gen)
+    assert streaming_nystrom(*inputs) is None
+    text = explain("streaming", *inputs)
+    assert text.startswith("streaming: selection 'auto' runs 'steps'"), text
+    assert "triton: tensors on ['cpu'], not cuda" in text and "torch: not chosen automatically" in text
+    with use(streaming="triton"), pytest.raises(BackendRefused, match="not cuda"):
+        streaming_nystrom(*inputs)
+    q, k, v = (torch.randn(1, 1, 36, 8, generator=gen) for _ in range(3))
+    report = __import__("laplacianformer").ops.explain_all(q, k, v, hw=(6, 6), landmarks=(3, 3))
+    assert "] streaming: selection 'auto' runs 'steps'" in report, report
+
+
+def test_forced_backends_refuse_with_the_reason(seeded, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the device check; no kernel runs here
+    _, gen = seeded
+    cases = [
+        (dict(m=65), "m=65 landmarks: the streaming passes take m <= 64"),
+        (dict(d=129), "d=129, e=8: the streaming passes take d, e <= 128"),
+        (dict(e=130), "d=16, e=130"),
+        (dict(n=0), "empty input"),
+    ]
+    for kwargs, reason in cases:
+        inputs = _inputs(gen, **kwargs)
+        for backend in ("triton", "torch"):
+            with use(streaming=backend), pytest.raises(ValueError, match=reason):
+                streaming_nystrom(*inputs)
+    inputs = _inputs(gen, dtype=torch.float64)
+    with use(streaming="triton"), pytest.raises(ValueError, match="dtype torch.float64"):
+        streaming_nystrom(*inputs)
+    q, k, v, marks, w_inv, s, mask = _inputs(gen)
+    q.requires_grad_(True)
+    for backend in ("triton", "torch"):
+        with use(streaming=backend), pytest.raises(ValueError, match="requires grad: the streaming passes are forward"):
+            streaming_nystrom(q, q, v, marks, w_inv, s, mask)
+    with torch.no_grad(), use(streaming="torch"):
+        assert streaming_nystrom(q, q, v, marks, w_inv, s, mask) is not None  # no gradient: served
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False), use(streaming="torch"), pytest.raises(ValueError, match="dispatch or function mode"):
+        streaming_nystrom(*_inputs(gen))
+    with use(reference=True):
+        assert streaming_nystrom(*_inputs(gen)) is None  # the op's reference: the step path
+
+
+def test_training_call_runs_the_step_path(seeded):
+    """With a gradient the core takes the steps whatever the choice of 'auto' (the passes are forward only)."""
+    _, gen = seeded
+    q, k, v = (t.requires_grad_(True) for t in _qkv(gen, 1, 2, 40, 8, 8, False))
+    text = __import__("laplacianformer").ops.explain_all(q, k, v, landmarks=9)
+    assert "streaming: selection 'auto' runs 'steps'" in text and "requires grad" in text, text
+
+
+# --- the Triton passes (CUDA, or the interpreter) --------------------------------------------------------
+
+needs_triton = pytest.mark.skipif(not TRITON_HERE, reason="needs CUDA or TRITON_INTERPRET=1")
+
+# (norm, tied, masked, b, h, n, d, e, m): N not a multiple of 32, m in {4, 16, 49}, d in {16, 32}
+TRITON_CASES = [
+    ("injective", True, False, 1, 2, 75, 32, 16, 16),
+    ("injective", False, True, 1, 1, 100, 16, 24, 49),
+    ("injective_nomean", True, True, 2, 1, 50, 16, 8, 4),
+    ("inline", False, False, 1, 1, 70, 16, 16, 16),
+    ("rowsum", True, True, 2, 1, 60, 16, 8, 4),
+    ("none", False, False, 1, 1, 90, 32, 16, 16),
+]
+
+
+def _triton_case(gen, norm, tied, masked, b, h, n, d, e, m, kernel="laplacian"):
+    """Factors as the core holds them (float32, padded rows 0), landmarks pooled from q, W⁺ from the solver."""
+    from laplacianformer.ops.newton_schulz import regularised_inverse
+    from laplacianformer.ops.nystrom import padded_inputs
+    from laplacianformer.ops.pooling import landmarks_of
+
+    q, k, v = _qkv(gen, b, h, n, d, e, tied, torch.float32)
+    mask = _mask(b, n) if masked else None
+    qs, ks, vv = padded_inputs(q, k, v, torch.float32, mask)
+    s = AttentionSettings(head_dim=d, norm=norm, kernel=kernel)
+    marks = landmarks_of(qs, None, m, mask)
+    w = torch.exp(-torch.cdist(marks, marks, p=1.0) / s.bandwidth)
+    w_inv = regularised_inverse(w, iters=30)
+    to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    return tuple(map(to, (qs, ks, vv, marks, w_inv))), s, to(mask)
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: f"{c[0]}-{'tied' if c[1] else 'untied'}"
+                         f"-{'mask' if c[2] else 'nomask'}-m{c[8]}")
+def test_triton_equals_reference(seeded, case):
+    _, gen = seeded
+    (qs, ks, vv, marks, w_inv), s, mask = _triton_case(gen, *case)
+    if case[1]:
+        ks = qs
+    with use(streaming="triton"):
+        got = streaming_nystrom(qs, ks, vv, marks, w_inv, s, mask)
+    f64 = lambda t: None if t is None else t.cpu().double()  # noqa: E731
+    q64 = f64(qs)
+    want = streaming_nystrom_reference(q64, q64 if case[1] else f64(ks), f64(vv), f64(marks), f64(w_inv), s.bandwidth,
+                                       s.kernel, s.norm, s.norm_eps, None if mask is None else mask.cpu())
+    assert got.shape == want.shape and got.dtype == torch.float32
+    err = ((got.cpu().double() - want).abs().max() / want.abs().max()).item()
+    assert err < 1e-5, f"max error {err:.2e} relative to the largest output"
+    if mask is not None:
+        assert not got[mask[:, None, :].expand(-1, got.shape[1], -1)].any()  # padded rows are 0
+
+
+@pytest.mark.triton
+@needs_triton
+def test_triton_gaussian_and_determinism(seeded):
+    _, gen = seeded
+    (qs, _, vv, marks, w_inv), s, mask = _triton_case(gen, "injective", True, True, 1, 1, 70, 16, 16, 16, "gaussian")
+    with use(streaming="triton"):
+        runs = [streaming_nystrom(qs, qs, vv, marks, w_inv, s, mask) for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])  # fixed splits summed in a fixed order: bit-identical
+    q64 = qs.cpu().double()
+    want = streaming_nystrom_reference(q64, q64, vv.cpu().double(), marks.cpu().double(), w_inv.cpu().double(),
+                                       s.bandwidth, s.kernel, s.norm, s.norm_eps, mask.cpu())
+    err = ((runs[0].cpu().double() - want).abs().max() / want.abs().max()).item()
+    assert err < 1e-5, f"max error {err:.2e}"
+
+
+@pytest.mark.triton
+@needs_triton
+def test_triton_runs_the_whole_operator_on_bfloat16_inputs(seeded):
+    """bfloat16 q, k, v: the core computes in float32 (docs/DESIGN.md §1.3), the passes serve that call, and the
+    result equals the step path's (both float32 inside, bfloat16 out)."""
+    _, gen = seeded
+    q, k, v = _qkv(gen, 1, 2, 64, 16, 16, True, torch.bfloat16, DEVICE)
+    kwargs = dict(hw=(8, 8), landmarks=(4, 4))
+    with use(streaming="steps"):
+        want = laplacian_attention(q, k, v, **kwargs)
+    with use(streaming="triton"):
+        got = laplacian_attention(q, k, v, **kwargs)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_triton_suite_under_interpreter(triton_interpreter):
+    if TRITON_HERE:
+        pytest.skip("the Triton tests run in this process")
+    pytest.importorskip("triton")
+    triton_interpreter("tests/ops/test_streaming.py", timeout=300.0)
+
+
+@pytest.mark.triton
+@needs_triton
+def test_every_launch_is_enumerated_for_the_aot_check(seeded, monkeypatch):
+    """Each launch of ``streaming_triton`` (kernel, constexprs, options) is among ``aot_specialisations``, the list
+    benchmarks/triton_aot.py compiles and checks for spills (a launcher change cannot bypass it)."""
+    from laplacianformer.ops.streaming import triton as st
+
+    enumerated = {(s[0].__name__, tuple(sorted((k, str(v)) for k, v in s[2].items())), s[3], s[4])
+                  for s in st.aot_specialisations()}
+    launched = []
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                meta = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "maxnreg")}
+                launched.append((self.kernel.__name__, tuple(sorted((k, str(v)) for k, v in meta.items())),
+                                 kwargs["num_warps"], kwargs["num_stages"]))
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    for name in ("query_stats_kernel", "combine_kernel", "key_pass_kernel", "output_kernel"):
+        monkeypatch.setattr(st, name, Recorder(getattr(st, name)))
+    _, gen = seeded
+    for case in [("injective", False, False, 1, 1, 40, 16, 24, 49), ("rowsum", True, True, 1, 1, 40, 16, 8, 4)]:
+        (qs, ks, vv, marks, w_inv), s, mask = _triton_case(gen, *case)
+        st.streaming_triton(qs, qs if case[1] else ks, vv, marks, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps,
+                            mask)
+    assert len(launched) == 4 + 2 and set(launched) <= enumerated, set(launched) - enumerated
