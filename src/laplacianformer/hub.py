@@ -385,16 +385,28 @@ def _merge(config: dict, overrides: Mapping) -> dict:
     return config
 
 
+def load_model_state(model: torch.nn.Module, state: dict, where: str) -> None:
+    """``load_state_dict`` with a one-line CheckpointError when the weights belong to another architecture."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shapes:
+        detail = []
+        if missing:
+            detail.append(f"{len(missing)} missing keys (e.g. {missing[0]})")
+        if unexpected:
+            detail.append(f"{len(unexpected)} unexpected keys (e.g. {unexpected[0]})")
+        if shapes:
+            k = shapes[0]
+            detail.append(f"{len(shapes)} shape mismatches (e.g. {k}: {tuple(state[k].shape)} vs {tuple(own[k].shape)})")
+        raise CheckpointError(f"checkpoint: {where}: weights do not fit this model: {'; '.join(detail)}")
+    model.load_state_dict(state)
+
+
 def _load_into(model: LaplacianFormer, state: dict, file: Path, filtered: bool) -> LaplacianFormer:
-    """``load_state_dict(strict=True)`` (through ``checkpoint_filter_fn`` when ``filtered``); a mismatch is a
-    one-line CheckpointError naming the file."""
-    if filtered:
-        state = checkpoint_filter_fn(state, model)
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        detail = " ".join(str(exc).split())[:300]
-        raise CheckpointError(f"checkpoint: {file}: weights do not fit the model built ({detail})") from None
+    """``load_model_state`` (through ``checkpoint_filter_fn`` when ``filtered``)."""
+    load_model_state(model, checkpoint_filter_fn(state, model) if filtered else state, str(file))
     return model
 
 

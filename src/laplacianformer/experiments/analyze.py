@@ -37,7 +37,8 @@ def load_trained(checkpoint: str, images: int):
     from ..data import build_datasets
     from ..train import build_model, read_train_config
     from ..train.augment import normalize
-    from ..train.engine import load_model_state, read_resume
+    from ..hub import load_model_state
+    from ..train.engine import read_resume
 
     ckpt, state = read_resume(checkpoint)
     cfg = read_train_config(ckpt.parent)

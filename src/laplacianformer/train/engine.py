@@ -39,7 +39,7 @@ from ..checkpoint import CheckpointError, save_training_state, save_weights
 from ..data import DataSplits, build_datasets
 from ..hub import (
     BEST_WEIGHTS_NAME, CHECKPOINT_NAME, EMA_WEIGHTS_NAME, TRAIN_CONFIG_NAME, TRAIN_FORMAT, WEIGHTS_NAME,
-    read_run_checkpoint, write_config,
+    load_model_state, read_run_checkpoint, write_config,
 )
 from ..models import create_model
 from .augment import mix_batch, normalize, rand_augment, random_crop_flip
@@ -121,25 +121,6 @@ def read_resume(path: str | Path) -> ResumePoint:
     ``checkpoint.safetensors``, falling back to the previous file with a warning when the latest is
     damaged); CheckpointError naming the file unless it is one."""
     return ResumePoint(*read_run_checkpoint(path))
-
-
-def load_model_state(model: nn.Module, state: dict, where: str) -> None:
-    """``load_state_dict`` with a one-line CheckpointError when the weights belong to another architecture."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or shapes:
-        detail = []
-        if missing:
-            detail.append(f"{len(missing)} missing keys (e.g. {missing[0]})")
-        if unexpected:
-            detail.append(f"{len(unexpected)} unexpected keys (e.g. {unexpected[0]})")
-        if shapes:
-            k = shapes[0]
-            detail.append(f"{len(shapes)} shape mismatches (e.g. {k}: {tuple(state[k].shape)} vs {tuple(own[k].shape)})")
-        raise CheckpointError(f"checkpoint: {where}: weights do not fit this model: {'; '.join(detail)}")
-    model.load_state_dict(state)
 
 
 class Trainer:

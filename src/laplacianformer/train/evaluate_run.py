@@ -20,13 +20,13 @@ from pathlib import Path
 from ..checkpoint import CheckpointError, read_metadata
 from ..data import BUILTIN, build_datasets, build_eval_dataset
 from ..hub import (
-    CHECKPOINT_NAME, EMA_WEIGHTS_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME, WeightsFile, read_run_checkpoint,
-    read_weights, weights_config,
+    CHECKPOINT_NAME, EMA_WEIGHTS_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME, WeightsFile, load_model_state,
+    read_run_checkpoint, read_weights, weights_config,
 )
 from ..models.laplacianformer import LaplacianFormer, default_cfgs
 from ..models.registry import list_models
 from .config import TrainConfig, read_train_config, resolve_data
-from .engine import build_model, load_model_state, resolve_device
+from .engine import build_model, resolve_device
 from .evaluate import evaluate
 from .plots import plot_confusion
 
