@@ -20,7 +20,7 @@ from laplacianformer.ops import explain, use
 from laplacianformer.ops.dispatch import BackendRefused
 from laplacianformer.ops.pooling import pool_landmarks
 from laplacianformer.ops.settings import AttentionSettings
-from laplacianformer.ops.streaming import STREAMED_NORMS, streaming_nystrom, streaming_nystrom_reference
+from laplacianformer.ops.streaming import STREAMED_NORMS, STREAMING, streaming_nystrom, streaming_nystrom_reference
 from laplacianformer.ops.streaming.limits import splits_for
 
 TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -71,6 +71,27 @@ def test_reference_equals_the_core_on_a_grid(seeded, kernel, norm_scale):
     with use(streaming="torch"):
         got = laplacian_attention(q, k, v, **kwargs)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_shifted_covariance_keeps_float32_bits():
+    """The query pass's shifted sums against E[ccᵀ] − c̄c̄ᵀ, both float32, on kernel rows of mean² about 1000 times
+    their variance (q of small spread around a common offset, d = 64, 7×7 pooled landmarks): the plain form
+    loses about 1e-4 of S (relative Frobenius error), the shifted one stays near float32 round-off."""
+    from laplacianformer.ops.streaming.limits import FLAGS
+    from laplacianformer.ops.streaming.reference import combine_queries, kernel_rows, query_pass
+
+    gen = torch.Generator().manual_seed(0)
+    q = 0.2 * torch.randn(1, 1, 4096, 64, generator=gen) + 2.0 * torch.randn(1, 1, 1, 64, generator=gen)
+    marks = pool_landmarks(q, (64, 64), (7, 7))
+    c64 = kernel_rows(q.double(), marks.double(), 32.0, True)
+    centred = c64 - c64.mean(2, keepdim=True)
+    exact = centred.transpose(-1, -2) @ centred / 4096
+    c = kernel_rows(q, marks, 32.0, True)
+    c_mean = c.mean(2, keepdim=True)
+    plain = c.transpose(-1, -2) @ c / 4096 - c_mean.transpose(-1, -2) @ c_mean
+    shifted = combine_queries(query_pass(q, q, marks, torch.ones(1, 1, 4096, 1), 32.0, True, FLAGS["injective"]))[3]
+    error = lambda s: ((s.double() - exact).norm() / exact.norm()).item()  # noqa: E731
+    assert error(plain) > 1e-5 and error(shifted) < 1e-6, (error(plain), error(shifted))
 
 
 def test_splits_cover_the_rows():
@@ -124,8 +145,10 @@ def test_forced_backends_refuse_with_the_reason(seeded, monkeypatch):
     q, k, v, marks, w_inv, s, mask = _inputs(gen)
     q.requires_grad_(True)
     for backend in ("triton", "torch"):
-        with use(streaming=backend), pytest.raises(ValueError, match="requires grad: the streaming passes are forward"):
-            streaming_nystrom(q, q, v, marks, w_inv, s, mask)
+        with use(streaming=backend):
+            assert streaming_nystrom(q, q, v, marks, w_inv, s, mask) is None  # a gradient: not asked, the steps run
+            with pytest.raises(ValueError, match="requires grad: the streaming passes are forward"):
+                STREAMING(q, q, v, marks, w_inv, s, mask)  # the registry itself refuses
     with torch.no_grad(), use(streaming="torch"):
         assert streaming_nystrom(q, q, v, marks, w_inv, s, mask) is not None  # no gradient: served
     from torch.utils.flop_counter import FlopCounterMode
@@ -137,11 +160,18 @@ def test_forced_backends_refuse_with_the_reason(seeded, monkeypatch):
 
 
 def test_training_call_runs_the_step_path(seeded):
-    """With a gradient the core takes the steps whatever the choice of 'auto' (the passes are forward only)."""
+    """With a gradient the core takes the steps even with a pass backend forced (the op is forward-only: the call
+    does not ask it), and the gradients are the step path's."""
     _, gen = seeded
     q, k, v = (t.requires_grad_(True) for t in _qkv(gen, 1, 2, 40, 8, 8, False))
-    text = __import__("laplacianformer").ops.explain_all(q, k, v, landmarks=9)
-    assert "streaming: selection 'auto' runs 'steps'" in text and "requires grad" in text, text
+    with use(streaming="torch"):
+        text = __import__("laplacianformer").ops.explain_all(q, k, v, landmarks=9)
+        out = laplacian_attention(q, k, v, landmarks=9)
+    assert "streaming" not in text and "normalization: selection 'auto'" in text, text
+    with use(streaming="steps"):
+        want = laplacian_attention(q, k, v, landmarks=9)
+    for a, b in zip(torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(want.sum(), (q, k, v))):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 # --- the Triton passes (CUDA, or the interpreter) --------------------------------------------------------

@@ -14,8 +14,9 @@ tries them:
 - ``steps`` (the reference of the op): returns None, and the caller runs its step path (the dispatched
   ops ``kernel``, ``normalization``), which serves everything.
 
-Both pass backends refuse: an input that may need a gradient, graph capture or a dispatch mode (which must
-see the ops), m > 64, d or e > 128, and (``triton``) another dtype than float32. The output scale of §4.6
+A call that may need a gradient never reaches the registry (``streaming_nystrom`` returns None: the step
+path has the backward). Both pass backends refuse graph capture or a dispatch mode (which must see the
+ops), m > 64, d or e > 128, and (``triton``) another dtype than float32. The output scale of §4.6
 (``norm_scale``) stays the core's post-op after this output.
 """
 
@@ -39,13 +40,22 @@ def streaming_nystrom(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, mark
     """Z(C_q W⁺ C_kᵀ) V (norm "none": C_q W⁺ C_kᵀ V) by the selected backend, or None for the step path.
 
     qs, ks (B, H, N, d) (``ks is qs`` when K = Q), vv (B, H, N, e): the core's padded compute-dtype
-    factors; marks (B, H, m, d); w_inv (B, H, m, m); mask (B, N) bool (True = padding) or None."""
+    factors; marks (B, H, m, d); w_inv (B, H, m, m); mask (B, N) bool (True = padding) or None.
+
+    A call that may need a gradient returns None without asking the registry: the op is forward-only, so
+    such a call is no call of the op (as an exact-kernel call is none), whatever backend is forced."""
+    if _needs_grad(qs, ks, vv, marks, w_inv):
+        return None
     return STREAMING(qs, ks, vv, marks, w_inv, s, mask)
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _pass_refusal(qs, ks, vv, marks, w_inv, s, mask) -> str | None:
     """What both pass backends refuse."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (qs, ks, vv, marks, w_inv)):
+    if _needs_grad(qs, ks, vv, marks, w_inv):  # only when called through STREAMING directly
         return "an input requires grad: the streaming passes are forward-only (the step path has the backward)"
     why = _runtime.capture_reason(modes=True)
     if why is not None:
