@@ -43,9 +43,10 @@ def streaming_nystrom(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, mark
     factors; marks (B, H, m, d); w_inv (B, H, m, m); mask (B, N) bool (True = padding) or None.
 
     A call that may need a gradient returns None without asking the registry: the op is forward-only, so
-    such a call is no call of the op (as an exact-kernel call is none), whatever backend is forced."""
-    if _needs_grad(qs, ks, vv, marks, w_inv):
-        return None
+    such a call is no call of the op (as an exact-kernel call is none), whatever backend is forced. So does
+    a call while torch.compile traces (the graph holds the step path's custom ops, docs/DESIGN.md §6.5)."""
+    if torch.compiler.is_compiling() or _needs_grad(qs, ks, vv, marks, w_inv):
+        return None  # torch.compile traces the step ops (their custom ops), never this registry's Python
     return STREAMING(qs, ks, vv, marks, w_inv, s, mask)
 
 
