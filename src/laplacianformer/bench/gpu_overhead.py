@@ -15,7 +15,9 @@ kernels' arithmetic. This script separates the parts, per attention, in one run:
   CUDA only; a forward that cannot be captured says why);
 - ``compiled ms`` and ``compile s``: ``torch.compile(model, fullgraph=True)`` (inductor), the first call's
   seconds and the later calls' median; ``max |diff|`` compares its output with eager.
-Inference only (eval, no_grad, float32). Writes runs/bench/gpu_overhead/gpu_overhead_<device>.{json,md}. (``--publish``: benchmarks/results/)
+Inference only (eval, no_grad, float32; ``--autocast bf16``: every part under one ``torch.autocast`` without
+its weight-cast cache, which a captured graph cannot use). Writes
+runs/bench/gpu_overhead/gpu_overhead_<device>[_bf16].{json,md}. (``--publish``: benchmarks/results/)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 import torch
 
 from .harness import synchronize, time_call
+from .options import add_autocast_option, autocast_context, precision_name
 from .output import add_output_options, output_stem
 from .report import markdown_table, write_json, write_text
 from .model_cost import build_net
@@ -77,10 +80,10 @@ def compiled(net, x, device: str, repeats: int) -> dict:
 
 
 def measure(attn: str, args) -> dict:
-    row: dict = {"attn": attn}
+    row: dict = {"attn": attn, "precision": precision_name(args.autocast)}
     net = build_net(args.model, attn, device=args.device).eval()
     x = torch.randn(args.batch, 3, args.size, args.size, generator=torch.Generator().manual_seed(0)).to(args.device)
-    with torch.no_grad():
+    with torch.no_grad(), autocast_context(args.device, args.autocast, cache=False):
         row["eager_ms"] = time_call(lambda: net(x), device=args.device, warmup=3, repeats=args.repeats).median_ms
         for name, part in (
             ("profile", lambda: profile_forward(net, x, args.device)),
@@ -113,11 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True, help="also time torch.compile")
+    add_autocast_option(p)
     add_output_options(p)
     args = p.parse_args(argv)
-    stem = output_stem(args, "gpu_overhead", f"gpu_overhead_{args.device}")
+    suffix = f"_{args.autocast}" if args.autocast else ""
+    stem = output_stem(args, "gpu_overhead", f"gpu_overhead_{args.device}{suffix}")
     rows = [measure(a, args) for a in args.attn]
-    title = (f"# {args.model} inference at {args.size}², batch {args.batch}, float32 ({args.device}"
+    title = (f"# {args.model} inference at {args.size}², batch {args.batch}, {precision_name(args.autocast)} "
+             f"({args.device}"
              f"{'; ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}; torch {torch.__version__})\n\n")
     text = title + table(rows)
     print(text)

@@ -18,6 +18,8 @@ Memory: "peak RSS" is one call in a fresh subprocess (CPU: RSS high-water mark) 
 "activations" (training) what autograd keeps for the backward, counted from the saved tensors' storages.
 Ratios: each variant against softmax, and each recompute / Newton–Schulz-iterations variant against
 "laplacian" (defaults), per (size, mode), from the same run (side by side).
+``--autocast bf16`` (or fp16) runs every call under ``torch.autocast`` (rows marked "bf16-autocast"; the
+attention operator itself computes in float32 there, docs/DESIGN.md §1); the file stem gets ``_bf16``.
     python -m laplacianformer.bench.model_throughput --model laplacianformer_micro --sizes 28 --batch 128 \
         --model-kwargs '{"stem_stride": 2, "in_chans": 1, "num_classes": 10}' \
         --attn laplacian laplacian-ns10 laplacian-ns30 laplacian-ns40 softmax   # the ns_iters ablation's cost
@@ -33,7 +35,8 @@ import argparse
 import os
 
 from .harness import peak_heap_mib, peak_memory, round_robin
-from .options import add_timing_options, results_stem, start_timing_run
+from .options import add_autocast_option, add_timing_options, autocast_context, precision_name, results_stem, \
+    start_timing_run
 from .report import markdown_table, plot_loglog, report_header, write_json, write_text
 from ..cmdline import json_object
 from .model_cost import build_net, make_call, training_activation_mib
@@ -77,37 +80,38 @@ def _split(attn: str) -> tuple[dict, dict]:
     return spec, spec.pop("runtime", {})
 
 
-def _under(runtime: dict, fn):
-    """fn run inside ``ops.use(**runtime)`` (fn itself when there is nothing to force)."""
-    if not runtime:
+def _under(runtime: dict, fn, autocast: str | None = None, device: str = "cpu"):
+    """fn run inside ``ops.use(**runtime)`` and ``torch.autocast`` for ``autocast`` (fn itself when there is
+    nothing to force)."""
+    if not runtime and autocast is None:
         return fn
     from .. import ops
 
     def call():
-        with ops.use(**runtime):
+        with ops.use(**runtime), autocast_context(device, autocast):
             return fn()
 
     return call
 
 
 def make_case(model: str, attn: str, size: int, batch: int, mode: str, device: str = "cpu", seed: int = 0,
-              model_kwargs: dict | None = None):
+              model_kwargs: dict | None = None, autocast: str | None = None):
     """Factory: builds the model and inputs, returns the zero-argument callable to time (``mode`` infer|train).
 
     ``attn`` is a ``variant``; ``model_kwargs`` go to the model's constructor (e.g. ``stem_stride``);
-    the calls are ``model_cost.make_call``'s."""
+    the calls are ``model_cost.make_call``'s, under ``torch.autocast`` when ``autocast`` ("bf16", "fp16")."""
     spec, runtime = _split(attn)
     net = build_net(model, **spec, model_kwargs=model_kwargs, device=device, seed=seed)
-    return _under(runtime, make_call(net, size, mode, batch=batch, device=device, seed=seed))
+    return _under(runtime, make_call(net, size, mode, batch=batch, device=device, seed=seed), autocast, device)
 
 
 def saved_activations_mb(model: str, attn: str, size: int, batch: int, device: str = "cpu",
-                         model_kwargs: dict | None = None) -> float:
+                         model_kwargs: dict | None = None, autocast: str | None = None) -> float:
     """MiB of the distinct storages autograd keeps for the backward of one training forward (the
     activation memory, parameters excluded); deterministic, unlike an allocator or RSS peak."""
     spec, runtime = _split(attn)
     net = build_net(model, **spec, model_kwargs=model_kwargs, device=device)
-    return _under(runtime, lambda: training_activation_mib(net, size, batch=batch, device=device))()
+    return _under(runtime, lambda: training_activation_mib(net, size, batch=batch, device=device), autocast, device)()
 
 
 def run(args) -> list[dict]:
@@ -118,7 +122,7 @@ def run(args) -> list[dict]:
     for size, mode in tqdm(groups, desc="model_throughput"):
         names = [a for a in args.attn if not (mode == "infer" and a in TRAIN_ONLY)]
         kwargs = {a: dict(model=args.model, attn=a, size=size, batch=args.batch, mode=mode, device=args.device,
-                          model_kwargs=args.model_kwargs) for a in names}
+                          model_kwargs=args.model_kwargs, autocast=args.autocast) for a in names}
         fns = {a: make_case(**kwargs[a]) for a in names}
         timings = round_robin(fns, device=args.device, repeats=args.repeats, max_seconds=args.max_seconds)
         heap = {a: peak_heap_mib(fn) if args.device == "cpu" else None for a, fn in fns.items()}
@@ -130,11 +134,12 @@ def run(args) -> list[dict]:
                     "laplacianformer.bench.model_throughput:make_case", kwargs[attn], device=args.device,
                     warmup_kwargs=dict(size=64, batch=1), threads=args.threads,
                 )["peak_mb"]
-            saved = (saved_activations_mb(args.model, attn, size, args.batch, args.device, args.model_kwargs)
-                     if mode == "train" else None)
+            saved = (saved_activations_mb(args.model, attn, size, args.batch, args.device, args.model_kwargs,
+                                          args.autocast) if mode == "train" else None)
             t = timings[attn]
             rows.append(dict(
-                model=args.model, attn=attn, size=size, batch=args.batch, mode=mode, median_ms=t.median_ms,
+                model=args.model, attn=attn, size=size, batch=args.batch, mode=mode,
+                precision=precision_name(args.autocast), median_ms=t.median_ms,
                 iqr_ms=t.iqr_ms, cpu_ms=t.cpu_ms, repeats=t.repeats, images_per_s=args.batch * 1e3 / t.median_ms,
                 peak_mb=mem, heap_mb=heap[attn], activations_mb=saved,
             ))
@@ -193,6 +198,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-seconds", type=float, default=60.0, help="cap on timed seconds per (size, mode) group")
     p.add_argument("--no-memory", action="store_true")
+    add_autocast_option(p)
     add_timing_options(p)
     args = p.parse_args(argv)
     load_before = start_timing_run(args, "laplacianformer.bench.model_throughput", argv)
@@ -202,6 +208,8 @@ def main(argv=None) -> None:
     ns = ratios_to_laplacian(rows, [a for a in args.attn if _ns_iters(a) is not None])
     load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
     stem = results_stem(args, "model_throughput")
+    if args.autocast and not args.out:
+        stem = stem.with_name(f"{stem.name}_{args.autocast}")
     write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, recompute_ratios=rec, ns_iters_ratios=ns,
                                                load_average=load), settings=vars(args))
     table = markdown_table(
@@ -229,7 +237,7 @@ def main(argv=None) -> None:
             ["Newton–Schulz iterations (default 20)", "size", "mode", "wall time / default", "CPU time / default"],
             [[r["attn"], r["size"], r["mode"], r["time_vs_none"], r["cpu_time_vs_none"]] for r in ns],
         )
-    header = report_header(f"{args.model} throughput", args, load)
+    header = report_header(f"{args.model} throughput", args, load, precision_name(args.autocast))
     write_text(stem.with_suffix(".md"), header + table)
     print(header + table)
     panels = []

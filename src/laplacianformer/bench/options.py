@@ -1,9 +1,10 @@
 """The options every timing benchmark shares (--device, --threads, --retain-heap, --out/--publish) and
-what they do before the timing starts."""
+what they do before the timing starts; --autocast, for the benchmarks that time a model under autocast."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,3 +39,25 @@ def results_stem(args: argparse.Namespace, name: str) -> Path:
     """Where a timing benchmark writes: stem ``<name>_<device type>[_retain]`` (``output.output_stem``)."""
     suffix = "_retain" if args.allocator == "glibc-retain" else ""
     return output_stem(args, name, f"{name}_{torch.device(args.device).type}{suffix}")
+
+
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""--autocast choices: the lower-precision dtype of ``torch.autocast`` (absent: float32 throughout)."""
+
+
+def add_autocast_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--autocast", choices=sorted(AUTOCAST), default=None,
+                        help="run the model under torch.autocast with this dtype (default: float32, no autocast)")
+
+
+def precision_name(autocast: str | None) -> str:
+    """The precision label of a row: "fp32", or "bf16-autocast" / "fp16-autocast"."""
+    return f"{autocast}-autocast" if autocast else "fp32"
+
+
+def autocast_context(device: str, autocast: str | None, *, cache: bool = True):
+    """``torch.autocast(device type, AUTOCAST[autocast])``, or a null context for None. ``cache=False`` for a
+    forward captured in a CUDA graph (a cached weight cast would be freed when the outermost context exits)."""
+    if autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=AUTOCAST[autocast], cache_enabled=cache)
