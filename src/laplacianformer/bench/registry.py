@@ -26,6 +26,7 @@ QUICK: dict[str, list[str]] = {
                   "--kernel-dim", "16", "--repeats", "2"],
     "gpu_targets": ["--measured", "benchmarks/results/gpu_check_h200"],
     "kernels": ["--quick", "--devices", "cpu"],
+    "launch_census": ["--model", "laplacianformer_micro", "--size", "64", "--backbone-sizes", "64"],
     "model_cost": ["--sizes", "32", "64", "--repeats", "1", "--max-seconds", "2", "--cap-s", "10"],
     "model_throughput": ["--model", "laplacianformer_micro", "--sizes", "32", "--repeats", "1", "--no-memory"],
     "normalization": ["--sizes", "256", "--repeats", "1"],
