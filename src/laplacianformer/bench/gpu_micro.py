@@ -95,7 +95,8 @@ def kernel_row(groups: int, tokens: int, dim: int, m: int, device: str, repeats:
         err = ((got.double() - want).norm() / want.norm()).item()
         median_us, min_us = _median_us(lambda: laplace_kernel(x, y, LAM), device, repeats)
     return dict(case="kernel", device=device, groups=groups, tokens=tokens, group_tokens=groups * tokens, d=dim, m=m,
-                median_us=median_us, min_us=min_us, rel_err_vs_float64=err, backend=_served_by("kernel", x, y, LAM))
+                median_us=median_us, min_us=min_us, rel_err_vs_float64=err,
+                backend=_served_by("kernel", x, y, LAM, "laplacian"))
 
 
 def report(rows: list[dict], args) -> str:

@@ -124,8 +124,8 @@ def tiny512_inference(field: str, precision: str) -> Callable[[Path], Extracted 
 # --- Tiny eager inference and training step at one size; the crossover (bench/model_throughput.py) -----------
 
 def _throughput_rows(directory: Path, precision: str) -> tuple[dict, list[str]]:
-    """{(size, mode, attn): median ms} of the Tiny backbone at batch 8 in ``precision``, and the files read
-    (fp32: model_throughput_cuda.json, then the first run's model_throughput_cuda_highres.json)."""
+    """{(size, mode, attn): median ms} of the Tiny backbone at batch 8 in ``precision``, and the files they came
+    from (fp32: model_throughput_cuda.json, then the first run's model_throughput_cuda_highres.json)."""
     names = (["model_throughput_cuda_bf16.json"] if precision == BF16
              else ["model_throughput_cuda.json", "model_throughput_cuda_highres.json"])
     times: dict = {}
@@ -133,12 +133,12 @@ def _throughput_rows(directory: Path, precision: str) -> tuple[dict, list[str]]:
     for name in names:
         results, _ = _results(_load(directory, name))
         rows = results.get("rows") if isinstance(results, dict) else None
-        if not isinstance(rows, list):
-            continue
-        read.append(name)
+        rows = [r for r in rows if isinstance(r, dict) and (r.get("model"), r.get("batch"), r.get("precision", FP32))
+                == (MODEL, BATCH, precision)] if isinstance(rows, list) else []
+        if rows:
+            read.append(name)
         for r in rows:
-            if (r.get("model"), r.get("batch"), r.get("precision", FP32)) == (MODEL, BATCH, precision):
-                times.setdefault((r.get("size"), r.get("mode"), r.get("attn")), r.get("median_ms"))
+            times.setdefault((r.get("size"), r.get("mode"), r.get("attn")), r.get("median_ms"))
     return times, read
 
 
@@ -311,7 +311,8 @@ def table_rows(measured: Path, previous: Path | None) -> list[dict]:
             quantity=t.quantity, precision=t.precision, target=t.target, limit=t.limit,
             previous=before.text if before else "not measured", measured=now.text if now else "not measured",
             met=judge(t, now), previous_met=judge(t, before),
-            previous_value=_finite(before.value) if before else None, measured_value=_finite(now.value) if now else None,
+            previous_value=_finite(before.value) if before else None,
+            measured_value=_finite(now.value) if now else None,
             previous_source=before.source if before else None, measured_source=now.source if now else None,
         ))
     return rows
