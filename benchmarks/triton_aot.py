@@ -43,6 +43,7 @@ MODULES = [
     "laplacianformer.ops.kernel.triton",
     "laplacianformer.ops.newton_schulz.triton",
     "laplacianformer.ops.normalization.triton",
+    "laplacianformer.ops.streaming.triton",
 ]
 """Modules with an ``aot_specialisations`` function; a new Triton module adds its name here."""
 

@@ -23,7 +23,7 @@ def test_specialisations_come_from_the_launchers():
     families = {s[5].split()[0] for s in specs}
     assert families == {"kernel_fwd", "kernel_bwd_dx", "kernel_bwd_dy", "matmul_fwd", "matmul_bwd_dx",
                         "matmul_bwd_dy", "ns_fwd", "ns_grad", "norm_gram", "norm_key_fwd", "norm_key_bwd",
-                        "norm_rows"}
+                        "norm_rows", "stream_query", "stream_combine", "stream_key", "stream_out"}
     from laplacianformer.ops.kernel import triton as kt
 
     # the model's call: d = 64 -> two 32-wide chunks, the configuration the launcher uses
