@@ -14,9 +14,15 @@ Counting (per call):
 - operations: FP32 instructions on the CUDA cores, one per sub, |.|-add (the abs is an operand modifier),
   multiply or FMA: L1 distance 2 per (n, m, k), squared L2 2; the backward's sign-weighted sums 3 per
   (n, m, k) for dX and 3 for dY; products with V as FMAs (IEEE float32 in the Triton kernels: CUDA cores);
-  Newton–Schulz 2·m_pad³ FMAs per step (m padded to the tile grid, 64 for m = 49), as FMAs on CUDA cores;
-- time = max(bytes / bandwidth, operations / instruction rate); Newton–Schulz runs one CTA per matrix,
+  Newton–Schulz for m <= 64 (the on-chip kernel, ops/newton_schulz/triton.py): two products of the
+  padded block (BM = 64 for m = 49) per step as "tf32x3" tensor-core products, 3 · 2·BM³ TF32 FLOPs each
+  (``ns_tensor``), rated at the TF32 tensor peak; the implicit backward likewise (two products); m > 64
+  (the tiled kernel): 2·m_pad³ FMAs per step on CUDA cores;
+- time = max(bytes / bandwidth, operations / rate); Newton–Schulz runs one CTA per matrix,
   so its compute rate is that of min(matrices, SMs) SMs.
+``ns_prediction`` (``--ns-prediction``) spells out the Newton–Schulz forward's prediction for one shape: the
+compute floor above and a latency estimate of the chunked products (per step 2·BM/16 rounds of an L1 read
+and the warps' mma.sync issue, two CTA barriers).
 
 Assumed H100 SXM5 peaks (NVIDIA data sheet): HBM3 3.35 TB/s; FP32 67 TFLOP/s = 33.5 T FP32 instructions/s
 (132 SMs × 128 lanes × 1.98 GHz, an FMA counting as one instruction); TF32 tensor 495 TFLOP/s and BF16
@@ -56,6 +62,39 @@ def _pad(m: int, tile: int = 32) -> int:
     return math.ceil(m / tile) * tile
 
 
+ONCHIP_MAX_M = 64  # ops/newton_schulz/triton.py: on chip (tf32x3 tensor-core products) up to here
+
+
+def _ns_block(m: int) -> int:
+    return max(16, 2 ** math.ceil(math.log2(m)))
+
+
+def ns_tensor_flops(m: int, products: int) -> int:
+    """TF32 tensor FLOPs of ``products`` "tf32x3" products of the padded (BM, BM) block: 3 · 2·BM³ each."""
+    return products * 3 * 2 * _ns_block(m) ** 3
+
+
+def ns_prediction(matrices: int = 64, m: int = 49, iters: int = ITERS, peak: dict = PEAK, clock_hz: float = 1.98e9,
+                  round_cycles: int = 300, barrier_cycles: int = 50) -> dict:
+    """The on-chip Newton–Schulz forward's predicted time for ``matrices`` (m, m) matrices in one launch (one CTA
+    per matrix, each on its own SM while matrices <= SMs). ``compute_us``: the TF32 tensor FLOPs of the padded
+    products at one SM's share of the tensor peak; ``latency_us``: per step 2·BM/16 chunk rounds of
+    ``round_cycles`` (an L1 read of two 16-wide operand chunks, ~40 cycles, and 3 · (BM/16)² · 2 mma.sync
+    m16n8k8 per round spread over the 8 warps; ~300 cycles assumed) and two barriers. A prediction, not a
+    measurement."""
+    bm = _ns_block(m)
+    useful = iters * 2 * 2 * m ** 3 * matrices
+    executed = iters * ns_tensor_flops(m, 2) * matrices
+    sms = min(matrices, peak["sms"])
+    waves = math.ceil(matrices / peak["sms"])
+    compute_us = executed / (peak["tf32_tensor_flops"] * sms / peak["sms"]) * 1e6
+    rounds = iters * 2 * (bm // 16)
+    latency_us = waves * (rounds * round_cycles + iters * 2 * barrier_cycles) / clock_hz * 1e6
+    return dict(matrices=matrices, m=m, block=bm, iters=iters, useful_flops=useful, executed_tensor_flops=executed,
+                compute_us=round(compute_us, 1), latency_us=round(latency_us, 1),
+                predicted_us=round(max(compute_us, latency_us), 1))
+
+
 def cases(batch: int = BATCH) -> list[dict]:
     """One dict per (resolution, stage, kernel): shape, bytes, ops, estimated microseconds."""
     rows = []
@@ -72,14 +111,20 @@ def cases(batch: int = BATCH) -> list[dict]:
             # dX and dY: read x, y, dC, C; write dX, the dY workspace (16 splits) and read it back
             rows.append(dict(shape, kernel="kernel_bwd", bytes=io + 2 * c_bytes + io + 2 * 16 * g * m * d * F32,
                              ops=2 * (2 + 3) * g * n * m * d))
-            mp = _pad(m, 32 if m <= 64 else 64)
-            rows.append(dict(shape, kernel="ns_fwd", bytes=2 * g * m * m * F32, ops=ITERS * 2 * g * mp ** 3,
-                             ctas=g))
-            rows.append(dict(shape, kernel="ns_grad", bytes=3 * g * m * m * F32, ops=2 * g * mp ** 3, ctas=g))
+            if m <= ONCHIP_MAX_M:
+                rows.append(dict(shape, kernel="ns_fwd", bytes=2 * g * m * m * F32,
+                                 ops=ITERS * g * ns_tensor_flops(m, 2), ctas=g, rate="tf32_tensor_flops"))
+                rows.append(dict(shape, kernel="ns_grad", bytes=3 * g * m * m * F32, ops=g * ns_tensor_flops(m, 2),
+                                 ctas=g, rate="tf32_tensor_flops"))
+            else:
+                mp = _pad(m, 64)
+                rows.append(dict(shape, kernel="ns_fwd", bytes=2 * g * m * m * F32, ops=ITERS * 2 * g * mp ** 3,
+                                 ctas=g))
+                rows.append(dict(shape, kernel="ns_grad", bytes=3 * g * m * m * F32, ops=2 * g * mp ** 3, ctas=g))
     for r in rows:
         t_mem = r["bytes"] / PEAK["hbm_bytes_per_s"]
         sms = min(r.get("ctas", PEAK["sms"]), PEAK["sms"])
-        t_ops = r["ops"] / (PEAK["fp32_instr_per_s"] * sms / PEAK["sms"])
+        t_ops = r["ops"] / (PEAK[r.get("rate", "fp32_instr_per_s")] * sms / PEAK["sms"])
         r["ops_per_byte"] = round(r["ops"] / r["bytes"], 2)
         r["bound"] = "compute" if t_ops >= t_mem else "memory"
         r["est_us"] = round(max(t_mem, t_ops) * 1e6, 2)
@@ -163,8 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="write the estimate table (stem roofline_h100)")
     ap.add_argument("--measure", action="store_true", help="on CUDA: measured vs estimated (stem roofline_measured)")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--ns-prediction", action="store_true",
+                    help="print the Newton–Schulz forward's prediction for 64 matrices 49x49, 20 steps (ns_prediction)")
     add_output_options(ap)
     args = ap.parse_args(argv)
+    if args.ns_prediction:
+        print(json.dumps(ns_prediction(), indent=1))
+        return 0
     if args.measure:
         return measure(repeats=args.repeats, out=output_stem(args, "roofline", "roofline_measured").with_suffix(".json"))
     if args.write:

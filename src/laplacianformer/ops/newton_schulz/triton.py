@@ -1,18 +1,26 @@
-"""Batched Newton–Schulz Triton kernels (docs/DESIGN.md §3, §6), one program per (batch, head) matrix, m <= 128.
+"""Batched Newton–Schulz Triton kernels (docs/DESIGN.md §3, §6), all B·H matrices in one launch, m <= 128.
 
-- ``newton_schulz_fwd_kernel``: P = W + eps·I (done by the caller), alpha = 1.8 / (max_i sum_j |P_ij|)^2
-  per matrix, V0 = alpha·P, then ``iters`` steps of V <- 2V - V (P V) with float32 accumulation. The
-  iterates and W = P V live in a float32 scratch (3, B, m, m) that stays in L2; the products run tile by
-  tile (``config``: TILE² outputs, k in chunks of BLOCK_K), the phases of a step separated by CTA barriers,
-  so no tile grows with m (the earlier whole-matrix-in-registers version spilled ~90 KB per thread at
-  m = 128 and asked for 192 KB of shared memory).
-- Safeguard, the reference's rule (``naive.newton_schulz_iterate_reference``): the residual ||I - P V||_F
-  falls out of the W = P V phase; at every ``CHECK_EVERY``-th step and after the last one, an iterate whose
-  residual is no larger than the best checked one (V0 included) becomes the output, so a residual that
-  grows or is not finite (NaN compares false) keeps the earlier iterate. There is no ``tol`` stop (the
-  registry refuses ``tol``: the reference stops when the whole batch is within it).
-- ``implicit_grad_kernel``: dL/dW = -Vᵀ G Vᵀ, the implicit backward of ``_ImplicitInverse``, in two tiled
-  products through a float32 scratch.
+- m <= 64 (``ONCHIP_MAX_M``; the model's m = 49): ``newton_schulz_onchip_kernel``, one program per matrix:
+  V, W = P V and the best iterate stay in registers as (BM, BM) float32 blocks, BM = max(16, next power of
+  two of m) (49 -> 64), padded with zeros (a zero row/column of P keeps V's zero there, so the m×m block is
+  the unpadded iteration). alpha = 1.8 / (max_i sum_j |P_ij|)^2 per matrix, V0 = alpha·P, then ``iters``
+  steps of V <- 2V - V W, W <- P V as ``tl.dot`` products in ``PRECISION`` ("tf32x3": three TF32
+  tensor-core products per product, float32 accumulation; never plain TF32, whose 1e-3..1e-2 error breaks
+  the 1e-5 agreement with float64), their operands read in k-chunks of 16 (P from the input, V and W from a
+  per-matrix float32 scratch (B, 3, BM, BM) written once per step and read back from L1): whole ``tl.dot``
+  operands of 64×64 spill registers on sm_80 and sm_90 (docs/KERNELS.md, "Newton–Schulz on chip").
+- 64 < m <= 128: ``newton_schulz_fwd_kernel``, the tiled form: the iterates and W live in a float32
+  scratch (3, B, m, m) that stays in L2; the products run tile by tile (``tiled_config``: TILE² outputs, k
+  in chunks of BLOCK_K), the phases of a step separated by CTA barriers, IEEE float32 products (the
+  earlier whole-matrix-in-registers version spilled ~90 KB per thread at m = 128).
+- Safeguard, the reference's rule (``naive.newton_schulz_iterate_reference``): ||I - P V||_F is measured
+  for V0 and at every ``CHECK_EVERY``-th step and after the last one (on chip: only at those steps, from
+  the W = P V the next step needs anyway); an iterate whose residual is no larger than the best checked one
+  becomes the output (on chip a register select, ``tl.where``), so a residual that grows or is not finite
+  (NaN compares false) keeps the earlier iterate. There is no ``tol`` stop (the registry refuses ``tol``:
+  the reference stops when the whole batch is within it).
+- ``implicit_grad_onchip_kernel`` (m <= 64) / ``implicit_grad_kernel`` (tiled, through a float32 scratch):
+  dL/dW = -Vᵀ G Vᵀ, the implicit backward of ``_ImplicitInverse``, one program per matrix.
 Inputs float32/float16/bfloat16 (half inputs run the float32 kernels on upcast copies: the matrices are
 small, and the half loads hit ptxas register caps on sm_90); results in the input dtype. ``aot_specialisations`` lists every
 specialisation the launchers produce (``benchmarks/triton_aot.py``).
@@ -28,9 +36,107 @@ from torch.library import triton_op, wrap_triton
 from .._triton_common import dot, load_block, store_block
 
 MAX_M = 128
+ONCHIP_MAX_M = 64
+PRECISION = "tf32x3"
+"""The on-chip kernels' product precision (``tl.dot`` input_precision): "tf32x3" or "ieee", never "tf32"."""
 CHECK_EVERY = 5
 """Steps between residual checks: the value of ``naive.CHECK_EVERY`` (equal by a test; not imported, so
 that this module stays loadable on its own by ``benchmarks/triton_aot.py``)."""
+
+
+@triton.jit
+def _onchip_block(ri, rj, M):
+    """(offsets, mask) of the (BM, BM) block of a row-major (M, M) matrix, masked past M."""
+    return ri[:, None] * M + rj[None, :], (ri[:, None] < M) & (rj[None, :] < M)
+
+
+@triton.jit
+def _eye_residual(w, ri, rj, M):
+    """||I - W||_F of the m×m block (W is zero outside it, and so is the identity used here)."""
+    r = tl.where((ri[:, None] == rj[None, :]) & (ri[:, None] < M), 1.0, 0.0) - w
+    return tl.sqrt(tl.sum(tl.sum(r * r, axis=1), axis=0))
+
+
+@triton.jit
+def _chunk_product(A, sa_r, sa_c, MA, B, sb_r, sb_c, MB, BM: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """The (BM, BM) product A @ B in float32, k in BM / BLOCK_K chunks: A's (BM, BLOCK_K) and B's
+    (BLOCK_K, BM) column/row chunks are read with the given strides (zero past MA / MB rows and columns),
+    so no operand is ever whole in registers. A loop, not ``tl.static_range``: unrolled, the chunks' loads
+    in flight spill at BM = 64 (benchmarks/triton_aot.py --strict)."""
+    ri = tl.arange(0, BM)
+    acc = tl.zeros((BM, BM), dtype=tl.float32)
+    for k0 in range(0, BM, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(A + ri[:, None] * sa_r + rk[None, :] * sa_c, mask=(ri[:, None] < MA) & (rk[None, :] < MA),
+                    other=0.0).to(tl.float32)
+        b = tl.load(B + rk[:, None] * sb_r + ri[None, :] * sb_c, mask=(rk[:, None] < MB) & (ri[None, :] < MB),
+                    other=0.0).to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def newton_schulz_onchip_kernel(P, V, WORK, M, iters, CHECK: tl.constexpr, BM: tl.constexpr,
+                                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per matrix, M <= BM. V, W = P V and the best iterate stay in registers as (BM, BM)
+    float32 blocks; the products read their operands in k-chunks from P and from a per-matrix float32
+    scratch WORK (B, 3, BM, BM) (two iterate slots and W; 48 KB at BM = 64, meant to stay in L1), written
+    once per step, so a step is 2·BM/BLOCK_K chunk rounds between two CTA barriers."""
+    b = tl.program_id(0).to(tl.int64)
+    ri = tl.arange(0, BM)
+    rj = tl.arange(0, BM)
+    offs, mask = _onchip_block(ri, rj, M)
+    sq = ri[:, None] * BM + rj[None, :]
+    Pb = P + b * M * M
+    S = WORK + b * 3 * BM * BM
+    Wb = S + 2 * BM * BM
+    p = tl.load(Pb + offs, mask=mask, other=0.0).to(tl.float32)
+    rowmax = tl.max(tl.sum(tl.abs(p), axis=1), axis=0)
+    v = p * (1.8 / (rowmax * rowmax))
+    tl.store(S + sq, v)
+    tl.debug_barrier()
+    w = _chunk_product(Pb, M, 1, M, S, BM, 1, BM, BM, BLOCK_K, PRECISION)
+    tl.store(Wb + sq, w)
+    best = v
+    best_res = _eye_residual(w, ri, rj, M)
+    tl.debug_barrier()
+    cur = 0
+    for step in range(iters):
+        nxt = 1 - cur
+        v = 2.0 * v - _chunk_product(S + cur * BM * BM, BM, 1, BM, Wb, BM, 1, BM, BM, BLOCK_K, PRECISION)
+        tl.store(S + nxt * BM * BM + sq, v)  # the other slot: the product above may still be reading this one
+        tl.debug_barrier()
+        w = _chunk_product(Pb, M, 1, M, S + nxt * BM * BM, BM, 1, BM, BM, BLOCK_K, PRECISION)
+        tl.store(Wb + sq, w)  # W's last readers finished before the barrier above
+        tl.debug_barrier()
+        # keep-best at the reference's checks (every CHECK steps and the last): a residual that grew or is
+        # not finite (NaN compares false) keeps the earlier iterate
+        if ((step + 1) % CHECK == 0) | (step + 1 == iters):
+            res = _eye_residual(w, ri, rj, M)
+            better = res <= best_res
+            best = tl.where(better, v, best)
+            best_res = tl.where(better, res, best_res)
+        cur = nxt
+    tl.store(V + b * M * M + offs, best.to(V.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def implicit_grad_onchip_kernel(V, G, DW, WORK, M, BM: tl.constexpr, BLOCK_K: tl.constexpr,
+                                PRECISION: tl.constexpr):
+    """dW = -(Vᵀ G) Vᵀ for one matrix per program, M <= BM: two chunked products, Vᵀ G through the float32
+    scratch WORK (B, BM, BM)."""
+    b = tl.program_id(0).to(tl.int64)
+    ri = tl.arange(0, BM)
+    rj = tl.arange(0, BM)
+    offs, mask = _onchip_block(ri, rj, M)
+    Vb = V + b * M * M
+    T = WORK + b * BM * BM
+    t = _chunk_product(Vb, 1, M, M, G + b * M * M, M, 1, M, BM, BLOCK_K, PRECISION)
+    tl.store(T + ri[:, None] * BM + rj[None, :], t)
+    tl.debug_barrier()
+    dw = -_chunk_product(T, BM, 1, BM, Vb, 1, M, M, BM, BLOCK_K, PRECISION)
+    tl.store(DW + b * M * M + offs, dw.to(DW.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -174,53 +280,77 @@ def implicit_grad_kernel(V, G, DW, WORK, M, IEEE: tl.constexpr, TILE: tl.constex
     _product_into(Tb, M, 1, Vb, 1, M, DW + b * M * M, M, True, IEEE, TILE, BLOCK_K)
 
 
-def config(m: int) -> dict:
-    """Launch configuration of both kernels for (m, m) matrices: output tiles of TILE² (m = 49: four
-    tiles of 32², m = 128: four of 64²), products over k in chunks of BLOCK_K read from L1/L2; sized
-    so that ``benchmarks/triton_aot.py --strict`` finds no spill on sm_80 and sm_90."""
+def onchip_config(m: int) -> dict:
+    """Launch configuration of the on-chip kernels for (m, m) matrices, m <= ONCHIP_MAX_M: the block side BM,
+    the k-chunk BLOCK_K and the warps (one per 8 rows of the block); checked by
+    ``benchmarks/triton_aot.py --strict``."""
+    if m > ONCHIP_MAX_M:
+        raise ValueError(f"m: expected at most {ONCHIP_MAX_M} for the on-chip kernels, got {m}")
     block = max(16, triton.next_power_of_2(m))
-    if block <= 16:
-        return dict(TILE=16, BLOCK_K=16, num_warps=1, num_stages=1)
-    if block <= 64:
-        return dict(TILE=32, BLOCK_K=16, num_warps=4, num_stages=1)
+    return dict(BM=block, BLOCK_K=16, num_warps=block // 8, num_stages=1)
+
+
+def tiled_config(m: int) -> dict:
+    """Launch configuration of the tiled kernels for ONCHIP_MAX_M < m <= MAX_M: output tiles of 64² (four at
+    m = 128), products over k in chunks of 16 read from L1/L2, 8 warps; sized so that
+    ``benchmarks/triton_aot.py --strict`` finds no spill on sm_80 and sm_90."""
+    if m > MAX_M:
+        raise ValueError(f"m: expected at most {MAX_M}, got {m}")
     return dict(TILE=64, BLOCK_K=16, num_warps=8, num_stages=1)
 
 
 def aot_specialisations(d_max: int = 128, m_max: int = MAX_M):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label) the launchers can produce for
-    m <= m_max, from ``config`` (benchmarks/triton_aot.py)."""
-    seen = set()
-    for tname in ("fp32",):  # half inputs are upcast by the launchers
-        for m in (128, 64, 32, 16):  # identical configurations labelled with their largest m
-            if m > max(16, triton.next_power_of_2(min(m_max, MAX_M))):
-                continue
-            cfg = dict(config(m))
-            warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-            key = (tname, tuple(sorted(cfg.items())), warps, stages)
-            if key in seen:
-                continue
-            seen.add(key)
-            meta = dict(cfg, IEEE=tname == "fp32")
-            yield (newton_schulz_fwd_kernel,
-                   {"P": f"*{tname}", "V": f"*{tname}", "WORK": "*fp32", "M": "i32", "iters": "i32"},
-                   dict(meta, CHECK=CHECK_EVERY), warps, stages, f"ns_fwd dtype={tname} m={m}")
-            yield (implicit_grad_kernel, {"V": f"*{tname}", "G": f"*{tname}", "DW": f"*{tname}", "WORK": "*fp32",
-                                          "M": "i32"}, meta, warps, stages, f"ns_grad dtype={tname} m={m}")
+    m <= m_max, from ``onchip_config`` / ``tiled_config`` (benchmarks/triton_aot.py)."""
+    tname = "fp32"  # half inputs are upcast by the launchers
+    top = max(16, triton.next_power_of_2(min(m_max, MAX_M)))
+    for m in (16, 32, 64):  # on chip, each block side labelled with its largest m
+        if m > min(top, ONCHIP_MAX_M):
+            continue
+        cfg = dict(onchip_config(m))
+        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+        meta = dict(cfg, PRECISION=PRECISION)
+        yield (newton_schulz_onchip_kernel,
+               {"P": f"*{tname}", "V": f"*{tname}", "WORK": "*fp32", "M": "i32", "iters": "i32"},
+               dict(meta, CHECK=CHECK_EVERY), warps, stages, f"ns_fwd dtype={tname} m={m}")
+        yield (implicit_grad_onchip_kernel, {"V": f"*{tname}", "G": f"*{tname}", "DW": f"*{tname}", "WORK": "*fp32",
+                                             "M": "i32"}, meta, warps, stages, f"ns_grad dtype={tname} m={m}")
+    if top > ONCHIP_MAX_M:  # tiled: 64 < m <= 128
+        cfg = dict(tiled_config(MAX_M))
+        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+        meta = dict(cfg, IEEE=True)
+        yield (newton_schulz_fwd_kernel,
+               {"P": f"*{tname}", "V": f"*{tname}", "WORK": "*fp32", "M": "i32", "iters": "i32"},
+               dict(meta, CHECK=CHECK_EVERY), warps, stages, f"ns_fwd dtype={tname} m={MAX_M}")
+        yield (implicit_grad_kernel, {"V": f"*{tname}", "G": f"*{tname}", "DW": f"*{tname}", "WORK": "*fp32",
+                                      "M": "i32"}, meta, warps, stages, f"ns_grad dtype={tname} m={MAX_M}")
 
 
 def _newton_schulz_f32(p: torch.Tensor, iters: int) -> torch.Tensor:
     b, m, _ = p.shape
     v = torch.empty_like(p)
+    if m <= ONCHIP_MAX_M:
+        cfg = onchip_config(m)
+        work = torch.empty(b, 3, cfg["BM"], cfg["BM"], dtype=torch.float32, device=p.device)
+        wrap_triton(newton_schulz_onchip_kernel)[(b,)](p, v, work, m, iters, CHECK=CHECK_EVERY, PRECISION=PRECISION,
+                                                       **cfg)
+        return v
     work = torch.empty(3, b, m, m, dtype=torch.float32, device=p.device)
-    wrap_triton(newton_schulz_fwd_kernel)[(b,)](p, v, work, m, iters, CHECK=CHECK_EVERY, IEEE=True, **config(m))
+    wrap_triton(newton_schulz_fwd_kernel)[(b,)](p, v, work, m, iters, CHECK=CHECK_EVERY, IEEE=True,
+                                                **tiled_config(m))
     return v
 
 
 def _implicit_grad_f32(v: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     b, m, _ = v.shape
     dw = torch.empty_like(v)
+    if m <= ONCHIP_MAX_M:
+        cfg = onchip_config(m)
+        work = torch.empty(b, cfg["BM"], cfg["BM"], dtype=torch.float32, device=v.device)
+        wrap_triton(implicit_grad_onchip_kernel)[(b,)](v, grad, dw, work, m, PRECISION=PRECISION, **cfg)
+        return dw
     work = torch.empty(b, m, m, dtype=torch.float32, device=v.device)
-    wrap_triton(implicit_grad_kernel)[(b,)](v, grad, dw, work, m, IEEE=True, **config(m))
+    wrap_triton(implicit_grad_kernel)[(b,)](v, grad, dw, work, m, IEEE=True, **tiled_config(m))
     return dw
 
 
