@@ -298,3 +298,22 @@ def test_every_launch_is_enumerated_for_the_aot_check(seeded, monkeypatch):
         st.streaming_triton(qs, qs if case[1] else ks, vv, marks, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps,
                             mask)
     assert len(launched) == 4 + 2 and set(launched) <= enumerated, set(launched) - enumerated
+
+
+def test_stream_capture_is_served_tracing_is_not(monkeypatch):
+    """A CUDA graph records the passes as they run (faked capture: no GPU here); a dispatch mode is refused."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from laplacianformer.ops import _runtime
+    from laplacianformer.ops.streaming import _pass_refusal
+
+    settings = AttentionSettings(head_dim=8)
+    q = torch.randn(1, 1, 20, 8)
+    marks = torch.randn(1, 1, 4, 8)
+    args = (q, q, torch.randn(1, 1, 20, 8), marks, torch.eye(4)[None, None], settings, None)
+    assert _pass_refusal(*args) is None
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert _runtime.capturing() and _pass_refusal(*args) is None
+    with FlopCounterMode(display=False):
+        assert "dispatch or function mode" in _pass_refusal(*args)

@@ -15,9 +15,10 @@ tries them:
   ops ``kernel``, ``normalization``), which serves everything.
 
 A call that may need a gradient never reaches the registry (``streaming_nystrom`` returns None: the step
-path has the backward). Both pass backends refuse graph capture or a dispatch mode (which must see the
-ops), m > 64, d or e > 128, and (``triton``) another dtype than float32. The output scale of §4.6
-(``norm_scale``) stays the core's post-op after this output.
+path has the backward). Both pass backends refuse graph tracing or a dispatch mode (which must see the
+ops), m > 64, d or e > 128, and (``triton``) another dtype than float32; they serve CUDA-graph stream
+capture (the passes make no host synchronisation). The output scale of §4.6 (``norm_scale``) stays the
+core's post-op after this output.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def _pass_refusal(qs, ks, vv, marks, w_inv, s, mask) -> str | None:
     """What both pass backends refuse."""
     if _needs_grad(qs, ks, vv, marks, w_inv):  # only when called through STREAMING directly
         return "an input requires grad: the streaming passes are forward-only (the step path has the backward)"
-    why = _runtime.capture_reason(modes=True)
+    why = _runtime.capture_reason(modes=True, streams=False)  # a CUDA graph records the passes as they are
     if why is not None:
         return f"{why} (the streaming passes run eagerly only)"
     if qs.shape[-2] == 0 or vv.shape[-1] == 0:
