@@ -14,6 +14,20 @@ from laplacianformer.layers import LaplacianAttention
 timm = pytest.importorskip("timm")
 
 
+def _trains(model, steps: int = 6) -> None:
+    """A few AdamW steps on one fixed batch of 1×32×32 images: finite losses, the last below the first."""
+    x, y = torch.randn(8, 1, 32, 32), torch.randint(0, 10, (8,))
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    losses = []
+    for _ in range(steps):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+
+
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_vision_transformer_trains_with_the_drop_in(qk_norm):
     from timm.models.vision_transformer import VisionTransformer
@@ -24,16 +38,7 @@ def test_vision_transformer_trains_with_the_drop_in(qk_norm):
     attn = model.blocks[0].attn
     assert isinstance(attn, LaplacianAttention) and attn.qkv.bias is not None  # timm's qkv_bias=True default
     assert isinstance(attn.q_norm, torch.nn.LayerNorm) == qk_norm
-    x, y = torch.randn(8, 1, 32, 32), torch.randint(0, 10, (8,))
-    opt = torch.optim.AdamW(model.parameters(), 1e-3)
-    losses = []
-    for _ in range(6):
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+    _trains(model)
 
 
 @pytest.mark.parametrize("reg_tokens", [0, 2])
@@ -56,16 +61,7 @@ def test_vision_transformer_with_prefix_tokens_uses_2d_landmarks_and_trains(reg_
                               num_heads=2, attn_layer=attn_layer, reg_tokens=reg_tokens)
     assert model.num_prefix_tokens == 1 + reg_tokens
     assert all(block.attn.num_prefix_tokens == model.num_prefix_tokens for block in model.blocks)
-    x, y = torch.randn(8, 1, 32, 32), torch.randint(0, 10, (8,))
-    opt = torch.optim.AdamW(model.parameters(), 1e-3)
-    losses = []
-    for _ in range(6):
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+    _trains(model)
     # every layer pooled the 8×8 patch grid after the prefix tokens to 4×4 landmarks
     assert pooled and set(pooled) == {(1 + reg_tokens + 64, (8, 8), (4, 4), 1 + reg_tokens)}
 
