@@ -22,9 +22,12 @@ __all__ = ["POOLING", "adaptive_pool_matrix", "landmarks_of", "masked_pool_matri
            "pool_landmarks_masked"]
 
 
-def adaptive_pool_matrix(n: int, out: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def adaptive_pool_matrix(n, out, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """(out, n) averaging matrix of adaptive average pooling: row i averages inputs
-    floor(i·n/out) .. ceil((i+1)·n/out) - 1 (the bins of ``F.adaptive_avg_pool1d``)."""
+    floor(i·n/out) .. ceil((i+1)·n/out) - 1 (the bins of ``F.adaptive_avg_pool1d``).
+
+    n, out: Python ints, or graph sizes (SymInts of torch.export, the 0-dim size tensors of torch.jit
+    tracing): the bin edges are then computed in the graph from them, not fixed at the example size."""
     i = torch.arange(out, device=device)
     lo = torch.div(i * n, out, rounding_mode="floor")
     hi = torch.div((i + 1) * n + out - 1, out, rounding_mode="floor")
@@ -41,8 +44,9 @@ def _cached_pool_matrix(n: int, out: int, dtype: torch.dtype, device: torch.devi
 
 
 def _pool_matrix(n: int, out: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``adaptive_pool_matrix``, cached in eager mode (building it is ~8 small ops); rebuilt while tracing."""
-    if _runtime.capturing(modes=False):
+    """``adaptive_pool_matrix``, cached in eager mode (building it is ~8 small ops); rebuilt from the
+    (possibly symbolic) sizes while tracing, so a graph holds the shape arithmetic, not a constant."""
+    if _runtime.capturing(modes=False) or not isinstance(n, int) or not isinstance(out, int):
         return adaptive_pool_matrix(n, out, dtype, device)
     return _cached_pool_matrix(n, out, dtype, device)
 
@@ -74,10 +78,27 @@ def _pool_matmul(x: torch.Tensor, hw, landmarks) -> torch.Tensor:
     if hw is None:
         return _pool_matrix(n, landmarks, x.dtype, x.device) @ x
     (gh, gw), (lh, lw) = hw, landmarks
+    if not all(isinstance(s, int) for s in (gh, gw, lh, lw)):
+        return _pool_matmul_graph(x, hw, landmarks)
     rows = x.reshape(b * h * gh, gw, d)
     pooled_w = _pool_matrix(gw, lw, x.dtype, x.device) @ rows
     pooled = _pool_matrix(gh, lh, x.dtype, x.device) @ pooled_w.reshape(b * h, gh, lw * d)
     return pooled.reshape(b, h, lh * lw, d)
+
+
+def _pool_matmul_graph(x: torch.Tensor, hw, landmarks) -> torch.Tensor:
+    """``_pool_matmul`` on graph sizes (torch.export SymInts, torch.jit's traced size tensors): the same two
+    products as batched ``bmm`` with the averaging matrices expanded over the batch, so no matmul broadcast
+    makes torch.export guard on the sizes (a landmark grid side of 1, ...); same values."""
+    b, h, n, d = x.shape
+    (gh, gw), (lh, lw) = hw, landmarks
+    rows = x.reshape(b * h * gh, gw, d)
+    p_w = adaptive_pool_matrix(gw, lw, x.dtype, x.device)
+    pooled_w = torch.bmm(p_w.expand(rows.shape[0], p_w.shape[0], p_w.shape[1]), rows)
+    cols = pooled_w.reshape(b * h, gh, -1)
+    p_h = adaptive_pool_matrix(gh, lh, x.dtype, x.device)
+    pooled = torch.bmm(p_h.expand(cols.shape[0], p_h.shape[0], p_h.shape[1]), cols)
+    return pooled.reshape(b, h, -1, d)
 
 
 def masked_pool_matrix(key_padding_mask: torch.Tensor, out: int, dtype: torch.dtype) -> torch.Tensor:

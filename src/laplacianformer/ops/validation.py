@@ -88,11 +88,22 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise TypeError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
+def traced_size(s) -> bool:
+    """Whether the size ``s`` is a graph value rather than a Python int: a torch.SymInt (torch.export /
+    torch.compile with dynamic shapes) or, while torch.jit traces (the TorchScript ONNX exporter), the
+    0-dim integer tensor that ``x.shape[i]`` gives there."""
+    return isinstance(s, torch.SymInt) or (isinstance(s, torch.Tensor) and torch.jit.is_tracing()
+                                           and s.dim() == 0 and not s.is_floating_point()
+                                           and s.dtype != torch.bool)
+
+
 def _grid_side(name: str, s):
-    """One side of a grid: a Python int >= 1, or a symbolic size (torch.SymInt, kept symbolic so that
-    torch.export / torch.compile with dynamic shapes do not specialise it; checked by ``torch._check``)."""
+    """One side of a grid: a Python int >= 1, or a graph size (``traced_size``: kept as it is so that
+    torch.export, torch.compile and torch.jit.trace do not specialise it; a SymInt checked by ``torch._check``)."""
     if isinstance(s, torch.SymInt):
         torch._check(s >= 1, lambda: f"{name}: expected sides >= 1")
+        return s
+    if traced_size(s):
         return s
     if isinstance(s, bool) or isinstance(s, torch.Tensor):
         raise TypeError(f"{name}: expected (height, width) ints, got an element of type {type(s).__name__}")
@@ -123,6 +134,8 @@ def check_hw(hw, n: int) -> tuple[int, int] | None:
     if not isinstance(hw, Sequence) or isinstance(hw, str) or len(hw) != 2:
         raise ValueError(f"hw: expected (height, width), got {hw!r}")
     h, w = (_grid_side("hw", s) for s in hw)
+    if traced_size(h) and not isinstance(h, torch.SymInt) or traced_size(w) and not isinstance(w, torch.SymInt):
+        return h, w  # sizes traced by torch.jit: a comparison here would be a constant of the trace
     if isinstance(h * w, torch.SymInt) or isinstance(n, torch.SymInt):
         torch._check(h * w == n, lambda: f"hw: expected height * width == N = {n}, got {h} x {w}")
     elif h * w != n:
@@ -172,25 +185,20 @@ def reject_attn_mask(attn_mask, is_causal) -> None:
         raise ValueError(f"is_causal: not supported: {why}")
 
 
-def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int):
-    """The landmark layout to use: None (exact kernel), an int m (1-D) or a grid (lh, lw) (2-D) (docs/DESIGN.md §2).
+def landmark_grid(landmarks, hw: tuple[int, int] | None):
+    """The landmark layout before the exact-kernel rule of ``resolve_landmarks``: None, an int m (1-D,
+    not yet cut to N) or a grid (lh, lw) cut to the token grid per axis (docs/DESIGN.md §2.2).
 
-    landmarks: None, an int, or a (rows, cols) grid; hw: the (h, w) token grid or None (1-D, n tokens).
-    One rule for the operator and the modules: with a 2-D grid an int m must be a perfect square and means
-    a sqrt(m) x sqrt(m) grid (ValueError naming ``landmarks`` otherwise). On a 1-D sequence (hw None) a (lh, lw) grid counts lh·lw landmarks, for the operator and the modules
-    alike: the default (7, 7) means m = 49 on a sequence as on a grid. Landmarks beyond the tokens, for
-    the operator and the modules alike (so both work at any resolution and give the same result for the
-    same input): a grid is cut to the token grid per axis, a 1-D count to N, and when the landmarks then
-    cover every token (m >= N) the exact kernel is used: None is returned.
-    """
+    With graph sizes (``traced_size``) the cut is shape arithmetic the graph keeps: ``torch.sym_min`` of
+    a SymInt, ``torch.clamp`` of a traced size tensor; never a Python ``min``, which would fix the
+    branch taken at the example size."""
     if landmarks is None:
         return None
     if hw is None:
         if isinstance(landmarks, Sequence) and len(landmarks) == 1:
             landmarks = landmarks[0]
         landmarks = check_landmarks(landmarks)
-        m = math.prod(landmarks) if isinstance(landmarks, tuple) else landmarks
-        return None if m >= n else m
+        return math.prod(landmarks) if isinstance(landmarks, tuple) else landmarks
     if isinstance(landmarks, int) and not isinstance(landmarks, bool):
         side = math.isqrt(max(landmarks, 0))
         if landmarks < 1 or side * side != landmarks:
@@ -201,8 +209,39 @@ def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int):
     if not isinstance(landmarks, Sequence) or len(landmarks) != 2:
         raise ValueError(f"landmarks: expected an int, a (rows, cols) grid or None, got {landmarks!r}")
     lh, lw = check_landmarks(landmarks)
-    lh, lw = min(lh, hw[0]), min(lw, hw[1])
-    return None if lh * lw >= n else (lh, lw)
+    return _cut(lh, hw[0]), _cut(lw, hw[1])
+
+
+def _cut(m: int, side):
+    """min(m, side) for a Python int, a SymInt or a traced size tensor (``traced_size``)."""
+    if isinstance(side, torch.SymInt):
+        return torch.sym_min(m, side)
+    if isinstance(side, torch.Tensor):
+        return torch.clamp(side, max=m)
+    return min(m, side)
+
+
+def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int):
+    """The landmark layout to use: None (exact kernel), an int m (1-D) or a grid (lh, lw) (2-D) (docs/DESIGN.md §2).
+
+    landmarks: None, an int, or a (rows, cols) grid; hw: the (h, w) token grid or None (1-D, n tokens).
+    One rule for the operator and the modules: with a 2-D grid an int m must be a perfect square and means
+    a sqrt(m) x sqrt(m) grid (ValueError naming ``landmarks`` otherwise). On a 1-D sequence (hw None) a (lh, lw) grid counts lh·lw landmarks, for the operator and the modules
+    alike: the default (7, 7) means m = 49 on a sequence as on a grid. Landmarks beyond the tokens, for
+    the operator and the modules alike (so both work at any resolution and give the same result for the
+    same input): a grid is cut to the token grid per axis, a 1-D count to N, and when the landmarks then
+    cover every token (m >= N) the exact kernel is used: None is returned.
+
+    Graph sizes (``traced_size``): the cut stays shape arithmetic (``landmark_grid``); whether the
+    landmarks cover every token is a choice between two computations, which this function, returning one
+    of them, makes at the traced size (torch.export turns it into a guard on the dynamic dims; torch.jit
+    fixes it). ``laplacianformer.models.export.any_size`` puts both in one graph.
+    """
+    grid = landmark_grid(landmarks, hw)
+    if grid is None:
+        return None
+    m = grid if hw is None else grid[0] * grid[1]
+    return None if m >= n else grid
 
 
 def check_num_prefix_tokens(num_prefix_tokens, n: int | None = None) -> int:
