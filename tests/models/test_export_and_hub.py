@@ -100,25 +100,6 @@ def _ort_run(path, x):
     return session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
 
 
-def test_onnx_export_has_a_dynamic_batch_and_says_why_hw_are_static(tmp_path):
-    pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnxscript")
-    from laplacianformer.models.export import export_onnx, static_hw_reason
-
-    model = _small()
-    assert "landmarks=(7, 7) are clamped to the token grid" in static_hw_reason(model)
-    path = tmp_path / "micro.onnx"
-    with pytest.warns(UserWarning, match=r"H and W are fixed to \(64, 64\): .*landmarks=\(7, 7\)"):
-        export_onnx(model, path, torch.randn(1, 3, 64, 64))
-    for batch in (3, 1):
-        x = torch.randn(batch, 3, 64, 64)
-        with torch.no_grad():
-            ref = model(x).numpy()
-        np.testing.assert_allclose(_ort_run(path, x), ref, rtol=1e-4, atol=1e-4)
-    with pytest.raises(ValueError, match="^dynamic_hw: this model needs static H and W: .*landmarks"):
-        export_onnx(model, path, torch.randn(1, 3, 64, 64), dynamic_hw=True)
-
-
 def test_onnx_export_dynamic_hw_where_the_model_supports_it(tmp_path):
     """The exact kernel (landmarks=None) makes no per-size choice: batch, H and W are all dynamic."""
     pytest.importorskip("onnxruntime")

@@ -1,32 +1,59 @@
-"""ONNX export of LaplacianFormer models through the plain-PyTorch (composite) path.
+"""Export of LaplacianFormer models to ONNX and ``torch.export`` programs whose input size is free.
 
 While exporting, the kernel primitives run on their composite backend (``ops/kernel/composite.py``; the
 fast paths refuse ONNX export in the op's registry, docs/DESIGN.md §6.3), whose L1 distance is
-``torch.cdist(p=1)``. The ONNX exporter has no translation for ``aten._cdist_forward``, so
-``onnx_translation_table`` supplies one written with standard ONNX ops: |x_i - y_j| summed over the last
-axis (the broadcast (..., N, M, d) tensor exists only inside the ONNX graph). Newton–Schulz, the
-normalisation and the rest of the model are plain matmuls and element-wise ops.
+``torch.cdist(p=1)``. Neither exporter translates it as we need (the TorchScript exporter's ``aten::cdist``
+adds 1e-6 to every difference and returned NaN in onnxruntime here; the dynamo exporter has no function for
+``aten._cdist_forward``), so both get one written with standard ONNX ops: |x_i - y_j| summed over the last
+axis (the broadcast (..., N, M, d) tensor exists only inside the ONNX graph).
 
-Dynamic dimensions: the batch is dynamic by default. H and W are dynamic where the model's graph does not
-depend on the input size: ``static_hw_reason`` names the first layer whose computation changes with the
-token grid (a landmark grid clamped to the token grid or replaced by the exact kernel, docs/DESIGN.md
-§2.2; a spatial-reduction conv padded on small grids; a Nyströmformer switching to exact softmax). Such a
-model exports with static H and W, and says so (a warning, or an error when dynamic H/W was demanded).
+One graph for every input size (``any_size``): the landmark grid is cut to the token grid with shape
+arithmetic (``ops/validation.landmark_grid``), the pooling bins come from the graph's sizes
+(``ops/pooling.adaptive_pool_matrix``), and the rule "landmarks covering every token use the exact kernel"
+(docs/DESIGN.md §2.2), a choice between two computations, is made inside the graph: the exact kernel on
+the first min(N, lh·lw) tokens and the Nyström path are both computed and ``torch.where`` keeps the one
+eager mode takes for that size (the exact branch costs at most (lh·lw)² per head).
+
+Accuracy (docs/MODELS.md, "Export and compile"): onnxruntime's ReduceMean accumulates one float at a time
+(a mean of 5120 values in [0.3, 0.8] measured 2.7e-6 relative error against torch's 1.8e-7), and the
+injective normalisation (§4.1) centres the N×m kernel factors by their column means and divides by column
+standard deviations that come down to norm_eps, which multiplies that error by ~100: the 1e-3 relative
+differences of earlier exports (measured: stage-1 attention output of laplacianformer_micro at 320×256,
+4.6e-5 against float64 in onnxruntime, 6.3e-6 in eager float32). ``accurate_reductions`` rewrites each
+mean as x_0 + mean(x - x_0), after which onnxruntime is within eager float32's own distance to float64.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import types
 import warnings
 
 import torch
 from torch import nn
 
-__all__ = ["onnx_translation_table", "export_onnx", "static_hw_reason"]
+__all__ = ["ONNX_EXTRA", "accurate_reductions", "any_size", "export_onnx", "export_program",
+           "onnx_translation_table", "static_hw_reason"]
+
+ONNX_EXTRA = "pip install laplacianformer[onnx]"
+"""What installs the ONNX exporter's and checker's packages (onnx, onnxscript, onnxruntime)."""
+
+OPSET = 18
+
+
+def require(*modules: str) -> None:
+    """ImportError naming the extra when one of ``modules`` (e.g. "onnx", "onnxruntime") is missing."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ImportError(f"{', '.join(missing)}: not installed; ONNX export and its checks need them "
+                          f"({ONNX_EXTRA})")
 
 
 def _onnx_cdist(x1, x2, p: float = 2.0, compute_mode=None):
-    """aten._cdist_forward in ONNX ops: (..., N, d), (..., M, d) -> (..., N, M) Minkowski-p distances."""
+    """aten._cdist_forward in ONNX ops (dynamo exporter): (..., N, d), (..., M, d) -> (..., N, M)."""
     from onnxscript import opset18 as op
 
     diff = op.Abs(op.Sub(op.Unsqueeze(x1, [-2]), op.Unsqueeze(x2, [-3])))
@@ -42,28 +69,166 @@ def onnx_translation_table() -> dict:
     return {torch.ops.aten._cdist_forward.default: _onnx_cdist}
 
 
-def static_hw_reason(model: nn.Module) -> str | None:
-    """Why ``model``'s ONNX graph must fix H and W, or None when they can be dynamic.
+def _cdist_symbolic(g, x1, x2, p, compute_mode):
+    """aten::cdist for the TorchScript exporter: sum |x1_i - x2_j| (p = 1) or its square root (p = 2)."""
+    from torch.onnx import symbolic_helper
 
-    A layer whose computation depends on the token grid's size (so one graph cannot serve all sizes):
-    a ``LaplacianAttention`` / ``SoftAttention`` with landmarks (clamped to the grid, exact kernel once
-    they cover it; docs/DESIGN.md §2.2), a ``NystromAttention`` (exact softmax when m >= N), a
-    ``SpatialReductionAttention`` with ``sr_ratio`` > 1 (pads grids smaller than the reduction cell)."""
+    p = symbolic_helper._maybe_get_const(p, "f")
+    const = lambda values: g.op("Constant", value_t=torch.tensor(values, dtype=torch.int64))  # noqa: E731
+    diff = g.op("Abs", g.op("Sub", g.op("Unsqueeze", x1, const([-2])), g.op("Unsqueeze", x2, const([-3]))))
+    if p == 1.0:
+        return g.op("ReduceSum", diff, const([-1]), keepdims_i=0)
+    if p == 2.0:
+        return g.op("Sqrt", g.op("ReduceSum", g.op("Mul", diff, diff), const([-1]), keepdims_i=0))
+    raise ValueError(f"p: ONNX translation supports p = 1 or 2, got {p}")
+
+
+@contextlib.contextmanager
+def _cdist_translation(opset: int):
+    torch.onnx.register_custom_op_symbolic("aten::cdist", _cdist_symbolic, opset)
+    try:
+        yield
+    finally:
+        torch.onnx.unregister_custom_op_symbolic("aten::cdist", opset)
+
+
+def static_hw_reason(model: nn.Module) -> str | None:
+    """Why ``model``'s exported graph must fix H and W, or None when they can be dynamic.
+
+    ``LaplacianAttention`` layers are no reason (``any_size``: both sides of the landmark rule are in the
+    graph). Reasons: a ``SoftAttention`` with landmarks (the same rule, not handled by ``any_size``), a
+    ``NystromAttention`` (exact softmax when m >= N), a ``SpatialReductionAttention`` with ``sr_ratio`` > 1
+    (pads grids smaller than the reduction cell), a ``LaplacianAttention`` with prefix tokens."""
     from ..baselines import NystromAttention, SoftAttention
     from ..layers import LaplacianAttention
     from ..layers.spatial_reduction_attention import SpatialReductionAttention
 
     for name, module in model.named_modules():
-        if isinstance(module, (LaplacianAttention, SoftAttention)) and module.landmarks is not None:
-            return (f"{name}: landmarks={module.landmarks} are clamped to the token grid and replaced by the exact "
-                    "kernel when they cover it (docs/DESIGN.md §2.2), a choice made per input size; "
-                    "attn_kwargs=dict(landmarks=None) (exact kernel) exports with dynamic H and W")
+        if isinstance(module, LaplacianAttention) and getattr(module, "num_prefix_tokens", 0):
+            return f"{name}: num_prefix_tokens={module.num_prefix_tokens}: the landmark rule is exported for grids only"
+        if isinstance(module, SoftAttention) and module.landmarks is not None:
+            return (f"{name}: SOFT's landmarks={module.landmarks} are clamped to the token grid and replaced by the "
+                    "exact kernel when they cover it (docs/DESIGN.md §2.2), a choice made per input size")
         if isinstance(module, NystromAttention):
             return f"{name}: Nyströmformer uses exact softmax when num_landmarks >= N, a choice made per input size"
         if isinstance(module, SpatialReductionAttention) and module.sr_ratio > 1:
             return (f"{name}: the sr_ratio={module.sr_ratio} reduction pads grids smaller than one reduction cell, "
                     "a choice made per input size")
     return None
+
+
+def _size_min(a, b: int):
+    """min(a, b) kept in the graph for a SymInt or a traced size tensor; Python min for ints."""
+    if isinstance(a, torch.SymInt):
+        return torch.sym_min(a, b)
+    if isinstance(a, torch.Tensor):
+        return torch.clamp(a, max=b)
+    return min(a, b)
+
+
+def _flag(h, w, lh: int, lw: int, device) -> torch.Tensor:
+    """0-dim bool tensor h <= lh and w <= lw (the landmarks cover the grid) from graph sizes."""
+    if isinstance(h, torch.Tensor) and isinstance(w, torch.Tensor):  # torch.jit tracing
+        return ((h <= lh) & (w <= lw)).to(device)
+    size = torch.stack([torch.scalar_tensor(h, dtype=torch.int64, device=device),
+                        torch.scalar_tensor(w, dtype=torch.int64, device=device)])
+    return (size <= torch.tensor([lh, lw], device=device)).all()
+
+
+def _attend_any_size(self, q, k, v, hw, key_padding_mask=None):
+    """``LaplacianAttention.attend`` with both sides of the landmark rule in the traced graph (module
+    docstring); other calls (eager, a padding mask, a 1-D sequence) go to the layer's own ``attend``."""
+    from ..ops.nystrom import attention_core
+    from ..ops.validation import landmark_grid, traced_size
+
+    cls_attend = type(self).attend
+    if hw is None or key_padding_mask is not None or not any(traced_size(s) for s in (*hw, q.shape[2])):
+        return cls_attend(self, q, k, v, hw, key_padding_mask)
+    settings = self.settings
+    lh, lw = landmark_grid(settings.landmarks, (1 << 30, 1 << 30))
+    grid = landmark_grid(settings.landmarks, hw)  # cut to the token grid, in the graph
+    nystrom = attention_core(q, k, v, settings, hw, grid, None, self.norm_gain)
+    few = _size_min(q.shape[2], lh * lw)
+    exact = attention_core(q[:, :, :few], k[:, :, :few], v[:, :, :few], settings, None, None, None, self.norm_gain)
+    covered = _flag(hw[0], hw[1], lh, lw, q.device)
+    # exact's rows spread over the N rows (row i reads row min(i, few - 1)): all of them, in order, where the
+    # landmarks cover the grid (few = N); no empty tensor at any size (torch.export would specialise on it)
+    rows = torch.clamp(torch.arange(q.shape[2], device=q.device), max=few - 1)
+    return torch.where(covered, exact.index_select(2, rows), nystrom)
+
+
+@contextlib.contextmanager
+def any_size(model: nn.Module):
+    """``with any_size(model): torch.export.export(...)`` (or ``torch.onnx.export``): every
+    ``LaplacianAttention`` of ``model`` with landmarks and no prefix tokens traces both sides of the
+    landmark rule (module docstring), so one graph serves every input size with eager mode's results.
+    Eager calls inside the block are unchanged. Yields the number of layers handled."""
+    from ..layers import LaplacianAttention
+
+    layers = [m for m in model.modules() if isinstance(m, LaplacianAttention) and m.landmarks is not None
+              and not getattr(m, "num_prefix_tokens", 0) and "attend" not in vars(m)]
+    for m in layers:
+        m.attend = types.MethodType(_attend_any_size, m)
+    try:
+        yield len(layers)
+    finally:
+        for m in layers:
+            del m.attend
+
+
+def accurate_reductions(onnx_model) -> int:
+    """Rewrites each ReduceMean over one axis as the mean of the differences to the first slice along it,
+    plus that slice: mean(x) = x_0 + mean(x - x_0) (same value; onnxruntime's accumulation error then scales
+    with the spread of x rather than its size; module docstring). Returns the number of nodes rewritten."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    consts = {i.name: numpy_helper.to_array(i) for i in onnx_model.graph.initializer}
+    for node in onnx_model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            consts[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    nodes, done = [], 0
+
+    def const(name: str, values) -> str:
+        nodes.append(helper.make_node("Constant", [], [name], value=helper.make_tensor(
+            name, onnx.TensorProto.INT64, [len(values)], values)))
+        return name
+
+    for node in onnx_model.graph.node:
+        axes = consts.get(node.input[1]) if node.op_type == "ReduceMean" and len(node.input) > 1 else None
+        if axes is None or axes.size != 1:
+            nodes.append(node)
+            continue
+        axis = int(axes.reshape(-1)[0])
+        keep = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
+        x, out, base = node.input[0], node.output[0], f"{node.output[0]}_shifted"
+        nodes.append(helper.make_node("Slice", [x, const(f"{base}_0", [0]), const(f"{base}_1", [1]),
+                                                const(f"{base}_axis", [axis])], [f"{base}_first"]))
+        nodes.append(helper.make_node("Sub", [x, f"{base}_first"], [f"{base}_diff"]))
+        nodes.append(helper.make_node("ReduceMean", [f"{base}_diff", node.input[1]], [f"{base}_mean"], keepdims=1))
+        total = out if keep else f"{base}_sum"
+        nodes.append(helper.make_node("Add", [f"{base}_first", f"{base}_mean"], [total]))
+        if not keep:
+            nodes.append(helper.make_node("Squeeze", [total, node.input[1]], [out]))
+        done += 1
+    del onnx_model.graph.node[:]
+    onnx_model.graph.node.extend(nodes)
+    return done
+
+
+def _dims(example: torch.Tensor, dynamic_batch: bool, dynamic_hw: bool | None, model: nn.Module) -> tuple[bool, bool]:
+    """(batch dynamic, H and W dynamic) after ``static_hw_reason`` (ValueError when demanded and impossible)."""
+    if not isinstance(example, torch.Tensor) or example.dim() != 4:
+        raise ValueError(f"example: expected a (B, C, H, W) tensor, got {getattr(example, 'shape', type(example))}")
+    hw = dynamic_hw is not False
+    if hw:
+        why = static_hw_reason(model)
+        if why is not None:
+            if dynamic_hw:
+                raise ValueError(f"dynamic_hw: this model needs static H and W: {why}")
+            warnings.warn(f"export: H and W are fixed to {tuple(example.shape[2:])}: {why}", UserWarning, stacklevel=3)
+            hw = False
+    return dynamic_batch, hw
 
 
 def export_onnx(
@@ -73,36 +238,87 @@ def export_onnx(
     *,
     dynamic_batch: bool = True,
     dynamic_hw: bool | None = None,
+    dynamo: bool = False,
+    opset: int = OPSET,
     **kwargs,
 ):
     """Export ``model`` (put in eval mode) with the example input ``example`` (B, C, H, W) to ``path``.
 
-    dynamic_batch: the batch dimension is dynamic (default; any batch size runs, whatever ``example``'s;
-        an example of batch 1 is traced as two copies, since torch.export specialises size-1 dimensions).
-    dynamic_hw: None (default): H and W are dynamic when the model allows it (``static_hw_reason`` is
-        None), else they are fixed to ``example``'s with a ``UserWarning`` giving the reason; True: dynamic,
-        or ValueError with the reason; False: fixed. Channels are always fixed.
-    Uses the dynamo exporter with ``onnx_translation_table()``; extra ``kwargs`` go to ``torch.onnx.export``
-    (``dynamic_shapes`` there replaces these two options). Returns the ONNXProgram.
+    dynamic_batch: the batch dimension is dynamic (default).
+    dynamic_hw: None (default): H and W are dynamic unless ``static_hw_reason`` names a layer that needs
+        them fixed (then fixed to ``example``'s with a ``UserWarning`` giving the reason); True: dynamic, or
+        ValueError with the reason; False: fixed. Channels are always fixed. The default models export with
+        dynamic batch, H and W: ``any_size`` holds both sides of the landmark rule in the graph.
+    dynamo: False (default): the TorchScript exporter, with an ``aten::cdist`` translation;
+        True: the dynamo exporter with ``onnx_translation_table()``
+        (``torch.export``-based; extra ``kwargs`` go to ``torch.onnx.export`` in either case).
+    Either way the file gets ``accurate_reductions``. Returns ``path``.
     """
-    if not isinstance(example, torch.Tensor) or example.dim() != 4:
-        raise ValueError(f"example: expected a (B, C, H, W) tensor, got {getattr(example, 'shape', type(example))}")
+    require("onnx", "onnxscript") if dynamo else require("onnx")
     model.eval()
+    batch, hw = _dims(example, dynamic_batch, dynamic_hw, model)
+    with any_size(model) if hw else contextlib.nullcontext(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)  # the argument checks' comparisons
+        warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
+        if dynamo:
+            _export_dynamo(model, path, example, batch, hw, opset, kwargs)
+        else:
+            _export_torchscript(model, path, example, batch, hw, opset, kwargs)
+    import onnx
+
+    onnx_model = onnx.load(str(path))
+    accurate_reductions(onnx_model)
+    onnx.save(onnx_model, str(path))
+    return path
+
+
+def _export_torchscript(model, path, example, batch: bool, hw: bool, opset: int, kwargs: dict) -> None:
+    dims = {**({0: "batch"} if batch else {}), **({2: "height", 3: "width"} if hw else {})}
+    # with autograd on and an input that requires grad: under no_grad the layers add the attention heads into
+    # the DWConv(V) output in place through a view (layers/token_attention.py), which the TorchScript
+    # exporter records wrongly (onnxruntime then differs by ~100 %)
+    with _cdist_translation(opset), torch.enable_grad():
+        example = example.detach().clone().requires_grad_(True)
+        torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=opset, input_names=["image"],
+                          dynamic_axes={"image": dims} if dims else None, **kwargs)
+
+
+def _export_dynamo(model, path, example, batch: bool, hw: bool, opset: int, kwargs: dict):
     if "dynamic_shapes" not in kwargs:
-        dims = {0: torch.export.Dim.DYNAMIC} if dynamic_batch else {}
-        if dynamic_hw is not False:
-            why = static_hw_reason(model)
-            if why is None:
-                dims.update({2: torch.export.Dim.DYNAMIC, 3: torch.export.Dim.DYNAMIC})
-            elif dynamic_hw:
-                raise ValueError(f"dynamic_hw: this model needs static H and W: {why}")
-            else:
-                warnings.warn(f"export_onnx: H and W are fixed to {tuple(example.shape[2:])}: {why}", UserWarning,
-                              stacklevel=2)
+        dims = {**({0: torch.export.Dim.DYNAMIC} if batch else {}),
+                **({2: torch.export.Dim.DYNAMIC, 3: torch.export.Dim.DYNAMIC} if hw else {})}
         kwargs["dynamic_shapes"] = (dims,) if dims else None
-        if dynamic_batch and example.shape[0] == 1:
-            # torch.export specialises a dynamic dimension whose example size is 1 (the "0/1 specialisation"),
-            # here silently in part of the graph: trace a batch of two copies instead.
+        if batch and example.shape[0] == 1:
+            # torch.export specialises a dynamic dimension whose example size is 1 (the "0/1 specialisation"):
+            # trace a batch of two copies instead
             example = example.expand(2, *example.shape[1:]).clone()
     table = {**onnx_translation_table(), **kwargs.pop("custom_translation_table", {})}
-    return torch.onnx.export(model, (example,), str(path), dynamo=True, custom_translation_table=table, **kwargs)
+    torch.onnx.export(model, (example,), str(path), dynamo=True, opset_version=opset, custom_translation_table=table,
+                      **kwargs)
+
+
+def _total_stride(model: nn.Module) -> int:
+    """The input pixels per token of the last stage: ``model.stride``, or the largest reduction of timm's
+    ``feature_info`` (a features_only backbone); 1 when neither is known."""
+    stride = getattr(model, "stride", None)
+    if isinstance(stride, int):
+        return stride
+    info = getattr(model, "feature_info", None)
+    reduction = getattr(info, "reduction", None)
+    return max(reduction()) if callable(reduction) else 1
+
+
+def export_program(model: nn.Module, example: torch.Tensor, *, dynamic_batch: bool = True,
+                   dynamic_hw: bool | None = None, **kwargs) -> torch.export.ExportedProgram:
+    """``torch.export.export`` of ``model`` (eval mode) at ``example`` (B, C, H, W) with ``torch.export.Dim``s for
+    the batch and H, W (the same options as ``export_onnx``), under ``any_size``: the program runs any size
+    with eager mode's landmark rule. Extra ``kwargs`` go to ``torch.export.export``."""
+    model.eval()
+    batch, hw = _dims(example, dynamic_batch, dynamic_hw, model)
+    low = _total_stride(model) + 1  # a side of one token at the last stage is a size-1 dim, which torch.export specialises
+    dims = {**({0: torch.export.Dim("batch")} if batch else {}),
+            **({2: torch.export.Dim("height", min=low), 3: torch.export.Dim("width", min=low)} if hw else {})}
+    if batch and example.shape[0] == 1:
+        example = example.expand(2, *example.shape[1:]).clone()
+    with any_size(model) if hw else contextlib.nullcontext():
+        return torch.export.export(model, (example,), dynamic_shapes=(dims,) if dims else None, **kwargs)
