@@ -1,4 +1,4 @@
-"""Command-line interface: ``laplacianformer {train,eval,info,build,bench,demo,data,detect,ablate,analyze,accuracy} ...``.
+"""Command-line interface: ``laplacianformer {train,eval,info,build,export,bench,demo,data,detect,ablate,analyze,accuracy} ...``.
 
 User errors (bad flag values, missing or corrupt data, unreadable checkpoints) end the process with exit
 status 2 and one line on stderr naming the flag or path; ``--debug`` shows the traceback instead.
@@ -213,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_publish_option(p)
 
     _add_demo_parser(sub, specs)
+    _add_export_parser(sub)
 
     from .data.scenes import add_scenes_arguments
 
@@ -233,6 +234,91 @@ def build_parser() -> argparse.ArgumentParser:
                            add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
+
+
+def _add_export_parser(sub) -> None:
+    """The ``export`` sub-command (``cmd_export``)."""
+    p = sub.add_parser(
+        "export", help="export a model to ONNX (dynamic batch, H and W) and check onnxruntime against eager mode",
+        description="Exports with laplacianformer.models.export.export_onnx, then runs eager mode and onnxruntime "
+                    "on the same random batch at the export size and at --sizes, printing per size the max abs "
+                    "and relative error (max|ort - eager| / max|eager|) and the median onnxruntime time; exit "
+                    "status 2 when a relative error exceeds --tolerance. Needs onnx and onnxruntime "
+                    "(pip install laplacianformer[onnx]).")
+    p.add_argument("--model", default="laplacianformer_tiny", help="registered model name (default laplacianformer_tiny)")
+    p.add_argument("--checkpoint", "--pretrained", dest="checkpoint", metavar="PATH",
+                   help="saved model directory, training run directory or weights file (hub.from_pretrained; "
+                        "default: the named model's random initialisation)")
+    p.add_argument("--img-size", default="224", help="export size: N or HxW pixels (default 224)")
+    p.add_argument("--features-only", action="store_true",
+                   help="export the backbone's four feature maps (timm features_only, as detection uses)")
+    p.add_argument("--num-classes", type=positive_int, default=None, help="classifier classes (default: the model's)")
+    p.add_argument("--model-kwargs", type=_json_dict, default=None,
+                   help='JSON object of model overrides, e.g. \'{"depths": [1, 1, 1, 1]}\' (not with --checkpoint)')
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--dynamic", dest="dynamic", action="store_true", default=True,
+                       help="dynamic batch, height and width (default)")
+    group.add_argument("--static", dest="dynamic", action="store_false", help="fix batch, height and width")
+    p.add_argument("--dynamo", action="store_true",
+                   help="the dynamo (torch.export-based) exporter instead of the TorchScript one (minutes)")
+    p.add_argument("--sizes", default="128x200,288x416",
+                   help="other HxW sizes checked with --dynamic, comma-separated (default 128x200,288x416; "
+                        "e.g. add 800x1344 for a detection size)")
+    p.add_argument("--batch", type=positive_int, default=1, help="batch of the export example and the checks")
+    p.add_argument("--runs", type=positive_int, default=3, help="onnxruntime calls timed per size (median)")
+    p.add_argument("--tolerance", type=positive_float, default=1e-4, help="largest relative error (default 1e-4)")
+    p.add_argument("--out", required=True, help="the .onnx file to write")
+
+
+def _hw(flag: str, text: str) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    values = _ints(flag, ",".join(parts))
+    if len(values) not in (1, 2):
+        raise UserError(f"{flag}: expected N or HxW, got {text!r}")
+    return (values[0], values[-1])
+
+
+def cmd_export(args) -> int:
+    import time
+
+    import torch
+
+    from .models import create_model
+    from .models.export import export_onnx, require
+    from .models.export_check import check_onnx, format_checks
+
+    try:
+        require("onnx", "onnxruntime", *(["onnxscript"] if args.dynamo else []))
+    except ImportError as e:
+        raise UserError(f"export: {e}") from None
+    size = _hw("--img-size", args.img_size)
+    sizes = [size] + ([_hw("--sizes", t) for t in args.sizes.split(",") if t.strip()] if args.dynamic else [])
+    kwargs = {} if args.num_classes is None else {"num_classes": args.num_classes}
+    if args.model_kwargs and args.checkpoint is not None:
+        raise UserError("--model-kwargs: not with --checkpoint (the checkpoint's config builds the model)")
+    if args.checkpoint is not None:
+        from .hub import from_pretrained
+
+        model = from_pretrained(args.checkpoint, **kwargs)
+        if args.features_only:
+            from timm.models import FeatureListNet
+
+            model = FeatureListNet(model, out_indices=(0, 1, 2, 3), flatten_sequential=True)
+    else:
+        kwargs.update(args.model_kwargs or {})
+        model = create_model(args.model, **kwargs, **({"features_only": True} if args.features_only else {}))
+    model.eval()
+    in_chans = getattr(model, "in_chans", 3)
+    example = torch.randn(args.batch, in_chans, *size)
+    t0 = time.perf_counter()
+    export_onnx(model, args.out, example, dynamic_batch=args.dynamic, dynamic_hw=args.dynamic, dynamo=args.dynamo)
+    print(f"wrote {args.out} ({'dynamic' if args.dynamic else 'static'} batch/H/W, "
+          f"{'dynamo' if args.dynamo else 'TorchScript'} exporter, {time.perf_counter() - t0:.1f} s)")
+    rows = check_onnx(model, args.out, sizes, batch=args.batch, in_chans=in_chans, runs=args.runs,
+                      tolerance=args.tolerance)
+    print(format_checks(rows))
+    print(f"onnxruntime within {args.tolerance:g} relative of eager mode at every size")
+    return 0
 
 
 def _flag_error(e: Exception) -> str:
@@ -451,7 +537,7 @@ def _run(argv: list[str]) -> int:
     if rest and rest[0] in FORWARDED:
         return cmd_forward(rest[0], rest[1:])
     args = build_parser().parse_args([a for a in argv if a != "--debug"])
-    handler = {"train": cmd_train, "eval": cmd_eval, "info": cmd_info, "bench": cmd_bench,
+    handler = {"train": cmd_train, "eval": cmd_eval, "info": cmd_info, "bench": cmd_bench, "export": cmd_export,
                "demo": cmd_demo, "data": cmd_data, "detect": cmd_detect, "build": cmd_build}[args.command]
     return handler(args)
 
