@@ -46,7 +46,7 @@ def test_one_program_keeps_the_landmark_rule_at_every_grid():
 
 @pytest.mark.slow
 def test_export_program_of_the_model_runs_every_size_like_eager():
-    """The whole classifier (about 2 minutes on a loaded 2-core machine): sizes down to a 2x2 last stage."""
+    """The whole classifier (17 s on an idle 2-core machine, minutes when loaded): down to a 2x2 last stage."""
     from laplacianformer.models.export import export_program
 
     torch.manual_seed(0)
