@@ -247,10 +247,11 @@ class TokenAttention(nn.Module):
             heads = self._attend_tokens(x, v, hw, mask)
         if self.dwconv is None:
             out = heads.transpose(1, 2).reshape(b, n, c)
-        elif (not torch.jit.is_scripting() and is_fx_tracing()) or (
+        elif (not torch.jit.is_scripting() and (is_fx_tracing() or torch.jit.is_tracing())) or (
                 torch.is_grad_enabled() and (heads.requires_grad or v_tok.requires_grad)):
             # out of place: autograd of an in-place add into a view clones and copies the gradient;
-            # an FX graph gets no in-place op on a view either (graph passes may drop it), same values
+            # an FX graph or a torch.jit trace (hence the TorchScript ONNX exporter) gets no in-place op on a
+            # view either (graph passes drop or misrecord it), same values
             out = self._value_conv(v_tok, hw) + heads.transpose(1, 2).reshape(b, n, c)
         else:
             # DWConv(V) in token layout, then the heads added into it: one pass merges the heads.
