@@ -20,7 +20,25 @@ Each specialisation is compiled with ``triton.compile(ASTSource(...), target=GPU
 (the bundled ptxas, no driver). Registers and spill bytes come from ptxas' verbose log (rerun on the PTX
 when the compile was a cache hit), shared memory from the compiled metadata. Exit status: 1 when a
 compile fails; with ``--strict`` also when any specialisation spills or asks for more shared memory than
-the target's per-block limit (``SHARED_LIMIT``).
+the target's per-block limit (``SHARED_LIMIT``), or when a distance kernel's inner loop is too slow (below).
+
+**SASS instruction mix.** Each cubin is disassembled with the ``nvdisasm`` bundled with Triton
+(``sass_mix``): instructions are counted per opcode class (``CLASSES``: fp32 arithmetic, SHFL, global /
+shared loads and stores, MUFU, BAR, integer and address arithmetic, tensor-core MMA, uniform datapath,
+control). The inner loop is the innermost back-edge (a ``BRA`` to an earlier address; its body is the
+instructions from the target through the branch), the most deeply nested one when there are several, the
+longest on a tie; with no back-edge the whole kernel is the body.
+
+A *distance kernel* is one whose module lists it in ``DISTANCE_LOOPS`` (kernel name -> function of the
+specialisation's constexprs giving T, the (row, landmark, feature) triples one iteration of its loop over
+d computes, summed over the whole program). Its cost per triple is
+
+    per_triple = (instructions in the inner-loop body) × 32 · num_warps / T
+
+(every thread issues the body once per iteration; predicated-off instructions count). If ptxas unrolled
+the d loop further, the body holds k iterations and the figure reads k times too high (a false failure,
+never a false pass). ``--strict`` fails a distance kernel whose inner loop contains a SHFL or costs more
+than ``MAX_PER_TRIPLE`` instructions per triple (docs/KERNELS.md, "Register budget").
 """
 
 from __future__ import annotations
@@ -46,6 +64,10 @@ MODULES = [
     "laplacianformer.ops.streaming.triton",
 ]
 """Modules with an ``aot_specialisations`` function; a new Triton module adds its name here."""
+
+MAX_PER_TRIPLE = 2.5
+"""Most SASS instructions per (row, landmark, feature) triple a distance kernel's inner loop may cost (two
+are the floor for L1: the difference and the accumulate with |.|)."""
 
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 """Largest dynamic shared memory one block may use (opt-in maximum): A100 (sm_80), H100/H200 (sm_90)."""
@@ -73,13 +95,24 @@ class Row:
     seconds: float | None = None
     cached: bool = False
     error: str | None = None
+    mix: dict[str, int] | None = None
+    loop_mix: dict[str, int] | None = None
+    loop_instructions: int | None = None
+    per_triple: float | None = None
 
     @property
     def spill(self) -> int:
         return max(self.spill_stores or 0, self.spill_loads or 0)
 
     def fits(self) -> bool:
-        return self.error is None and self.spill == 0 and (self.shared or 0) <= (self.shared_limit or 0)
+        return (self.error is None and self.spill == 0 and (self.shared or 0) <= (self.shared_limit or 0)
+                and self.distance_ok())
+
+    def distance_ok(self) -> bool:
+        """True unless this is a distance kernel whose inner loop shuffles or is over ``MAX_PER_TRIPLE``."""
+        if self.per_triple is None:
+            return True
+        return not (self.loop_mix or {}).get("SHFL") and self.per_triple <= MAX_PER_TRIPLE
 
 
 def _label_fields(label: str) -> dict[str, str]:
@@ -146,6 +179,107 @@ def _ptxas_log(ptx: str, arch: int) -> str:
         return subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
 
 
+CLASSES = [
+    ("SHFL", ("SHFL",)),
+    ("FP32", ("FADD", "FFMA", "FMUL", "FMNMX", "FSEL", "FSETP", "FSET", "FCHK", "FRND", "FSWZADD")),
+    ("MUFU", ("MUFU",)),
+    ("MMA", ("HMMA", "HGMMA", "WGMMA", "IMMA", "DMMA", "BMMA", "UTC")),
+    ("LDG", ("LDG", "LD", "LDGSTS", "LDGDEPBAR", "UBLKCP", "UTMALDG")),
+    ("STG", ("STG", "ST", "RED", "ATOMG", "ATOM")),
+    ("LDS", ("LDS", "LDSM")),
+    ("STS", ("STS", "STSM")),
+    ("BAR", ("BAR", "DEPBAR", "WARPSYNC", "SYNCS", "MEMBAR")),
+    ("UNIFORM", ("U", "S2UR", "R2UR", "LDCU")),
+    ("CONTROL", ("BRA", "EXIT", "NOP", "BSSY", "BSYNC", "RET", "CALL", "YIELD", "BPT", "JMP", "WARPGROUP")),
+    ("F16/CVT", ("HADD2", "HFMA2", "HMUL2", "F2F", "F2I", "I2F", "F2FP", "HSETP2")),
+    ("INT", ("IMAD", "IADD3", "IADD", "LEA", "LOP3", "SHF", "ISETP", "IABS", "IMNMX", "SEL", "MOV", "PRMT",
+             "SGXT", "CS2R", "S2R", "LDC", "POPC", "FLO", "BMSK", "P2R", "R2P", "PLOP3", "VOTE", "IMUL", "I2I")),
+]
+"""Opcode classes of the SASS mix, in matching order: an opcode (its name before the first '.') joins the
+first class one of whose prefixes it equals ('U' and 'LDCU': the uniform datapath, any U* opcode); the rest
+count as OTHER."""
+
+_SASS_LINE = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)(.*?);")
+_SASS_LABEL = re.compile(r"^(\.L_x_\d+):")
+_BRANCH_TARGET = re.compile(r"`?\(?(\.L_x_\d+)\)?")
+
+
+def opcode_class(opcode: str) -> str:
+    base = opcode.split(".")[0]
+    for name, prefixes in CLASSES:
+        if base in prefixes or (name == "UNIFORM" and base.startswith("U")):
+            return name
+    return "OTHER"
+
+
+def parse_sass(text: str) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
+    """(instructions as (address, opcode, operands), labels -> address) of nvdisasm's listing."""
+    instrs, labels, pending = [], {}, []
+    for line in text.splitlines():
+        lab = _SASS_LABEL.match(line.strip())
+        if lab:
+            pending.append(lab.group(1))
+            continue
+        m = _SASS_LINE.match(line)
+        if m:
+            addr = int(m.group(1), 16)
+            for name in pending:
+                labels[name] = addr
+            pending = []
+            instrs.append((addr, m.group(2), m.group(3)))
+    return instrs, labels
+
+
+def inner_loop(instrs: list[tuple[int, str, str]], labels: dict[str, int]) -> list[tuple[int, str, str]]:
+    """The body of the innermost back-edge (see the module docstring); the whole kernel without one."""
+    loops = []
+    for addr, op, rest in instrs:
+        if op.split(".")[0] == "BRA":
+            t = _BRANCH_TARGET.search(rest)
+            target = labels.get(t.group(1)) if t else None
+            if target is not None and target < addr:  # not the `BRA` to itself after EXIT
+                loops.append((target, addr))
+    inner = [(a, b) for a, b in loops if not any((a, b) != (c, d) and a <= c and d <= b for c, d in loops)]
+    if not inner:
+        return list(instrs)
+    depth = {lp: sum(c <= lp[0] and lp[1] <= d for c, d in loops) for lp in inner}
+    lo, hi = max(inner, key=lambda lp: (depth[lp], lp[1] - lp[0]))
+    return [i for i in instrs if lo <= i[0] <= hi]
+
+
+def class_counts(instrs: list[tuple[int, str, str]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for _, op, _ in instrs:
+        c = opcode_class(op)
+        out[c] = out.get(c, 0) + 1
+    return out
+
+
+def disassemble(cubin: bytes) -> str:
+    """nvdisasm's SASS listing of ``cubin`` (the nvdisasm bundled with Triton)."""
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run([knobs.nvidia.nvdisasm.path, "-c", str(path)], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def sass_mix(cubin: bytes) -> tuple[dict[str, int], dict[str, int], int]:
+    """(class counts of the kernel, class counts of its inner loop, inner-loop instructions)."""
+    instrs, labels = parse_sass(disassemble(cubin))
+    body = inner_loop(instrs, labels)
+    return class_counts(instrs), class_counts(body), len(body)
+
+
+def distance_triples(kernel) -> "callable | None":
+    """The module's ``DISTANCE_LOOPS`` entry for ``kernel`` (a distance kernel), else None."""
+    fn = getattr(kernel, "fn", kernel)
+    mod = sys.modules.get(getattr(fn, "__module__", ""), None)
+    return getattr(mod, "DISTANCE_LOOPS", {}).get(kernel.__name__)
+
+
 def compile_one(spec: tuple, arch: int) -> Row:
     import triton
     from triton import knobs
@@ -188,6 +322,10 @@ def compile_one(spec: tuple, arch: int) -> Row:
     row.spill_stores = row.spill_stores or 0
     row.spill_loads = row.spill_loads or 0
     row.shared = int(compiled.metadata.shared)
+    row.mix, row.loop_mix, row.loop_instructions = sass_mix(compiled.asm["cubin"])
+    triples = distance_triples(kernel)
+    if triples is not None:
+        row.per_triple = round(row.loop_instructions * 32 * warps / triples(constexprs), 3)
     return row
 
 
@@ -214,17 +352,26 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-ROW_HEADER = ["target", "kernel", "config", "warps", "stages", "registers", "spill bytes", "shared bytes", "compile s"]
+ROW_HEADER = ["target", "kernel", "config", "warps", "stages", "registers", "spill bytes", "shared bytes", "compile s",
+              "SASS mix", "inner loop", "instr/triple"]
 SUMMARY_HEADER = ["target", "kernel family", "specialisations", "spilling", "shared > limit", "failed",
                   "max registers", "max spill bytes", "max shared bytes"]
+
+
+def _mix_cell(mix: dict[str, int] | None) -> str:
+    if not mix:
+        return ""
+    return " ".join(f"{k}:{v}" for k, v in sorted(mix.items(), key=lambda kv: -kv[1]))
 
 
 def row_cells(r: Row) -> list:
     spill = f"{r.spill_stores}/{r.spill_loads}" if r.spill else 0
     secs = f"{r.seconds}{' (cached)' if r.cached else ''}"
     if r.error:
-        return [r.target, r.label, r.config, r.warps, r.stages, "FAILED", r.error, "", secs]
-    return [r.target, r.label, r.config, r.warps, r.stages, r.registers, spill, r.shared, secs]
+        return [r.target, r.label, r.config, r.warps, r.stages, "FAILED", r.error, "", secs, "", "", ""]
+    triple = "" if r.per_triple is None else f"{r.per_triple}{'' if r.distance_ok() else ' (over)'}"
+    return [r.target, r.label, r.config, r.warps, r.stages, r.registers, spill, r.shared, secs,
+            _mix_cell(r.mix), f"{r.loop_instructions}: {_mix_cell(r.loop_mix)}", triple]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,8 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     unfit = [r for r in rows if r.error is None and not r.fits()]
     print()
     print(_table(SUMMARY_HEADER, summary))
+    slow = [r for r in rows if r.error is None and not r.distance_ok()]
+    big = [r for r in rows if r.error is None and (r.spill or (r.shared or 0) > (r.shared_limit or 0))]
     verdict = (f"{len(rows)} compiles in {time.perf_counter() - t0:.0f} s: {len(failed)} failed, "
-               f"{len(unfit)} spill or exceed shared memory")
+               f"{len(big)} spill or exceed shared memory, {len(slow)} distance loops with SHFL "
+               f"or > {MAX_PER_TRIPLE} instructions per triple")
     print(verdict)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

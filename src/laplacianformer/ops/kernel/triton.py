@@ -327,6 +327,14 @@ def _signature(kernel, ptr: str, f32_ptrs: tuple[str, ...] = ()) -> dict[str, st
     return sig
 
 
+DISTANCE_LOOPS = {
+    "laplace_kernel_fwd_kernel": lambda c: c["BLOCK_N"] * c["BLOCK_M"] * c["BLOCK_D"] * c["NUM_D"],
+    "laplace_matmul_fwd_kernel": lambda c: c["BLOCK_N"] * c["BLOCK_M"] * c["BLOCK_D"] * c["NUM_D"],
+}
+"""The distance kernels (benchmarks/triton_aot.py): kernel name -> (row, landmark, feature) triples one
+iteration of its inner loop computes, from the specialisation's constexprs."""
+
+
 def _split(cfg: dict) -> tuple[dict, int, int]:
     cfg = dict(cfg)
     cfg.pop("GROUPS", None)
