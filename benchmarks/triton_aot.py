@@ -179,6 +179,9 @@ def _ptxas_log(ptx: str, arch: int) -> str:
         return subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
 
 
+BLOCKING_KEYS = {"R", "C", "TN", "TM", "KU", "SPLIT"}
+"""Constexprs shown in the config column besides BLOCK*/NUM*/TILE* (the register blocking of a distance)."""
+
 CLASSES = [
     ("SHFL", ("SHFL",)),
     ("FP32", ("FADD", "FFMA", "FMUL", "FMNMX", "FSEL", "FSETP", "FSET", "FCHK", "FRND", "FSWZADD")),
@@ -288,7 +291,8 @@ def compile_one(spec: tuple, arch: int) -> Row:
     kernel, signature, constexprs, warps, stages, label, *more = spec
     extra = dict(more[0]) if more else {}
     family = label.split()[0]
-    config = " ".join([f"{k}={v}" for k, v in constexprs.items() if k.isupper() and k.startswith(("BLOCK", "NUM", "TILE"))]
+    config = " ".join([f"{k}={v}" for k, v in constexprs.items()
+                       if k.isupper() and (k.startswith(("BLOCK", "NUM", "TILE")) or k in BLOCKING_KEYS)]
                       + [f"{k}={v}" for k, v in extra.items()])
     row = Row(f"sm_{arch}", family, label, config, warps, stages, shared_limit=SHARED_LIMIT[arch])
     sig = {}

@@ -4,6 +4,8 @@ over the per-block limit (``--strict``), on a machine without a GPU (ptxas from 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +16,9 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 pytest.importorskip("triton")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from benchmarks import triton_aot  # noqa: E402
 
@@ -26,9 +31,12 @@ def test_specialisations_come_from_the_launchers():
                         "norm_rows", "stream_query", "stream_combine", "stream_key", "stream_out"}
     from laplacianformer.ops.kernel import triton as kt
 
-    # the model's call: d = 64 -> two 32-wide chunks, the configuration the launcher uses
-    fwd = [s for s in specs if s[5] == "kernel_fwd dtype=fp32 kind=L1 d=64"]
-    assert len(fwd) == 1 and fwd[0][2]["NUM_D"] == kt.fwd_config(64)["NUM_D"] == 2
+    # the forward's configuration does not depend on d: one specialisation, labelled with the largest d,
+    # the one the launcher uses at the model's d = 64
+    fwd = [s for s in specs if s[5].startswith("kernel_fwd dtype=fp32 kind=L1 ")]
+    assert [s[5] for s in fwd] == ["kernel_fwd dtype=fp32 kind=L1 d=128"]
+    assert {k: fwd[0][2][k] for k in kt.DISTANCE_BLOCK if k != "num_warps"} == \
+        {k: v for k, v in kt.fwd_config(64).items() if k in kt.DISTANCE_BLOCK and k != "num_warps"}
     for kernel, sig, const, warps, stages, label, *options in specs:
         assert set(sig) | set(const) == set(kernel.arg_names), label
     fast = triton_aot.collect(subset="fast")
@@ -57,6 +65,11 @@ def test_fast_subset_fits_on_sm80_and_sm90(tmp_path):
     assert rc == 0 and not bad, bad
     assert {r["target"] for r in data["rows"]} == {"sm_80", "sm_90"}
     assert all(r["registers"] and r["registers"] <= 255 for r in data["rows"])
+    # the distance kernels: their inner loop (the loop over d) without shuffles, within the budget
+    dist = [r for r in data["rows"] if r["per_triple"] is not None]
+    assert {r["family"] for r in dist} == {"kernel_fwd", "matmul_fwd"}
+    assert all(0 < r["per_triple"] <= triton_aot.MAX_PER_TRIPLE and not r["loop_mix"].get("SHFL") for r in dist), dist
+    assert all(sum(r["mix"].values()) > r["loop_instructions"] for r in dist)
 
 
 def test_parse_ptxas_log():
@@ -64,6 +77,81 @@ def test_parse_ptxas_log():
            "544 bytes spill loads\nptxas info    : Used 255 registers, used 1 barriers\n")
     assert triton_aot.parse_ptxas_log(log) == {"registers": 255, "spill_stores": 620, "spill_loads": 544,
                                                "stack": 440}
+
+
+SASS = """\
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   S2R R0, SR_TID.X ;
+.L_x_0:
+        /*0020*/               @P0 LDG.E R2, desc[UR4][R4.64] ;
+.L_x_1:
+        /*0030*/                   FADD R3, R2, -R6 ;
+        /*0040*/                   FADD R7, R7, |R3| ;
+        /*0050*/                   SHFL.BFLY PT, R8, R7, 0x10, 0x1f ;
+        /*0060*/              @!P1 BRA `(.L_x_1) ;
+        /*0070*/                   IADD3 R4, P2, R4, 0x4, RZ ;
+        /*0080*/                   UIADD3 UR6, UR6, 0x1, URZ ;
+        /*0090*/               @P2 BRA `(.L_x_0) ;
+        /*00a0*/                   EXIT ;
+.L_x_2:
+        /*00b0*/                   BRA `(.L_x_2);
+"""
+"""A listing in nvdisasm's format: a loop (0x20-0x90) around an inner one (0x30-0x60), and the branch to
+itself after EXIT (not a loop)."""
+
+
+def test_sass_parser_classes_and_inner_loop():
+    instrs, labels = triton_aot.parse_sass(SASS)
+    assert len(instrs) == 12 and labels == {".L_x_0": 0x20, ".L_x_1": 0x30, ".L_x_2": 0xb0}
+    assert triton_aot.class_counts(instrs) == {"INT": 3, "LDG": 1, "FP32": 2, "SHFL": 1, "CONTROL": 4,
+                                               "UNIFORM": 1}
+    body = triton_aot.inner_loop(instrs, labels)
+    assert [a for a, _, _ in body] == [0x30, 0x40, 0x50, 0x60]
+    assert triton_aot.class_counts(body) == {"FP32": 2, "SHFL": 1, "CONTROL": 1}
+    # without a back-edge, the whole kernel
+    assert triton_aot.inner_loop(instrs[:2], {}) == instrs[:2]
+
+
+@triton.jit
+def _abs_sum_loop(X, Y, OUT, K, BLOCK: tl.constexpr):
+    """OUT[i] = sum_k |X[i] - Y[k]|: one load and two FADDs per k in its loop."""
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(X + offs)
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for k in range(0, K):
+        acc += tl.abs(x - tl.load(Y + k))
+    tl.store(OUT + offs, acc)
+
+
+DISTANCE_LOOPS = {"_abs_sum_loop": lambda c: c["BLOCK"]}
+"""Declares ``_abs_sum_loop`` a distance kernel (BLOCK rows, one landmark, one feature per iteration)."""
+
+
+def test_sass_mix_of_a_compiled_loop_matches_cuobjdump(tmp_path):
+    """The parser on a real cubin: every instruction counted (cuobjdump's listing, a second tool, has as
+    many), the loop body is the loads and FADDs of the loop over k (ptxas may unroll it), and the
+    instructions per triple follow the module docstring's formula."""
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+
+    cuobjdump = Path(knobs.nvidia.cuobjdump.path)
+    if not cuobjdump.exists() or not Path(knobs.nvidia.nvdisasm.path).exists():
+        pytest.skip("no cuobjdump / nvdisasm in the triton wheel")
+    sig = {"X": "*fp32", "Y": "*fp32", "OUT": "*fp32", "K": "i32"}
+    row = triton_aot.compile_one((_abs_sum_loop, sig, {"BLOCK": 32}, 1, 1, "abs_sum"), 90)
+    assert row.error is None, row.error
+    assert row.loop_mix.get("LDG", 0) >= 1 and row.loop_mix["FP32"] == 2 * row.loop_mix["LDG"]
+    assert not row.loop_mix.get("SHFL") and row.loop_mix["CONTROL"] == 1
+    assert row.per_triple == pytest.approx(row.loop_instructions * 32 * 1 / 32)  # body x threads / triples
+
+    full = {n: ("constexpr" if n == "BLOCK" else sig[n]) for n in _abs_sum_loop.arg_names}
+    compiled = triton.compile(triton.compiler.ASTSource(fn=_abs_sum_loop, signature=full, constexprs={"BLOCK": 32}),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    listing = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    lines = [ln for ln in listing.splitlines() if re.match(r"^\s+/\*[0-9a-f]{4}\*/\s+\S", ln)]
+    assert sum(row.mix.values()) == len(lines) > row.loop_instructions
 
 
 def test_roofline_table_is_the_committed_one():

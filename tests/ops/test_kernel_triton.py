@@ -21,8 +21,11 @@ RUNS_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0")
 needs_triton = pytest.mark.skipif(not RUNS_HERE, reason="needs CUDA or TRITON_INTERPRET=1")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-SHAPES = [(2, 37, 19, 5, 3), (1, 50, 33, 20, 17), (1, 23, 49, 32, 32), (1, 21, 18, 70, 40)]
-"""(B, N, M, d, e). The last one runs d as four 32-wide chunks (the last one ragged) and e as two."""
+SHAPES = [(2, 37, 19, 5, 3), (1, 50, 33, 20, 17), (1, 23, 49, 32, 32), (1, 21, 18, 70, 40), (1, 130, 70, 19, 72)]
+"""(B, N, M, d, e). (1, 21, 18, 70, 40) runs d in the backward as four 32-wide chunks (the last one ragged)
+and e as two; the last one, in the forward, three 64-row blocks, two 64-landmark blocks (the second one's
+upper half past M), two 64-wide slices of e (the second ragged) and d as two unrolled 8-feature steps plus
+three single ones."""
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 

@@ -8,19 +8,23 @@
   dY and dV are reduced over N in fixed splits into float32 workspaces and summed by a second pass
   (deterministic, no atomics). sign(0) = 0.
 
-Register budget (docs/KERNELS.md): no tile grows with d or e. The distance is summed over d in chunks of
-``CHUNK`` = 32 columns (16 × 16 × 32 or 32 × 32 × 32 difference tiles); the backward holds dX / dY / dV as
-up to four chunk accumulators; without V each backward program takes one chunk of d (a grid axis), with
-V dL/dC = dO Vᵀ is summed over e in chunks. ``benchmarks/triton_aot.py --strict`` compiles every
-specialisation (``aot_specialisations``, built from the launchers' ``*_config`` functions) for sm_80 and
-sm_90 and checks that none spills; d, e <= 128 (the registry refuses larger ones).
+Register budget (docs/KERNELS.md): no tile grows with d or e. The forward sums the distance over d in a
+loop over single features into a register-blocked (R, C, TN, TM) accumulator (``_distance``: 64 x 64
+tiles, each thread 4 rows x 8 landmarks, no shuffles, about 2.4 SASS instructions per (row, landmark,
+feature), ``DISTANCE_LOOPS``) from float32 copies of X and Y; e is taken in slices of at most 64 (a grid
+axis). The backward keeps the chunked form: 16 x 16 x 32 difference tiles reduced with ``tl.sum``
+(``_distance_chunks``), dX / dY / dV as up to four chunk accumulators; without V each backward program takes
+one chunk of d (a grid axis), with V dL/dC = dO Vᵀ is summed over e in chunks. ``benchmarks/triton_aot.py
+--strict`` compiles every specialisation (``aot_specialisations``, built from the launchers' ``*_config``
+functions) for sm_80 and sm_90 and checks that none spills and that the forward's distance loop meets its
+instruction budget; d, e <= 128 (the registry refuses larger ones).
 
 Inputs float32/float16/bfloat16, accumulation in float32, outputs in the input dtype. Products with V in
-the forward run as float32 ``tl.dot`` (IEEE for float32 inputs, TF32 on GPU for half inputs); in the
-backward always IEEE float32 (the TF32 path needs more registers there, and costs little: the distance
-dominates). The host functions are registered with ``torch.library.triton_op`` (``laplacianformer::...``)
-so torch.compile traces them, with autograd through ``_autograd.py`` (the glue shared with ``cpu.py``).
-Dispatch: ``kernel/__init__.py``.
+the forward run as ``tl.dot`` on the float32 C tile: 3-pass TF32 for float32 inputs (about float32
+accuracy; the IEEE FMA product spills with 64-row tiles), TF32 for half inputs; in the backward always IEEE
+float32 (the TF32 path needs more registers there, and costs little: the distance dominates). The host
+functions are registered with ``torch.library.triton_op`` (``laplacianformer::...``) so torch.compile
+traces them, with autograd through ``_autograd.py`` (the glue shared with ``cpu.py``). Dispatch: ``kernel/__init__.py``.
 """
 
 from __future__ import annotations
@@ -53,14 +57,66 @@ def _distance_tile(x, y, L1: tl.constexpr):
 
 
 @triton.jit
-def _distance(Xb, Yb, rn, rm, N, M, D, L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_D: tl.constexpr, NUM_D: tl.constexpr):
-    """(BLOCK_N, BLOCK_M) distances, summed over d in NUM_D chunks of BLOCK_D (unrolled)."""
+def _distance_chunks(Xb, Yb, rn, rm, N, M, D, L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_D: tl.constexpr, NUM_D: tl.constexpr):
+    """(BLOCK_N, BLOCK_M) distances, summed over d in NUM_D chunks of BLOCK_D (unrolled), as 3-D difference
+    tiles reduced with ``tl.sum`` (warp shuffles): the backward's recomputed C on its 16 x 16 tiles."""
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k in tl.static_range(NUM_D):
         acc += _distance_tile(load_block(Xb, rn, N, D, k * BLOCK_D, BLOCK_D),
                               load_block(Yb, rm, M, D, k * BLOCK_D, BLOCK_D), L1)
     return acc
+
+
+@triton.jit
+def _blocked_rows(r0, R: tl.constexpr, T: tl.constexpr, AXIS: tl.constexpr):
+    """Indices r0 + r·T + t of a register-blocked tile (``_distance``), shaped (R, 1, T, 1) for AXIS=0 (rows)
+    or (1, R, 1, T) for AXIS=1 (landmarks)."""
+    if AXIS == 0:
+        idx = r0 + tl.arange(0, R)[:, None, None, None] * T + tl.arange(0, T)[None, None, :, None]
+    else:
+        idx = r0 + tl.arange(0, R)[None, :, None, None] * T + tl.arange(0, T)[None, None, None, :]
+    return idx
+
+
+@triton.jit
+def _accumulate_distance(acc, x, y, L1: tl.constexpr):
+    diff = x - y
+    if L1:
+        return acc + tl.abs(diff)
+    return acc + diff * diff
+
+
+@triton.jit
+def _distance(Xb, Yb, n0, m0, N, M, D, L1: tl.constexpr, R: tl.constexpr, C: tl.constexpr, TN: tl.constexpr,
+              TM: tl.constexpr, KU: tl.constexpr):
+    """Register-blocked distances: (R, C, TN, TM), element [r, c, i, j] = dist(x_{n0 + r·TN + i},
+    y_{m0 + c·TM + j}) (0-based; rows >= N and landmarks >= M repeat the last one). X (N, D), Y (M, D)
+    float32, row-major.
+
+    A loop over the feature index k adds |x_nk - y_mk| (or its square) into the 4-D accumulator: each
+    thread holds R rows x C landmarks of it (the default layout puts the threads on the TN and TM axes) and
+    loads their R + C features k as scalars, so a column costs R + C loads and 2·R·C FADDs per thread and
+    no shuffles. The loads stay in the accumulator's layout (no shared-memory round trip) because each has
+    fewer elements than the program has threads (R < TM, C < TN). KU columns per iteration, unrolled and
+    unmasked; the D % KU last ones one at a time (docs/KERNELS.md, "Register budget")."""
+    xp = Xb + tl.minimum(_blocked_rows(n0, R, TN, 0), N - 1) * D
+    yp = Yb + tl.minimum(_blocked_rows(m0, C, TM, 1), M - 1) * D
+    acc = tl.zeros((R, C, TN, TM), dtype=tl.float32)
+    d_main = D - D % KU
+    for k0 in range(0, d_main, KU):
+        for j in tl.static_range(KU):
+            acc = _accumulate_distance(acc, tl.load(xp + (k0 + j)), tl.load(yp + (k0 + j)), L1)
+    for k in range(d_main, D):
+        acc = _accumulate_distance(acc, tl.load(xp + k), tl.load(yp + k), L1)
+    return acc
+
+
+@triton.jit
+def _unblock(t, R: tl.constexpr, C: tl.constexpr, TN: tl.constexpr, TM: tl.constexpr):
+    """A ``_distance``-shaped (R, C, TN, TM) tile as the (R·TN, C·TM) matrix of rows n0 + r·TN + i and
+    landmarks m0 + c·TM + j."""
+    return tl.reshape(tl.permute(t, (0, 2, 1, 3)), (R * TN, C * TM))
 
 
 @triton.jit
@@ -141,30 +197,47 @@ def _store_chunks(P, a0, a1, a2, a3, rows, R, C, c0, BLOCK: tl.constexpr, NUM: t
 @triton.jit
 def laplace_kernel_fwd_kernel(
     X, Y, OUT, N, M, D, scale,
-    L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
+    L1: tl.constexpr, R: tl.constexpr, C: tl.constexpr, TN: tl.constexpr, TM: tl.constexpr, KU: tl.constexpr,
 ):
+    """One (R·TN, C·TM) tile of C, stored in ``_distance``'s blocked layout (no conversion). X, Y float32."""
     pid_n, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    c = tl.exp(_distance(X + b * N * D, Y + b * M * D, rn, rm, N, M, D, L1, BLOCK_N, BLOCK_M, BLOCK_D, NUM_D) * scale)
-    store_block(OUT + b * N * M, c, rn, N, M, pid_m * BLOCK_M, BLOCK_M)
+    n0, m0 = pid_n * R * TN, pid_m * C * TM
+    c = tl.exp(_distance(X + b * N * D, Y + b * M * D, n0, m0, N, M, D, L1, R, C, TN, TM, KU) * scale)
+    rows, cols = _blocked_rows(n0, R, TN, 0), _blocked_rows(m0, C, TM, 1)
+    tl.store(OUT + b * N * M + rows * M + cols, c.to(OUT.dtype.element_ty), mask=(rows < N) & (cols < M))
+
+
+@triton.jit
+def _product(acc, c, Vb, m0, M, E, e0, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
+    """acc + c @ V[m0 : m0 + BLOCK_M, e0 : e0 + BLOCK_E] (outside V read as 0): float32 inputs as 3-pass
+    TF32 (about float32 accuracy; the IEEE FMA product spills at this tile size), else TF32."""
+    v = load_block(Vb, m0 + tl.arange(0, BLOCK_M), M, E, e0, BLOCK_E)
+    if IEEE:
+        return acc + tl.dot(c, v, input_precision="tf32x3")
+    return acc + tl.dot(c, v)
 
 
 @triton.jit
 def laplace_matmul_fwd_kernel(
     X, Y, V, OUT, N, M, D, E, scale,
-    L1: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    L1: tl.constexpr, IEEE: tl.constexpr, R: tl.constexpr, C: tl.constexpr, TN: tl.constexpr, TM: tl.constexpr,
+    KU: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
-    pid_n, b = tl.program_id(0), tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
-    for m0 in range(0, M, BLOCK_M):
-        rm = m0 + tl.arange(0, BLOCK_M)
-        c = tl.exp(_distance(X + b * N * D, Y + b * M * D, rn, rm, N, M, D, L1, BLOCK_N, BLOCK_M, BLOCK_D, NUM_D) * scale)
-        c = tl.where(rm[None, :] < M, c, 0.0)
-        acc += dot(c, load_block(V + b * M * E, rm, M, E, 0, BLOCK_E), IEEE)
-    store_block(OUT + b * N * E, acc, rn, N, E, 0, BLOCK_E)
+    """Columns e0 .. e0 + BLOCK_E (e0 = program_id(2) · BLOCK_E) of one block of R·TN rows of C @ V, looping
+    over the landmarks in blocks of C·TM. X, Y float32. Each C tile is multiplied as two halves of its C
+    axis (C·TM / 2 landmarks each: smaller operands, no spills on sm_80)."""
+    pid_n, b, e0 = tl.program_id(0), tl.program_id(1), tl.program_id(2) * BLOCK_E
+    n0 = pid_n * R * TN
+    Vb = V + b * M * E
+    acc = tl.zeros((R * TN, BLOCK_E), dtype=tl.float32)
+    for m0 in range(0, M, C * TM):
+        # landmarks >= M: C finite (the last landmark repeated), V rows 0
+        c = tl.exp(_distance(X + b * N * D, Y + b * M * D, n0, m0, N, M, D, L1, R, C, TN, TM, KU) * scale)
+        lo, hi = tl.split(tl.permute(tl.reshape(c, (R, 2, C // 2, TN, TM)), (0, 2, 3, 4, 1)))
+        acc = _product(acc, _unblock(lo, R, C // 2, TN, TM), Vb, m0, M, E, e0, IEEE, C // 2 * TM, BLOCK_E)
+        acc = _product(acc, _unblock(hi, R, C // 2, TN, TM), Vb, m0 + C // 2 * TM, M, E, e0, IEEE, C // 2 * TM,
+                       BLOCK_E)
+    store_block(OUT + b * N * E, acc, n0 + tl.arange(0, R * TN), N, E, e0, BLOCK_E)
 
 
 @triton.jit
@@ -176,7 +249,7 @@ def _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale,
     dL/dC = dO Vᵀ is summed over e in NUM_E chunks of BLOCK_E."""
     mask = (rn[:, None] < N) & (rm[None, :] < M)
     if HAS_V:
-        c = tl.exp(_distance(Xb, Yb, rn, rm, N, M, D, L1, BLOCK_N, BLOCK_M, BLOCK_D, NUM_D) * scale)
+        c = tl.exp(_distance_chunks(Xb, Yb, rn, rm, N, M, D, L1, BLOCK_N, BLOCK_M, BLOCK_D, NUM_D) * scale)
         c = tl.where(mask, c, 0.0)
         g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k in tl.static_range(NUM_E):
@@ -269,17 +342,31 @@ def _chunks(n: int) -> tuple[int, int]:
     return block, full // block
 
 
+DISTANCE_BLOCK = dict(R=4, C=8, TN=16, TM=8, KU=8, num_warps=4)
+"""The forward's register blocking (``_distance``): 64 x 64 tiles on 4 warps, each thread 4 rows x 8
+landmarks (R < TM and C < TN keep the loads in the accumulator's layout), 8 features per loop iteration:
+(4 + 8) loads and 2 · 32 FADDs per feature, about 2.4 SASS instructions per (row, landmark, feature)
+(benchmarks/triton_aot.py; docs/KERNELS.md, "Register budget"). Independent of d."""
+
+
+def _block_rows(cfg: dict) -> tuple[int, int]:
+    """(rows, landmarks) of one ``_distance`` tile: (R·TN, C·TM)."""
+    return cfg["R"] * cfg["TN"], cfg["C"] * cfg["TM"]
+
+
 def fwd_config(d: int) -> dict:
-    """Launch configuration of ``laplace_kernel_fwd_kernel`` for feature dim d."""
-    bd, nd = _chunks(d)
-    return dict(BLOCK_N=32, BLOCK_M=32, BLOCK_D=bd, NUM_D=nd, num_warps=8, num_stages=1)
+    """Launch configuration of ``laplace_kernel_fwd_kernel`` (any d: the loop over d is not unrolled)."""
+    return dict(DISTANCE_BLOCK, num_stages=1)
+
+
+MATMUL_MAX_BLOCK_E = 64
+"""Widest slice of e one ``laplace_matmul_fwd_kernel`` program computes: e = 128 takes two programs per row
+block (the distance computed twice; one 64 x 128 float32 accumulator spills on sm_80)."""
 
 
 def matmul_fwd_config(d: int, e: int) -> dict:
-    """Launch configuration of ``laplace_matmul_fwd_kernel``: the product with V takes the whole e."""
-    bd, nd = _chunks(d)
-    # 16 x 16 x BLOCK_D difference tiles, 32 elements per thread
-    return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=_pow2(e), num_warps=bd // 4, num_stages=1)
+    """Launch configuration of ``laplace_matmul_fwd_kernel``: e in slices of BLOCK_E (a grid axis)."""
+    return dict(DISTANCE_BLOCK, BLOCK_E=min(_pow2(e), MATMUL_MAX_BLOCK_E), num_stages=1)
 
 
 _BWD_WARPS = {
@@ -328,11 +415,16 @@ def _signature(kernel, ptr: str, f32_ptrs: tuple[str, ...] = ()) -> dict[str, st
 
 
 DISTANCE_LOOPS = {
-    "laplace_kernel_fwd_kernel": lambda c: c["BLOCK_N"] * c["BLOCK_M"] * c["BLOCK_D"] * c["NUM_D"],
-    "laplace_matmul_fwd_kernel": lambda c: c["BLOCK_N"] * c["BLOCK_M"] * c["BLOCK_D"] * c["NUM_D"],
+    "laplace_kernel_fwd_kernel": lambda c: c["R"] * c["C"] * c["TN"] * c["TM"] * c["KU"],
+    "laplace_matmul_fwd_kernel": lambda c: c["R"] * c["C"] * c["TN"] * c["TM"] * c["KU"],
 }
 """The distance kernels (benchmarks/triton_aot.py): kernel name -> (row, landmark, feature) triples one
 iteration of its inner loop computes, from the specialisation's constexprs."""
+
+
+_F32_XY = ("X", "Y")
+"""The forward kernels read X and Y in float32 (the launchers upcast half inputs: an O((N + M)·d) copy
+against O(N·M·d) work, and no conversion in the distance loop)."""
 
 
 def _split(cfg: dict) -> tuple[dict, int, int]:
@@ -361,7 +453,7 @@ def aot_specialisations(d_max: int = MAX_D, m_max: int = 128):
         for l1 in (True, False):
             kind = "L1" if l1 else "L2"
             for d in dims:
-                yield from once(laplace_kernel_fwd_kernel, _signature(laplace_kernel_fwd_kernel, tname),
+                yield from once(laplace_kernel_fwd_kernel, _signature(laplace_kernel_fwd_kernel, tname, _F32_XY),
                                 dict(fwd_config(d), L1=l1), f"kernel_fwd dtype={tname} kind={kind} d={d}")
                 for k, fam in ((laplace_dx_kernel, "kernel_bwd_dx"), (laplace_dy_kernel, "kernel_bwd_dy")):
                     if dtype != torch.float32:  # the backward upcasts half inputs (_backward)
@@ -370,7 +462,7 @@ def aot_specialisations(d_max: int = MAX_D, m_max: int = 128):
                                     dict(bwd_config(d, None, fam[-2:], l1), L1=l1, HAS_V=False, IEEE=True),
                                     f"{fam} dtype={tname} kind={kind} d={d}")
                 for e in dims:
-                    yield from once(laplace_matmul_fwd_kernel, _signature(laplace_matmul_fwd_kernel, tname),
+                    yield from once(laplace_matmul_fwd_kernel, _signature(laplace_matmul_fwd_kernel, tname, _F32_XY),
                                     dict(matmul_fwd_config(d, e), L1=l1, IEEE=ieee),
                                     f"matmul_fwd dtype={tname} kind={kind} d={d} e={e}")
                     if dtype != torch.float32 or unfit(l1, d, e, dtype):  # upcast / refused: never launched
@@ -388,8 +480,9 @@ def laplace_kernel_fwd(x: torch.Tensor, y: torch.Tensor, scale: float, l1: bool)
     m = y.shape[1]
     out = torch.empty(b, n, m, dtype=x.dtype, device=x.device)
     cfg = fwd_config(d)
-    grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]), b)
-    wrap_triton(laplace_kernel_fwd_kernel)[grid](x, y, out, n, m, d, scale, L1=l1, **cfg)
+    bn, bm = _block_rows(cfg)
+    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), b)
+    wrap_triton(laplace_kernel_fwd_kernel)[grid](x.float(), y.float(), out, n, m, d, scale, L1=l1, **cfg)
     return out
 
 
@@ -400,8 +493,8 @@ def laplace_matmul_fwd(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale:
     m, e = v.shape[1], v.shape[2]
     out = torch.empty(b, n, e, dtype=x.dtype, device=x.device)
     cfg = matmul_fwd_config(d, e)
-    grid = (triton.cdiv(n, cfg["BLOCK_N"]), b)
-    wrap_triton(laplace_matmul_fwd_kernel)[grid](x, y, v, out, n, m, d, e, scale, L1=l1,
+    grid = (triton.cdiv(n, _block_rows(cfg)[0]), b, triton.cdiv(e, cfg["BLOCK_E"]))
+    wrap_triton(laplace_matmul_fwd_kernel)[grid](x.float(), y.float(), v, out, n, m, d, e, scale, L1=l1,
                                                  IEEE=v.dtype == torch.float32, **cfg)
     return out
 
