@@ -37,8 +37,8 @@ import json
 import os
 import pickle
 import shutil
+import secrets
 import struct
-import tempfile
 import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -141,11 +141,19 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _default_mode() -> int:
-    """The mode ``open()`` gives a new file: 0o666 less the process umask (read without changing it for long)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+def _new_temp_file(directory: Path, name: str) -> tuple[int, Path]:
+    """(fd, path) of a new, uniquely named temporary file ``.NAME.<random>.tmp`` in ``directory``, opened for
+    writing with the mode ``open()`` gives a new file (0o666 less the umask, applied by the OS: mkstemp's
+    0600 would make a checkpoint private to its writer, and reading the umask means setting it, which races
+    with other threads)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = directory / f".{name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"path: no free temporary name for {name!r} in {str(directory)!r}")
 
 
 def _atomic_write(path: Path, chunks: list[bytes], keep_previous: bool) -> Path:
@@ -153,11 +161,9 @@ def _atomic_write(path: Path, chunks: list[bytes], keep_previous: bool) -> Path:
     directory = path.parent
     if not directory.is_dir():
         raise FileNotFoundError(errno.ENOENT, f"path: directory {str(directory)!r} does not exist", str(path))
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    tmp = Path(tmp_name)
+    fd, tmp = _new_temp_file(directory, path.name)
     try:
         try:
-            os.fchmod(fd, _default_mode())  # mkstemp's 0600 would make the checkpoint private to its writer
             with os.fdopen(fd, "wb") as f:
                 for chunk in chunks:
                     _write_payload(f, chunk)
@@ -182,9 +188,8 @@ def _atomic_write(path: Path, chunks: list[bytes], keep_previous: bool) -> Path:
 
 def _rotate_previous(path: Path) -> None:
     prev = previous_path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{prev.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _new_temp_file(path.parent, prev.name)
     os.close(fd)
-    tmp = Path(tmp_name)
     try:
         tmp.unlink()
         try:

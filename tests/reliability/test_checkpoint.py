@@ -409,7 +409,7 @@ def test_crash_at_each_step_of_save_leaves_valid_checkpoints(tmp_path, point, la
 
 
 def test_checkpoints_get_the_mode_a_new_file_gets(tmp_path):
-    """Atomic writes go through mkstemp (mode 0600); the file written ends with 0666 less the umask, as open()."""
+    """Atomic writes go through a temporary file; the file written ends with 0666 less the umask, as open()."""
     old = os.umask(0o022)
     try:
         path = save_checkpoint(_training_state(), tmp_path / "c.pt")
@@ -418,3 +418,14 @@ def test_checkpoints_get_the_mode_a_new_file_gets(tmp_path):
         assert previous_path(path).stat().st_mode & 0o777 == 0o644
     finally:
         os.umask(old)
+
+
+def test_writes_never_touch_the_process_umask(tmp_path, monkeypatch):
+    """Setting the umask to read it would race with files other threads create meanwhile."""
+    def forbidden(_mask):
+        raise AssertionError("os.umask called during a checkpoint write")
+
+    monkeypatch.setattr(os, "umask", forbidden)
+    path = save_checkpoint(_training_state(), tmp_path / "c.pt")
+    save_checkpoint(_training_state(8), path)
+    assert load_checkpoint(path)["step"] == 8 and not list(tmp_path.glob(".*.tmp"))
