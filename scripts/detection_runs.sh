@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Long detection runs on FashionScenes for docs/DETECTION.md ("Results on FashionScenes"):
 #   RetinaNet, laplacianformer_tiny with the Laplacian / Gaussian / SR-softmax token mixer x seeds 0, 1, 2,
-#   and Mask R-CNN with the Laplacian backbone, seed 0; 256 px, the default FashionScenes set
+#   and Mask R-CNN with the Laplacian backbone, seed 0; once the accuracy selection (issue 28) is complete,
+#   RetinaNet with its chosen configuration and its best output-scale fix x seeds 0, 1, 2
+#   (`laplacianformer accuracy variants`); 256 px, the default FashionScenes set
 #   (4000 train / 1000 val scenes, seed 0).
 #
 # Usage:  scripts/detection_runs.sh            (from anywhere; runs sequentially, about 7 h on 2 idle cores, about 30 h at load 11, see below)
@@ -98,6 +100,14 @@ for seed in 0 1 2; do
 done
 add maskrcnn-laplacian-s0 "$MASK_STEPS" --detector maskrcnn --seed 0 --val-subset 100 \
     --detector-kwargs '{"box_batch_size_per_image":128,"rpn_post_nms_top_n_train":1000}'
+# issue 28's detection runs: the configuration chosen on validation and the best output-scale fix alone
+# (`laplacianformer accuracy variants`, read from results/accuracy/selection.json; none while it is incomplete)
+while read -r label kwargs; do
+    [ -n "$label" ] || continue
+    for seed in 0 1 2; do
+        add "retinanet-$label-s$seed" "$RETINA_STEPS" --detector retinanet --seed $seed --backbone-kwargs "$kwargs"
+    done
+done < <("$PY" -m laplacianformer accuracy variants)
 for name in ${ORDER:-$DEFAULT_ORDER}; do
     [ -n "${FLAGS[$name]:-}" ] || { echo "ORDER: unknown run '$name' (known: $DEFAULT_ORDER)" >&2; exit 2; }
     # shellcheck disable=SC2086  # the flags are word-split on purpose (no spaces inside a value)

@@ -95,6 +95,23 @@ def test_selection_needs_three_seeds_to_choose(tmp_path):
     assert sel["chosen"] is None and not sel["complete"]
 
 
+def test_detection_variants_are_the_choice_and_the_best_scale_fix(tmp_path, capsys):
+    # fake val top-1 grows with the length of the settings' JSON: scale_inv_sqrt_n > scale_inv_n
+    labels = ["default", "scale_inv_n", "scale_inv_sqrt_n", "scale_inv_n+lam_0.5+tied_keys"]
+    record = accuracy.run_cells(labels, [0, 1], protocol=_protocol(), out=tmp_path, runs=tmp_path, progress=False,
+                                train_fn=_fake_train)
+    assert accuracy.detection_variants(accuracy.selection(record)) == {}  # incomplete: no runs yet
+    accuracy.run_cells(labels, [0, 1, 2], protocol=_protocol(), out=tmp_path, runs=tmp_path, progress=False,
+                       train_fn=_fake_train)
+    accuracy.write_reports(tmp_path)
+    assert accuracy.main(["variants", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    got = dict(line.split(" ", 1) for line in lines if line.startswith("scale_"))
+    assert list(got) == ["scale_inv_n+lam_0.5+tied_keys", "scale_inv_sqrt_n"]
+    assert json.loads(got["scale_inv_sqrt_n"]) == {"attn": "laplacian", "attn_kwargs": {"norm_scale": "inv_sqrt_n"}}
+    assert " " not in got["scale_inv_n+lam_0.5+tied_keys"]  # one shell word per value
+
+
 def test_confirmation_pairs_and_reports(tmp_path):
     labels = ["default", "inline", "gaussian_soft", "sr_softmax"]
     accuracy.run_cells(labels, list(range(5)), protocol=_protocol(), out=tmp_path, runs=tmp_path, progress=False,

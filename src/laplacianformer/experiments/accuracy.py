@@ -18,6 +18,8 @@ checkpoint, ``save_every_steps``):
              paper default, the Gaussian at SOFT's bandwidth and SR-softmax, seeds 0..4
              -> OUT/confirmation.json (test top-1 per seed; per pair mean Δ, paired 95 % CI, verdict)
     report   rewrite both files (and their Markdown) from OUT/cells.json
+    variants the detection runs the complete selection asks for (the choice and the best scale fix alone):
+             one "LABEL BACKBONE_KWARGS_JSON" line each, read by scripts/detection_runs.sh
 
 In the background:
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import time
 from pathlib import Path
 
@@ -189,6 +192,22 @@ def selection(record: dict) -> dict:
             "complete": bool(labels) and all(candidates[lb]["n"] >= MIN_SELECT_SEEDS for lb in labels)}
 
 
+SCALE_PREFIX = "scale_"
+
+
+def detection_variants(sel: dict) -> dict[str, dict]:
+    """The detection runs of the accuracy issue from a complete selection: {label: backbone_kwargs} for the
+    chosen configuration and the best output-scale fix alone (highest mean validation top-1 among the
+    ``scale_*`` candidates with >= MIN_SELECT_SEEDS seeds), so the detection gap can be attributed. Empty
+    while the selection is incomplete."""
+    if not sel.get("complete") or sel.get("chosen") is None:
+        return {}
+    cands = sel["candidates"]
+    scales = [lb for lb in sel["ranking"] if lb in CANDIDATES and lb.startswith(SCALE_PREFIX)]  # alone
+    labels = dict.fromkeys([sel["chosen"], *scales[:1]])
+    return {lb: {"attn": cands[lb]["attn"], "attn_kwargs": cands[lb]["attn_kwargs"]} for lb in labels}
+
+
 CLAIMS = (  # (a, b, side): the claim "a beats b" (+1) checked on the test set
     ("{chosen}", DEFAULT, 1), ("{chosen}", "gaussian_soft", 1), ("{chosen}", "sr_softmax", 1),
     (DEFAULT, "gaussian_soft", 1), (DEFAULT, "sr_softmax", 1),
@@ -306,7 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="laplacianformer accuracy",
                                 description="Select a configuration on validation data, confirm it on test "
                                             "(docs/DESIGN.md §7.5); resumable per cell.")
-    p.add_argument("stage", choices=("select", "confirm", "report", "list"))
+    p.add_argument("stage", choices=("select", "confirm", "report", "list", "variants"),
+                   help="variants: the detection runs the selection asks for, one 'LABEL JSON' line each "
+                        "(scripts/detection_runs.sh reads them)")
     p.add_argument("--values", nargs="+", default=None, help="select: only these candidates (default: all)")
     p.add_argument("--combine", nargs="+", default=[], metavar="A+B",
                    help="select: also these combinations of candidates (e.g. lam_0.5+inline+tied_keys)")
@@ -325,6 +346,10 @@ def _stage(args) -> int:
     runs = Path(args.runs or (out / "runs" if args.quick else DEFAULT_RUNS))
     if args.jobs < 1:
         raise ValueError(f"jobs: expected >= 1, got {args.jobs}")
+    if args.stage == "variants":
+        for lb, kwargs in detection_variants(read_json(out / "selection.json") or {}).items():
+            print(lb, json.dumps(kwargs, separators=(",", ":"), sort_keys=True))
+        return 0
     if args.stage == "report":
         write_reports(out, args.choose)
         print((out / "selection.md").read_text())
