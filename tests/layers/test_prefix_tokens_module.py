@@ -132,3 +132,19 @@ def test_with_options_and_errors():
         LaplacianAttention(16, 2, num_prefix_tokens=1.5)
     with pytest.raises(ValueError, match="num_prefix_tokens: SoftmaxAttention takes no prefix tokens"):
         SoftmaxAttention(16, 2, num_prefix_tokens=1)
+
+
+def test_with_options_layers_pickle_and_deepcopy():
+    """torch.save(model) and copy.deepcopy (timm's EMA) of a model built from a ``with_options`` class."""
+    import copy
+    import io
+
+    layer_class = LaplacianAttention.with_options(num_prefix_tokens=1, landmarks=(2, 2))
+    net = torch.nn.Sequential(layer_class(16, 2)).eval()
+    x = torch.randn(2, 1 + 16, 16)
+    buf = io.BytesIO()
+    torch.save(net, buf)
+    buf.seek(0)
+    for other in (torch.load(buf, weights_only=False), copy.deepcopy(net)):
+        assert other[0].num_prefix_tokens == 1 and isinstance(other[0], LaplacianAttention)
+        torch.testing.assert_close(other(x), net(x), rtol=0, atol=0)

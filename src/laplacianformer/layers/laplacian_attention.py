@@ -132,8 +132,13 @@ class LaplacianAttention(TokenAttention):
         def __init__(self, dim: int, num_heads: int = 8, **kwargs) -> None:
             cls.__init__(self, dim, num_heads, **{**defaults, **kwargs})
 
+        def __reduce_ex__(self, protocol):
+            # the class is made here, so pickle cannot name it: rebuild it from (cls, options) on load
+            return _rebuild_with_options, (cls, defaults, self.__getstate__())
+
         text = ", ".join(f"{key}={value!r}" for key, value in defaults.items())
-        return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__,
+        return type(cls.__name__, (cls,), {"__init__": __init__, "__reduce_ex__": __reduce_ex__,
+                                           "__module__": cls.__module__,
                                            "__doc__": f"{cls.__name__} with the defaults {text}."})
 
     @property
@@ -182,3 +187,11 @@ class LaplacianAttention(TokenAttention):
         hw = self._layout(x.shape[1], hw)
         return explain("recompute", x, None, self._projections(), self.settings, hw, key_padding_mask, self.norm_gain,
                        self.num_prefix_tokens)
+
+
+def _rebuild_with_options(base: type, options: dict, state: dict):
+    """Unpickles a layer of a ``with_options`` class: the class made again, the module's state set."""
+    layer_class = base.with_options(**options)
+    layer = layer_class.__new__(layer_class)
+    layer.__setstate__(state)
+    return layer
