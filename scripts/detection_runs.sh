@@ -107,7 +107,7 @@ while read -r label kwargs; do
     for seed in 0 1 2; do
         add "retinanet-$label-s$seed" "$RETINA_STEPS" --detector retinanet --seed $seed --backbone-kwargs "$kwargs"
     done
-done < <("$PY" -m laplacianformer accuracy variants)
+done < <("${VARIANTS_PYTHON:-$PY}" -m laplacianformer accuracy variants)  # VARIANTS_PYTHON=true: none
 for name in ${ORDER:-$DEFAULT_ORDER}; do
     [ -n "${FLAGS[$name]:-}" ] || { echo "ORDER: unknown run '$name' (known: $DEFAULT_ORDER)" >&2; exit 2; }
     # shellcheck disable=SC2086  # the flags are word-split on purpose (no spaces inside a value)

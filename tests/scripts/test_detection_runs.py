@@ -17,7 +17,7 @@ def _run(tmp_path: Path, order: str) -> subprocess.CompletedProcess:
     data = tmp_path / "data"
     (data / "annotations").mkdir(parents=True)
     (data / "annotations" / "instances_val.json").write_text("{}")
-    env = dict(os.environ, PYTHON="echo", ORDER=order, DATA=str(data), RUNS=str(tmp_path / "runs"),
+    env = dict(os.environ, PYTHON="echo", VARIANTS_PYTHON="true", ORDER=order, DATA=str(data), RUNS=str(tmp_path / "runs"),
                KEEP=str(tmp_path / "keep"), REPORT=str(tmp_path / "report"))
     return subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
