@@ -196,3 +196,12 @@ def test_registry_limits_are_the_checked_ones():
 
     assert (kernel_ops._TRITON_MAX_D, kernel_ops._TRITON_MAX_E) == (kt.MAX_D, kt.MAX_E) == (128, 128)
     assert ns_ops.TRITON_MAX_M == nt.MAX_M
+
+
+def test_triton_suite_under_interpreter(triton_interpreter):
+    """On a CPU machine the Triton tests above rerun under TRITON_INTERPRET=1 in a subprocess, so the default
+    suite compares the on-chip and tiled kernels with their references."""
+    if RUNS_HERE:
+        pytest.skip("the Triton tests run in this process")
+    pytest.importorskip("triton")
+    triton_interpreter("tests/ops/test_newton_schulz_triton.py", timeout=300.0)
