@@ -44,6 +44,29 @@ def test_one_program_keeps_the_landmark_rule_at_every_grid():
         assert out.shape == ref.shape and _relative(out, ref) < 1e-4, ((b, h, w), _relative(out, ref))
 
 
+def test_plain_torch_export_with_dims_keeps_the_landmark_rule():
+    """No wrapper: ``torch.export.export`` with a Dim range that crosses the rule (4x4 exact, 12x12 Nyström)
+    exports, because the operator puts both sides in the graph while it is exported (ops/graph_rule.py)."""
+    torch.manual_seed(0)
+    module = GridAttention().eval()
+    dims = {0: torch.export.Dim("batch"), 2: torch.export.Dim("h", min=2, max=64), 3: torch.export.Dim("w", min=2, max=64)}
+    run = torch.export.export(module, (torch.randn(2, 16, 12, 12),), dynamic_shapes=(dims,)).module()
+    for b, h, w in [(3, 4, 4), (2, 5, 9), (2, 12, 12)]:
+        x = torch.randn(b, 16, h, w)
+        with torch.no_grad():
+            ref = module(x)
+            out = run(x)
+        assert out.shape == ref.shape and _relative(out, ref) < 1e-4, ((b, h, w), _relative(out, ref))
+
+
+def test_eager_and_torch_compile_take_one_side_only():
+    """Outside an export the rule stays a per-size choice: ``rule_in_graph`` is False in eager mode."""
+    from laplacianformer.ops.graph_rule import exporting, rule_in_graph
+
+    assert not exporting()
+    assert not rule_in_graph((7, 7), (12, 12), 144, 0, None)
+
+
 @pytest.mark.slow
 def test_export_program_of_the_model_runs_every_size_like_eager():
     """The whole classifier (17 s on an idle 2-core machine, minutes when loaded): down to a 2x2 last stage."""

@@ -7,12 +7,13 @@ adds 1e-6 to every difference and returned NaN in onnxruntime here; the dynamo e
 ``aten._cdist_forward``), so both get one written with standard ONNX ops: |x_i - y_j| summed over the last
 axis (the broadcast (..., N, M, d) tensor exists only inside the ONNX graph).
 
-One graph for every input size (``any_size``): the landmark grid is cut to the token grid with shape
-arithmetic (``ops/validation.landmark_grid``), the pooling bins come from the graph's sizes
-(``ops/pooling.adaptive_pool_matrix``), and the rule "landmarks covering every token use the exact kernel"
-(docs/DESIGN.md §2.2), a choice between two computations, is made inside the graph: the exact kernel on
-the first min(N, lh·lw) tokens and the Nyström path are both computed and ``torch.where`` keeps the one
-eager mode takes for that size (the exact branch costs at most (lh·lw)² per head).
+One graph for every input size, from any exporter call (``torch.export.export`` with ``Dim``s too): the
+landmark grid is cut to the token grid with shape arithmetic (``ops/validation.landmark_grid``), the
+pooling bins come from the graph's sizes (``ops/pooling.adaptive_pool_matrix``), and the rule "landmarks
+covering every token use the exact kernel" (docs/DESIGN.md §2.2), a choice between two computations, is
+made inside the graph by the operator itself while it is exported (``ops/graph_rule.py``): the exact
+kernel on the first min(N, lh·lw) tokens and the Nyström path are both computed and ``torch.where`` keeps
+the one eager mode takes for that size (the exact branch costs at most (lh·lw)² per head).
 
 Accuracy (docs/MODELS.md, "Export and compile"): onnxruntime's ReduceMean accumulates one float at a time
 (a mean of 5120 values in [0.3, 0.8] measured 2.7e-6 relative error against torch's 1.8e-7), and the
@@ -27,13 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import types
 import warnings
 
 import torch
 from torch import nn
 
-__all__ = ["ONNX_EXTRA", "accurate_reductions", "any_size", "export_onnx", "export_program",
+__all__ = ["ONNX_EXTRA", "accurate_reductions", "export_onnx", "export_program",
            "onnx_translation_table", "static_hw_reason"]
 
 ONNX_EXTRA = "pip install laplacianformer[onnx]"
@@ -95,8 +95,8 @@ def _cdist_translation(opset: int):
 def static_hw_reason(model: nn.Module) -> str | None:
     """Why ``model``'s exported graph must fix H and W, or None when they can be dynamic.
 
-    ``LaplacianAttention`` layers are no reason (``any_size``: both sides of the landmark rule are in the
-    graph). Reasons: a ``SoftAttention`` with landmarks (the same rule, not handled by ``any_size``), a
+    ``LaplacianAttention`` layers are no reason (both sides of the landmark rule are in the graph:
+    ``ops/graph_rule.py``). Reasons: a ``SoftAttention`` with landmarks (the same rule, not in its graph), a
     ``NystromAttention`` (exact softmax when m >= N), a ``SpatialReductionAttention`` with ``sr_ratio`` > 1
     (pads grids smaller than the reduction cell), a ``LaplacianAttention`` with prefix tokens."""
     from ..baselines import NystromAttention, SoftAttention
@@ -115,65 +115,6 @@ def static_hw_reason(model: nn.Module) -> str | None:
             return (f"{name}: the sr_ratio={module.sr_ratio} reduction pads grids smaller than one reduction cell, "
                     "a choice made per input size")
     return None
-
-
-def _size_min(a, b: int):
-    """min(a, b) kept in the graph for a SymInt or a traced size tensor; Python min for ints."""
-    if isinstance(a, torch.SymInt):
-        return torch.sym_min(a, b)
-    if isinstance(a, torch.Tensor):
-        return torch.clamp(a, max=b)
-    return min(a, b)
-
-
-def _flag(h, w, lh: int, lw: int, device) -> torch.Tensor:
-    """0-dim bool tensor h <= lh and w <= lw (the landmarks cover the grid) from graph sizes."""
-    if isinstance(h, torch.Tensor) and isinstance(w, torch.Tensor):  # torch.jit tracing
-        return ((h <= lh) & (w <= lw)).to(device)
-    size = torch.stack([torch.scalar_tensor(h, dtype=torch.int64, device=device),
-                        torch.scalar_tensor(w, dtype=torch.int64, device=device)])
-    return (size <= torch.tensor([lh, lw], device=device)).all()
-
-
-def _attend_any_size(self, q, k, v, hw, key_padding_mask=None):
-    """``LaplacianAttention.attend`` with both sides of the landmark rule in the traced graph (module
-    docstring); other calls (eager, a padding mask, a 1-D sequence) go to the layer's own ``attend``."""
-    from ..ops.nystrom import attention_core
-    from ..ops.validation import landmark_grid, traced_size
-
-    cls_attend = type(self).attend
-    if hw is None or key_padding_mask is not None or not any(traced_size(s) for s in (*hw, q.shape[2])):
-        return cls_attend(self, q, k, v, hw, key_padding_mask)
-    settings = self.settings
-    lh, lw = landmark_grid(settings.landmarks, (1 << 30, 1 << 30))
-    grid = landmark_grid(settings.landmarks, hw)  # cut to the token grid, in the graph
-    nystrom = attention_core(q, k, v, settings, hw, grid, None, self.norm_gain)
-    few = _size_min(q.shape[2], lh * lw)
-    exact = attention_core(q[:, :, :few], k[:, :, :few], v[:, :, :few], settings, None, None, None, self.norm_gain)
-    covered = _flag(hw[0], hw[1], lh, lw, q.device)
-    # exact's rows spread over the N rows (row i reads row min(i, few - 1)): all of them, in order, where the
-    # landmarks cover the grid (few = N); no empty tensor at any size (torch.export would specialise on it)
-    rows = torch.clamp(torch.arange(q.shape[2], device=q.device), max=few - 1)
-    return torch.where(covered, exact.index_select(2, rows), nystrom)
-
-
-@contextlib.contextmanager
-def any_size(model: nn.Module):
-    """``with any_size(model): torch.export.export(...)`` (or ``torch.onnx.export``): every
-    ``LaplacianAttention`` of ``model`` with landmarks and no prefix tokens traces both sides of the
-    landmark rule (module docstring), so one graph serves every input size with eager mode's results.
-    Eager calls inside the block are unchanged. Yields the number of layers handled."""
-    from ..layers import LaplacianAttention
-
-    layers = [m for m in model.modules() if isinstance(m, LaplacianAttention) and m.landmarks is not None
-              and not getattr(m, "num_prefix_tokens", 0) and "attend" not in vars(m)]
-    for m in layers:
-        m.attend = types.MethodType(_attend_any_size, m)
-    try:
-        yield len(layers)
-    finally:
-        for m in layers:
-            del m.attend
 
 
 def accurate_reductions(onnx_model) -> int:
@@ -248,7 +189,7 @@ def export_onnx(
     dynamic_hw: None (default): H and W are dynamic unless ``static_hw_reason`` names a layer that needs
         them fixed (then fixed to ``example``'s with a ``UserWarning`` giving the reason); True: dynamic, or
         ValueError with the reason; False: fixed. Channels are always fixed. The default models export with
-        dynamic batch, H and W: ``any_size`` holds both sides of the landmark rule in the graph.
+        dynamic batch, H and W: both sides of the landmark rule are in the graph (``ops/graph_rule.py``).
     dynamo: False (default): the TorchScript exporter, with an ``aten::cdist`` translation;
         True: the dynamo exporter with ``onnx_translation_table()``
         (``torch.export``-based; extra ``kwargs`` go to ``torch.onnx.export`` in either case).
@@ -257,7 +198,7 @@ def export_onnx(
     require("onnx", "onnxscript") if dynamo else require("onnx")
     model.eval()
     batch, hw = _dims(example, dynamic_batch, dynamic_hw, model)
-    with any_size(model) if hw else contextlib.nullcontext(), warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)  # the argument checks' comparisons
         warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
         if dynamo:
@@ -311,8 +252,8 @@ def _total_stride(model: nn.Module) -> int:
 def export_program(model: nn.Module, example: torch.Tensor, *, dynamic_batch: bool = True,
                    dynamic_hw: bool | None = None, **kwargs) -> torch.export.ExportedProgram:
     """``torch.export.export`` of ``model`` (eval mode) at ``example`` (B, C, H, W) with ``torch.export.Dim``s for
-    the batch and H, W (the same options as ``export_onnx``), under ``any_size``: the program runs any size
-    with eager mode's landmark rule. Extra ``kwargs`` go to ``torch.export.export``."""
+    the batch and H, W (the same options as ``export_onnx``): the program runs any size with eager mode's
+    landmark rule (``ops/graph_rule.py``; a plain ``torch.export.export`` with such ``Dim``s does the same). Extra ``kwargs`` go to ``torch.export.export``."""
     model.eval()
     batch, hw = _dims(example, dynamic_batch, dynamic_hw, model)
     low = _total_stride(model) + 1  # a side of one token at the last stage is a size-1 dim, which torch.export specialises
@@ -320,5 +261,4 @@ def export_program(model: nn.Module, example: torch.Tensor, *, dynamic_batch: bo
             **({2: torch.export.Dim("height", min=low), 3: torch.export.Dim("width", min=low)} if hw else {})}
     if batch and example.shape[0] == 1:
         example = example.expand(2, *example.shape[1:]).clone()
-    with any_size(model) if hw else contextlib.nullcontext():
-        return torch.export.export(model, (example,), dynamic_shapes=(dims,) if dims else None, **kwargs)
+    return torch.export.export(model, (example,), dynamic_shapes=(dims,) if dims else None, **kwargs)

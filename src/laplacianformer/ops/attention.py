@@ -21,6 +21,7 @@ import torch
 
 from . import _runtime
 from .dispatch import BackendRefused
+from .graph_rule import attention_both_sides, rule_in_graph
 from .nystrom import attention_core
 from .pooling import pool_landmarks  # re-exported: experiments/analysis.py and bench/ import it from here
 from .settings import DEFAULTS, AttentionSettings, default_bandwidth
@@ -164,9 +165,12 @@ def attention_with_settings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     """``laplacian_attention`` with its settings made: q, k (B, H, N, d), v (B, H, N, e) -> (B, H, N, e) in v's
     dtype (and the stats dict when ``return_stats``). The landmarks are resolved for this call by
     ``resolve_landmarks(settings.landmarks, hw, N - num_prefix_tokens)`` (docs/DESIGN.md §2.2, §2.7), the rule
-    the modules follow too."""
+    the modules follow too; while a graph for every size is exported, both of its sides
+    (``graph_rule.attention_both_sides``)."""
     check_qkv(q, k, v)
     prefix, hw = check_prefix_layout(hw, q.shape[2], num_prefix_tokens)
+    if not return_stats and rule_in_graph(settings.landmarks, hw, q.shape[2], prefix, key_padding_mask):
+        return attention_both_sides(q, k, v, settings, hw, norm_gain)  # an export for every size (§2.2)
     grid = resolve_landmarks(settings.landmarks, hw, q.shape[2] - prefix if prefix else q.shape[2])
     mask = check_key_padding_mask(key_padding_mask, q.shape[0], q.shape[2])
     check_call(settings, q.shape[1], q.shape[-1], hw, grid, mask, norm_gain, prefix)

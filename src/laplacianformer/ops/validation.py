@@ -235,7 +235,7 @@ def resolve_landmarks(landmarks, hw: tuple[int, int] | None, n: int):
     Graph sizes (``traced_size``): the cut stays shape arithmetic (``landmark_grid``); whether the
     landmarks cover every token is a choice between two computations, which this function, returning one
     of them, makes at the traced size (torch.export turns it into a guard on the dynamic dims; torch.jit
-    fixes it). ``laplacianformer.models.export.any_size`` puts both in one graph.
+    fixes it). While a graph for every size is exported, ``graph_rule`` puts both in it.
     """
     grid = landmark_grid(landmarks, hw)
     if grid is None:
