@@ -37,7 +37,7 @@ _BOOL = argparse.BooleanOptionalAction
 
 def _flag_specs() -> dict[str, dict]:
     """Every flag shared by the sub-commands, written once: its type/choices/action and help."""
-    from .layers.token_mixer import ATTENTIONS
+    from .layers.token_mixer import ATTENTIONS, ATTN_PRESETS
     from .train.config import AMP_MODES
 
     return {
@@ -45,6 +45,9 @@ def _flag_specs() -> dict[str, dict]:
         "--attn": dict(choices=ATTENTIONS, help="token mixer"),
         "--attn-kwargs": dict(type=_json_dict,
                               help='JSON object passed to every attention layer, e.g. \'{"lam": 2.0, "iters": 10}\''),
+        "--attn-preset": dict(choices=tuple(ATTN_PRESETS),
+                              help="named --attn-kwargs of the Laplacian attention (paper: the defaults; tuned: lam 0.5, "
+                                   "inline normalisation, tied keys; docs/DESIGN.md §7.6); --attn-kwargs override it"),
         "--model-kwargs": dict(type=_json_dict, help='JSON object of model overrides, e.g. \'{"stem_stride": 4}\''),
         "--data": dict(help="fashion-mnist (default), digits, or an ImageFolder directory"),
         "--img-size": dict(type=positive_int, help="square input size in pixels (default 32)"),

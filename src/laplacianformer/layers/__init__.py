@@ -5,11 +5,12 @@ from .drop import DropPath, drop_path
 from .grid_conv import GridConv2d, conv2d_channels_last, conv_tokens, grid_to_tokens, tokens_to_grid
 from .laplacian_attention import LaplacianAttention
 from .spatial_reduction_attention import SpatialReductionAttention
-from .token_mixer import ATTENTIONS, check_token_mixer, get_token_mixer
+from .token_mixer import ATTENTIONS, ATTN_PRESETS, check_token_mixer, get_token_mixer, preset_kwargs
 from .tracing import NOTRACE_FUNCTIONS, fx_tracer_kwargs, is_fx_tracing
 
 __all__ = [
     "ATTENTIONS",
+    "ATTN_PRESETS",
     "DropPath",
     "GridConv2d",
     "NOTRACE_FUNCTIONS",
@@ -23,5 +24,6 @@ __all__ = [
     "get_token_mixer",
     "grid_to_tokens",
     "is_fx_tracing",
+    "preset_kwargs",
     "tokens_to_grid",
 ]

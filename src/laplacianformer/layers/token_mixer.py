@@ -6,6 +6,10 @@
 
 "laplacian" and "gaussian" are ``LaplacianAttention`` with that kernel (docs/DESIGN.md §1, §2);
 "softmax" is PVTv2's ``SpatialReductionAttention`` (the quadratic baseline).
+
+Presets (``ATTN_PRESETS``, docs/DESIGN.md §7.6) name whole ``attn_kwargs`` of the Laplacian attention:
+``get_token_mixer("laplacian", {"iters": 10}, attn_preset="tuned")`` is the preset's kwargs with
+``attn_kwargs`` over them (an explicit key wins).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from ..ops.settings import OPERATOR_SETTINGS
 from .laplacian_attention import LaplacianAttention
 from .spatial_reduction_attention import SpatialReductionAttention
 
-__all__ = ["ATTENTIONS", "LAPLACIAN_ATTN_KWARGS", "LAPLACIAN_MODULE_KWARGS", "SOFTMAX_ATTN_KWARGS", "check_token_mixer", "get_token_mixer"]
+__all__ = ["ATTENTIONS", "ATTN_PRESETS", "LAPLACIAN_ATTN_KWARGS", "LAPLACIAN_MODULE_KWARGS", "SOFTMAX_ATTN_KWARGS", "check_token_mixer", "get_token_mixer",
+           "preset_kwargs"]
 
 ATTENTIONS = ("laplacian", "gaussian", "softmax")
 # ``attn_kwargs`` keys each kind accepts (forwarded to the module's constructor, which checks the values):
@@ -27,6 +32,30 @@ ATTENTIONS = ("laplacian", "gaussian", "softmax")
 LAPLACIAN_MODULE_KWARGS = ("tie_qk", "dwconv", "recompute")
 LAPLACIAN_ATTN_KWARGS = tuple(k for k in OPERATOR_SETTINGS if k != "kernel") + LAPLACIAN_MODULE_KWARGS
 SOFTMAX_ATTN_KWARGS = ("sr_ratio",)
+ATTN_PRESETS: dict[str, dict] = {
+    "paper": {},
+    "tuned": {"lam": 0.5, "norm": "inline", "tie_qk": True},
+}
+"""Named ``attn_kwargs`` of ``attn="laplacian"`` (docs/DESIGN.md §7.6). "paper": the paper's method, the
+defaults (λ = 4, the injective normalisation, separate keys). "tuned": λ = 0.5, the inline normalisation,
+tied keys: the configuration chosen on validation data by ``laplacianformer accuracy`` (§7.5; its test
+confirmation: docs/RESULTS.md); tests/layers check it is that choice."""
+
+
+def preset_kwargs(attn: str, attn_preset: str | None, attn_kwargs: Mapping | None) -> dict | None:
+    """The ``attn_kwargs`` of ``attn_preset`` with ``attn_kwargs`` over them (None: ``attn_kwargs`` as given).
+
+    ValueError naming ``attn_preset`` for an unknown name or an attention other than "laplacian" (the
+    presets' λ and normalisation are settings of the Laplacian kernel)."""
+    if attn_preset is None:
+        return attn_kwargs
+    if attn_preset not in ATTN_PRESETS:
+        raise ValueError(f"attn_preset: expected one of {list(ATTN_PRESETS)}, got {attn_preset!r}")
+    if attn != "laplacian":
+        raise ValueError(f"attn_preset: the presets configure attn='laplacian', got attn={attn!r}")
+    if attn_kwargs is not None and not isinstance(attn_kwargs, Mapping):
+        raise TypeError(f"attn_kwargs: expected a dict, got {type(attn_kwargs).__name__}")
+    return {**ATTN_PRESETS[attn_preset], **(attn_kwargs or {})}
 
 
 def check_token_mixer(attn: str, attn_kwargs: Mapping | None = None) -> dict:
@@ -53,15 +82,17 @@ def check_token_mixer(attn: str, attn_kwargs: Mapping | None = None) -> dict:
     return kwargs
 
 
-def get_token_mixer(attn: str = "laplacian", attn_kwargs: Mapping | None = None) -> Callable[..., nn.Module]:
-    """A builder of the ``attn`` token mixer, validated once (``check_token_mixer``).
+def get_token_mixer(attn: str = "laplacian", attn_kwargs: Mapping | None = None,
+                    attn_preset: str | None = None) -> Callable[..., nn.Module]:
+    """A builder of the ``attn`` token mixer, validated once (``check_token_mixer``), with the kwargs of
+    ``attn_preset`` under ``attn_kwargs`` (``preset_kwargs``).
 
     The builder ``make(dim, num_heads, *, sr_ratio=1, landmarks=(7, 7), qkv_bias=True, attn_drop=0.0,
     proj_drop=0.0)`` returns the module for one block; ``attn_kwargs`` entries take precedence over
     ``sr_ratio`` (softmax) and ``landmarks`` (laplacian/gaussian). ``make.attn`` and ``make.attn_kwargs``
     hold the validated name and kwargs.
     """
-    kwargs = check_token_mixer(attn, attn_kwargs)
+    kwargs = check_token_mixer(attn, preset_kwargs(attn, attn_preset, attn_kwargs))
 
     def make(
         dim: int, num_heads: int, *, sr_ratio: int = 1, landmarks=(7, 7), qkv_bias: bool = True,

@@ -209,6 +209,8 @@ class LaplacianFormer(nn.Module):
         attn_kwargs: forwarded to the attention (keys: ``layers.token_mixer``). laplacian/gaussian: lam,
             qk_scale, norm, solver, iters, ns_eps, tie_qk, landmarks, dwconv, recompute (see
             ``LaplacianAttention``); softmax: sr_ratio. Name and keys are checked once here.
+        attn_preset: named ``attn_kwargs`` of attn="laplacian" (``layers.ATTN_PRESETS``: "paper", "tuned";
+            docs/DESIGN.md §7.6), with ``attn_kwargs`` over them. ``config`` keeps the resulting kwargs.
         landmarks: landmark grid of the Nyström attention in every stage (clamped to the token grid, exact
             kernel when it covers every token: ``resolve_landmarks``, DESIGN.md §2).
         sr_ratios: spatial reduction of the softmax baseline per stage (PVTv2: 8, 4, 2, 1).
@@ -235,6 +237,7 @@ class LaplacianFormer(nn.Module):
         mlp_ratios: Sequence[float] = (8.0, 8.0, 4.0, 4.0),
         attn: str = "laplacian",
         attn_kwargs: Mapping | None = None,
+        attn_preset: str | None = None,
         landmarks=(7, 7),
         sr_ratios: Sequence[int] = (8, 4, 2, 1),
         qkv_bias: bool = True,
@@ -246,7 +249,7 @@ class LaplacianFormer(nn.Module):
         img_size: int | Sequence[int] | None = None,
     ) -> None:
         super().__init__()
-        mixer = get_token_mixer(attn, attn_kwargs)
+        mixer = get_token_mixer(attn, attn_kwargs, attn_preset)
         self.img_size = _check_img_size(img_size, stem_stride * 8)
         _check_global_pool(global_pool)
         if stem_stride not in (1, 2, 4):
@@ -574,7 +577,8 @@ def create_model(name: str, *, pretrained: bool = False, **kwargs) -> LaplacianF
             preprocessing and attention arguments. Saved models load with ``laplacianformer.from_pretrained``.
         kwargs: ``LaplacianFormer`` arguments over the name's sizes: num_classes, in_chans, attn
             ("laplacian" | "gaussian" | "softmax"), attn_kwargs (laplacian/gaussian: lam, qk_scale, norm,
-            solver, iters, ns_eps, tie_qk, landmarks, dwconv, recompute; softmax: sr_ratio), drop_rate,
+            solver, iters, ns_eps, tie_qk, landmarks, dwconv, recompute; softmax: sr_ratio), attn_preset
+            ("paper" | "tuned": ``layers.ATTN_PRESETS``), drop_rate,
             drop_path_rate, depths, embed_dims, landmarks, stem_stride, ...; and timm's builder arguments
             (``features_only``, ``out_indices``, ``pretrained_cfg``, ...).
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..checkpoint import CheckpointError
 from ..hub import CONFIG_NAME, TRAIN_CONFIG_NAME, old_layout
-from ..layers.token_mixer import check_token_mixer
+from ..layers.token_mixer import check_token_mixer, preset_kwargs
 
 AMP_MODES = ("off", "bf16", "fp16")
 
@@ -32,6 +32,7 @@ class TrainConfig:
     model: str = "laplacianformer_micro"
     attn: str = "laplacian"
     attn_kwargs: dict[str, Any] = field(default_factory=dict)
+    attn_preset: str | None = None  # named attn_kwargs of attn="laplacian" (layers.ATTN_PRESETS), attn_kwargs over them
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     data: str = "fashion-mnist"
     img_size: int = 32
@@ -121,7 +122,8 @@ class TrainConfig:
         for name in ("attn_kwargs", "model_kwargs"):
             if not isinstance(getattr(self, name), dict):
                 raise TypeError(f"{name}: expected a dict, got {type(getattr(self, name)).__name__}")
-        check_token_mixer(self.attn, self.attn_kwargs)  # the models' own check of attn and its keys
+        # the models' own check of attn, its preset and its keys
+        check_token_mixer(self.attn, preset_kwargs(self.attn, self.attn_preset, self.attn_kwargs))
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -64,7 +64,7 @@ def build_model(config: TrainConfig, num_classes: int, in_chans: int) -> nn.Modu
     (``geometry.model_kwargs_for``: the same model the protocols check)."""
     return create_model(
         config.model, num_classes=num_classes, in_chans=in_chans, attn=config.attn,
-        attn_kwargs=dict(config.attn_kwargs) or None, drop_path_rate=config.drop_path,
+        attn_kwargs=dict(config.attn_kwargs) or None, attn_preset=config.attn_preset, drop_path_rate=config.drop_path,
         **model_kwargs_for(config.model_kwargs, config.img_size),
     )
 
@@ -145,7 +145,7 @@ class Trainer:
             if config.out is None:
                 config.out = str(ckpt_path.parent)
             saved = self.resume_state["config"]
-            for key in ("model", "attn", "attn_kwargs", "model_kwargs", "img_size", "data"):
+            for key in ("model", "attn", "attn_kwargs", "attn_preset", "model_kwargs", "img_size", "data"):
                 old, new = saved.get(key), getattr(config, key)
                 if key == "data" and isinstance(old, str) and isinstance(new, str):
                     old, new = resolve_data(old), resolve_data(new)
