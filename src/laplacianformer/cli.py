@@ -106,7 +106,7 @@ _attns.__name__ = "attention list"
 
 def _add_demo_parser(sub, specs: dict) -> None:
     """The ``demo`` sub-command; each help line shows the default (and ``--quick``'s where it differs)."""
-    from .demo.recipe import COST, COST_QUICK, DEFAULTS, QUICK
+    from .demo.recipe import COST, COST_QUICK, DEFAULTS, QUICK, ROWS
 
     def default(key, fmt=str):
         d, q = DEFAULTS[key], QUICK[key]
@@ -114,8 +114,9 @@ def _add_demo_parser(sub, specs: dict) -> None:
         return f"default {shown}" + ("" if q == d else f"; --quick {fmt(q)}")
 
     p = sub.add_parser(
-        "demo", help="train laplacian/gaussian/softmax micro models on Fashion-MNIST and measure cost vs resolution",
-        description="Trains laplacianformer_micro with each attention (28 px, stem stride 2, "
+        "demo", help="train laplacian/gaussian/softmax (and laplacian-tuned) micro models on Fashion-MNIST and measure cost vs resolution",
+        description="Trains laplacianformer_micro with each attention and the Laplacian attention's tuned preset "
+                    "(28 px, stem stride 2, "
                     f"{DEFAULTS['train_subset']:,} training images, one epoch; evaluated on all 10,000 test images) "
                     "and measures time and peak memory per "
                     "image of the three backbones at 224-1024 px. Writes OUT/results.{json,md}, curves.png, cost.png "
@@ -123,8 +124,8 @@ def _add_demo_parser(sub, specs: dict) -> None:
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--publish", metavar="DIR", default=None,
                    help="also copy results.json, results.md, curves.png and cost.png into DIR (e.g. docs/demo)")
-    p.add_argument("--attns", type=_attns, default=list(specs["--attn"]["choices"]),
-                   help=f"comma-separated attentions (default {','.join(specs['--attn']['choices'])})")
+    p.add_argument("--attns", type=_attns, default=list(ROWS),
+                   help=f"comma-separated rows: attentions, laplacian-PRESET (default {','.join(ROWS)})")
     p.add_argument("--jobs", type=positive_int, default=2,
                    help="subprocesses at a time, each single-threaded by default (default 2: one per core)")
     p.add_argument("--quick", action="store_true",

@@ -31,7 +31,7 @@ def test_help_shows_the_defaults_and_the_flags(capsys):
     assert f"default {DEFAULTS['lr']}" in text
     assert f"default {DEFAULTS['batch_size']}" in text
     assert "default 2" in text  # --jobs
-    assert "default laplacian,gaussian,softmax" in text
+    assert "default laplacian,gaussian,softmax,laplacian-tuned" in text
     assert '{"stem_stride": 2}' in text
     assert "default 224 512 768 1024" in text
 
@@ -39,7 +39,9 @@ def test_help_shows_the_defaults_and_the_flags(capsys):
 def test_parse_attns():
     assert parse_attns(" softmax, laplacian ") == ["softmax", "laplacian"]
     assert parse_attns(["gaussian"]) == ["gaussian"]
-    for bad, match in (("laplacian,foo", "unknown attention 'foo'"), ("", "one or more"),
+    assert parse_attns("laplacian-tuned,laplacian") == ["laplacian-tuned", "laplacian"]
+    for bad, match in (("laplacian,foo", "unknown attention 'foo'"), ("laplacian-paper", "unknown attention"),
+                       ("softmax-tuned", "unknown attention"), ("", "one or more"),
                        ("softmax,softmax", "given twice")):
         with pytest.raises(ValueError, match=f"^attns: .*{match}"):
             parse_attns(bad)
@@ -106,16 +108,22 @@ def test_key_ratios_crossover_and_rows():
 
 
 def test_quick_demo_end_to_end(tmp_path):
-    """Two attentions, a few steps on sklearn digits at 28 px, a 32-px cost panel, published to a second
-    directory: every file is written and the results carry the protocol geometry and CPU seconds."""
+    """Two attentions and the tuned preset's row, a few steps on sklearn digits at 28 px, a 32-px cost panel (the
+    attentions only), published to a second directory: every file is written and the results carry the protocol
+    geometry and CPU seconds."""
     pytest.importorskip("sklearn")
     out, pub = tmp_path / "demo", tmp_path / "pub"
-    proc = run_cli(["demo", "--quick", "--data", "digits", "--attns", "laplacian,softmax", "--train-subset", "128",
+    proc = run_cli(["demo", "--quick", "--data", "digits", "--attns", "laplacian,softmax,laplacian-tuned",
+                    "--train-subset", "128",
                     "--test-subset", "64", "--cost-sizes", "32", "--jobs", "2", "--out", str(out),
                     "--publish", str(pub), "--no-progress"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
-    assert [r["attn"] for r in res["rows"]] == ["laplacian", "softmax"]
+    assert [r["attn"] for r in res["rows"]] == ["laplacian", "softmax", "laplacian-tuned"]
+    assert [r["attn_preset"] for r in res["rows"]] == [None, None, "tuned"]
+    tuned = json.loads((out / "laplacian-tuned" / "train_config.json").read_text())
+    assert tuned["attn"] == "laplacian" and tuned["attn_preset"] == "tuned"
+    assert res["rows"][2]["params"] < res["rows"][0]["params"]  # tied keys: no key projection
     for r in res["rows"]:
         assert 0 <= r["top1"] <= 1 and r["cpu_time_s"] > 0 and r["peak_memory_mb"] > 0 and r["eval_n"] == 64
         assert (out / r["attn"] / "model.safetensors").exists()

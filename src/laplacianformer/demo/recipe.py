@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..bench.model_cost import SIZES
-from ..layers.token_mixer import ATTENTIONS
+from ..layers.token_mixer import ATTENTIONS, ATTN_PRESETS
 
 MODEL = "laplacianformer_micro"
 DEFAULTS = dict(
@@ -31,19 +31,28 @@ QUICK = {**DEFAULTS, "train_subset": 512, "test_subset": 256, "batch_size": 64}
 """Smoke-test budget (seconds per variant; its numbers are not results)."""
 COST = dict(sizes=list(SIZES), repeats=3, max_seconds=20.0, cap_s=30.0)
 COST_QUICK = dict(sizes=[32, 64], repeats=1, max_seconds=2.0, cap_s=10.0)
+ROWS = ATTENTIONS + tuple(f"laplacian-{p}" for p in ATTN_PRESETS if p != "paper")
+"""The demo's rows: each attention, then the Laplacian attention with each preset but "paper" (which is the
+"laplacian" row): ``laplacian-tuned`` (docs/DESIGN.md §7.6)."""
 # expected relative CPU cost per training (measured: softmax-SR ~20 % less than the Laplacian): longest first
-ORDER = {"gaussian": 0, "laplacian": 1, "softmax": 2}
+ORDER = {"gaussian": 0, "laplacian": 1, "laplacian-tuned": 1, "softmax": 2}
+
+
+def row_attention(row: str) -> tuple[str, str | None]:
+    """A row name of ``ROWS`` -> (attn, attn_preset): "laplacian-tuned" -> ("laplacian", "tuned")."""
+    attn, _, preset = row.partition("-")
+    return attn, preset or None
 
 
 def parse_attns(text: str | list | tuple) -> list[str]:
-    """Comma-separated attention names (or a list) -> list; ValueError naming ``attns`` otherwise."""
+    """Comma-separated row names of ``ROWS`` (or a list) -> list; ValueError naming ``attns`` otherwise."""
     names = [a.strip() for a in text.split(",")] if isinstance(text, str) else [str(a).strip() for a in text]
     names = [a for a in names if a]
     if not names:
-        raise ValueError(f"attns: expected one or more of {', '.join(ATTENTIONS)}, got {text!r}")
-    bad = [a for a in names if a not in ATTENTIONS]
+        raise ValueError(f"attns: expected one or more of {', '.join(ROWS)}, got {text!r}")
+    bad = [a for a in names if a not in ROWS]
     if bad:
-        raise ValueError(f"attns: unknown attention {bad[0]!r} (choose from {', '.join(ATTENTIONS)})")
+        raise ValueError(f"attns: unknown attention {bad[0]!r} (choose from {', '.join(ROWS)})")
     dupes = sorted({a for a in names if names.count(a) > 1})
     if dupes:
         raise ValueError(f"attns: {dupes[0]!r} given twice")
@@ -74,9 +83,12 @@ def cost_of(quick: bool, sizes: Sequence[int] | None) -> dict:
     return cfg
 
 
-def train_command(attn: str, run_dir: Path, budget: dict, time_budget: float | None) -> list[str]:
-    """``python -m laplacianformer train`` with every recipe field of ``budget`` as a flag."""
+def train_command(row: str, run_dir: Path, budget: dict, time_budget: float | None) -> list[str]:
+    """``python -m laplacianformer train`` for the row ``row`` (``ROWS``) with every recipe field of ``budget``
+    as a flag."""
+    attn, preset = row_attention(row)
     cmd = [sys.executable, "-m", "laplacianformer", "train", "--attn", attn, "--model", MODEL,
+           *(["--attn-preset", preset] if preset else []),
            "--data", budget["data"], "--out", str(run_dir), "--img-size", str(budget["img_size"]),
            "--model-kwargs", json.dumps(budget["model_kwargs"]), "--epochs", str(budget["epochs"]),
            "--batch-size", str(budget["batch_size"]), "--lr", str(budget["lr"]),
@@ -95,7 +107,9 @@ def train_command(attn: str, run_dir: Path, budget: dict, time_budget: float | N
 
 def cost_command(stem: Path, cost: dict, threads: int, attns: Sequence[str]) -> list[str]:
     """The cost panel's subprocess (``bench.model_cost``, writing ``stem``.json/.md/.png): the demo's
-    attentions at the panel's sizes."""
+    attentions (``ATTENTIONS`` among ``attns``; a preset row costs what its attention costs, within the
+    key projection that tied keys save) at the panel's sizes."""
+    attns = [a for a in attns if a in ATTENTIONS]
     return [sys.executable, "-m", "laplacianformer.bench.model_cost", "--out", str(stem), "--threads", str(threads),
             "--attns", ",".join(attns), "--sizes", *map(str, cost["sizes"]), "--repeats", str(cost["repeats"]),
             "--max-seconds", str(cost["max_seconds"]), "--cap-s", str(cost["cap_s"])]

@@ -26,10 +26,9 @@ from pathlib import Path
 
 from ..bench.machine import cpu_model, versions
 from ..bench.process import package_env
-from ..layers.token_mixer import ATTENTIONS
 from ..train.geometry import MIN_TOKENS_PER_LANDMARK, check_geometry, geometry, in_chans_of, model_kwargs_for
 from ..train.plots import plot_steps
-from .recipe import MODEL, ORDER, budget_of, cost_command, cost_of, parse_attns, train_command
+from .recipe import MODEL, ORDER, ROWS, budget_of, cost_command, cost_of, parse_attns, row_attention, train_command
 from .report import derive, results_markdown
 from .scheduler import Job, run_jobs
 
@@ -38,13 +37,15 @@ COST_STEM = Path("cost") / "cost"
 """The cost panel's files under ``out``: cost/cost.json, .md, .png."""
 
 
-def _macs(attn: str, img_size: int, in_chans: int, model_kwargs: dict) -> float | None:
-    """Multiply-accumulates per image from the model registry's counter (None when it is unavailable)."""
+def _macs(row: str, img_size: int, in_chans: int, model_kwargs: dict) -> float | None:
+    """Multiply-accumulates per image of the row's model from the model registry's counter (None when it is
+    unavailable)."""
     try:
         from ..models import create_model, model_info
     except ImportError:
         return None
-    net = create_model(MODEL, num_classes=10, in_chans=in_chans, attn=attn,
+    attn, preset = row_attention(row)
+    net = create_model(MODEL, num_classes=10, in_chans=in_chans, attn=attn, attn_preset=preset,
                        **model_kwargs_for(model_kwargs, img_size))
     return float(model_info(net, img_size=img_size)["macs"])
 
@@ -104,6 +105,7 @@ def _accuracy_rows(out: Path, attns: list[str], jobs: list[Job], budget: dict, i
         res = next(j for j in jobs if j.name == attn).result
         row = {k: summary.get(k) for k in ("attn", "top1", "top5", "loss", "params", "images_per_s", "train_time_s",
                                            "steps", "eval_n", "run_dir")}
+        row.update(attn=attn, attn_preset=row_attention(attn)[1])  # the row's name (a preset row's included)
         row.update(cpu_time_s=res["cpu_s"], wall_time_s=res["wall_s"], peak_memory_mb=res["max_rss_mib"],
                    peak_memory_kind="process peak RSS (wait4 ru_maxrss)",
                    macs=_macs(attn, budget["img_size"], in_chans, budget["model_kwargs"]))
@@ -142,7 +144,7 @@ def _publish(out: Path, dest: str | Path) -> None:
             shutil.copyfile(out / name, dest / name)
 
 
-def run_demo(out="runs/demo", attns=ATTENTIONS, *, quick: bool = False, jobs: int = 2, cost: bool = True,
+def run_demo(out="runs/demo", attns=ROWS, *, quick: bool = False, jobs: int = 2, cost: bool = True,
              publish: str | Path | None = None, time_budget: float | None = None, progress: bool = True,
              cost_sizes: list[int] | None = None, **overrides) -> dict:
     """Trains and evaluates each attention, measures the cost panel; returns the results (also written to
@@ -155,8 +157,9 @@ def run_demo(out="runs/demo", attns=ATTENTIONS, *, quick: bool = False, jobs: in
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs: expected an integer >= 1, got {jobs!r}")
     cost_cfg = cost_of(quick, cost_sizes) if cost else None
-    for attn in attns:  # the training flags, checked as the train command will check them, before anything runs
-        TrainConfig(model=MODEL, attn=attn, **budget).validate()
+    for row in attns:  # the training flags, checked as the train command will check them, before anything runs
+        attn, preset = row_attention(row)
+        TrainConfig(model=MODEL, attn=attn, attn_preset=preset, **budget).validate()
     rec = dict(model=MODEL, **budget)
     geom = geometry(rec)
     check_geometry(geom, rec)
