@@ -159,3 +159,23 @@ def test_results_page_accuracy_block_is_generated(tmp_path):
     assert results_page.rewrite(page, tmp_path / "ablations", tmp_path, tmp_path / "missing.md")
     text = page.read_text()
     assert "Chosen: **inline**" in text and "old" not in text and "prose" in text and "selection.png" in text
+
+
+def test_readme_claims_block_is_generated_from_the_confirmation(tmp_path, monkeypatch):
+    from laplacianformer.experiments import results_page
+
+    accuracy.run_cells(["default", "inline", "gaussian_soft", "sr_softmax"], [0, 1, 2], protocol=_protocol(),
+                       out=tmp_path, runs=tmp_path, progress=False, train_fn=_fake_train)
+    accuracy.write_reports(tmp_path)
+    (tmp_path / "ablations").mkdir()
+    page, readme = tmp_path / "RESULTS.md", tmp_path / "README.md"
+    page.write_text(f"{results_page.BEGIN}\n{results_page.END}\n{results_page.ACCURACY_BEGIN}\n{results_page.ACCURACY_END}\n")
+    readme.write_text(f"intro\n{results_page.CLAIMS_BEGIN}\nold claim\n{results_page.CLAIMS_END}\nrest\n")
+    monkeypatch.chdir(tmp_path)
+    assert results_page.main(["--results", "ablations", "--accuracy", ".", "--gain", "none.md", "--page", str(page),
+                              "--readme", str(readme), "--publish"]) == 0
+    text = readme.read_text()
+    conf = json.loads((tmp_path / "confirmation.json").read_text())
+    pair = next(p for p in conf["pairs"] if p["claim"] == "inline > default")
+    assert "old claim" not in text and text.startswith("intro\n") and text.endswith("rest\n")
+    assert f"| inline > default | 3 | {100 * pair['mean']:+.2f} |" in text and "3 paired seeds, incomplete" in text

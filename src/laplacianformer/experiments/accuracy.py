@@ -262,15 +262,19 @@ def selection_markdown(sel: dict) -> str:
         ["rank", "candidate", "settings", "seeds", "val top-1 %", "std", "Δ vs default", "paired 95 % CI"], rows)
 
 
+def claims_markdown(conf: dict) -> str:
+    """The confirmation's claims as a table: claim, paired seeds, mean Δ of test top-1, its 95 % CI, verdict."""
+    return markdown_table(["claim", "n", "Δ (points)", "paired 95 % CI", "verdict"],
+                          [[p["claim"], p["n"], "–" if p["mean"] is None else f"{100 * p['mean']:+.2f}",
+                            _ci(p["ci95"]), p["verdict"]] for p in conf["pairs"]])
+
+
 def confirmation_markdown(conf: dict) -> str:
     rows = [[lb, c["attn"], c["attn_kwargs"] or "–", c["n"], _pts(c["mean"]), _pts(c["std"])]
             for lb, c in conf["configurations"].items()]
     table = markdown_table(["configuration", "attn", "settings", "seeds", "test top-1 %", "std"], rows)
-    claims = markdown_table(["claim", "n", "Δ (points)", "paired 95 % CI", "verdict"],
-                            [[p["claim"], p["n"], "–" if p["mean"] is None else f"{100 * p['mean']:+.2f}",
-                              _ci(p["ci95"]), p["verdict"]] for p in conf["pairs"]])
     return (f"Confirmation on the test set (chosen on validation: **{conf['chosen']}**"
-            f"{'' if conf['complete'] else '; incomplete'}).\n\n{table}\n\n{claims}")
+            f"{'' if conf['complete'] else '; incomplete'}).\n\n{table}\n\n{claims_markdown(conf)}")
 
 
 def _plot(path: Path, rows: list[tuple[str, dict[str, float]]], xlabel: str, title: str, mark: str | None) -> None:

@@ -6,9 +6,11 @@ copied by hand:
   verdicts per ablation), every claim's verdict, then each ablation's table and plot;
 - accuracy (``ACCURACY_BEGIN`` … ``ACCURACY_END``), from ``results/accuracy/`` (selection on validation
   data, confirmation on test; DESIGN §7.5) and ``results/analysis/gain_tokens.md`` (DESIGN §4.6).
+The README's accuracy claims (``CLAIMS_BEGIN`` … ``CLAIMS_END``) are rewritten from the same confirmation
+when ``--readme`` holds those markers.
 
     python -m laplacianformer.experiments.results_page [--results results/ablations] [--accuracy results/accuracy]
-                                                       [--page docs/RESULTS.md] [--publish]
+                                                       [--page docs/RESULTS.md] [--readme README.md] [--publish]
 
 Without ``--publish`` the page is copied to ``runs/results_page/`` and rewritten there (the published page is
 left alone); ``--publish`` rewrites ``--page`` itself.
@@ -22,6 +24,7 @@ import shutil
 from pathlib import Path
 
 from .ablations import ABLATIONS
+from .accuracy import claims_markdown
 from .common import markdown_table, read_json
 from .evidence import ablation_of, markdown, seed_coverage, status
 
@@ -29,6 +32,8 @@ BEGIN = "<!-- BEGIN generated ablations: python -m laplacianformer.experiments.r
 END = "<!-- END generated ablations -->"
 ACCURACY_BEGIN = "<!-- BEGIN generated accuracy: python -m laplacianformer.experiments.results_page; do not edit by hand -->"
 ACCURACY_END = "<!-- END generated accuracy -->"
+CLAIMS_BEGIN = "<!-- BEGIN generated accuracy claims: python -m laplacianformer.experiments.results_page; do not edit by hand -->"
+CLAIMS_END = "<!-- END generated accuracy claims -->"
 
 
 def _records(results: Path) -> dict[str, dict | None]:
@@ -104,6 +109,21 @@ def accuracy_section(accuracy: Path, gain_md: Path, page_dir: Path) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
+def readme_claims(accuracy: Path) -> str:
+    """The README's accuracy claims: the confirmation's protocol in one line and its claims table."""
+    conf = read_json(accuracy / "confirmation.json")
+    if conf is None:
+        return "Not recorded yet.\n"
+    seeds = {c["n"] for c in conf["configurations"].values()}
+    split = conf.get("validation_split") or {}
+    head = (f"Accuracy of micro models trained on {split.get('trained_on', 'the')} Fashion-MNIST training images "
+            f"(protocol {conf['protocol']['name']}), scored on the test set: Δ top-1 in points "
+            f"({'/'.join(map(str, sorted(seeds)))} paired seeds{'' if conf['complete'] else ', incomplete'}; "
+            f"chosen on validation: `{conf['chosen']}` = `attn_preset=\"tuned\"`; "
+            f"`results/accuracy/confirmation.json`):")
+    return f"{head}\n\n{claims_markdown(conf)}\n"
+
+
 def replace_block(page: Path, begin: str, end: str, body: str) -> bool:
     """Replace the text between the markers ``begin`` and ``end`` of ``page`` by ``body``; True if it changed."""
     text = page.read_text(encoding="utf-8")
@@ -134,6 +154,8 @@ def main(argv=None) -> int:
                    help="folder of selection/confirmation files (DESIGN §7.5)")
     p.add_argument("--gain", type=Path, default=Path("results/analysis/gain_tokens.md"), help="gain-tokens table")
     p.add_argument("--page", type=Path, default=Path("docs/RESULTS.md"), help="page holding the markers")
+    p.add_argument("--readme", type=Path, default=Path("README.md"),
+                   help="file whose accuracy-claims markers get the confirmation's claims (skipped without them)")
     p.add_argument("--publish", action="store_true", help="rewrite --page itself (default: a copy under runs/results_page/)")
     args = p.parse_args(argv)
     if not args.page.is_file():
@@ -146,6 +168,13 @@ def main(argv=None) -> int:
     changed = rewrite(page, args.results, args.accuracy, args.gain)
     print(f"{page}: {'rewritten' if changed else 'unchanged'} from {args.results}, {args.accuracy}"
           + ("" if args.publish else " (pass --publish to rewrite the published page)"))
+    if args.readme is not None and args.readme.is_file() and CLAIMS_BEGIN in args.readme.read_text(encoding="utf-8"):
+        readme = args.readme
+        if not args.publish:
+            readme = page.parent / args.readme.name
+            shutil.copyfile(args.readme, readme)
+        changed = replace_block(readme, CLAIMS_BEGIN, CLAIMS_END, readme_claims(args.accuracy))
+        print(f"{readme}: {'rewritten' if changed else 'unchanged'} (accuracy claims)")
     return 0
 
 
