@@ -8,7 +8,9 @@
   tensor-core products per product, float32 accumulation; never plain TF32, whose 1e-3..1e-2 error breaks
   the 1e-5 agreement with float64), their operands read in k-chunks of 16 (P from the input, V and W from a
   per-matrix float32 scratch (B, 3, BM, BM) written once per step and read back from L1): whole ``tl.dot``
-  operands of 64×64 spill registers on sm_80 and sm_90 (docs/KERNELS.md, "Newton–Schulz on chip").
+  operands of 64×64 spill registers on sm_80 and sm_90 (docs/KERNELS.md, "Newton–Schulz on chip"). Its body
+  is the ``@triton.jit`` helper ``onchip_iterate``, which the fused landmark solve
+  (``ops/streaming/landmarks_triton.py``) runs too.
 - 64 < m <= 128: ``newton_schulz_fwd_kernel``, the tiled form: the iterates and W live in a float32
   scratch (3, B, m, m) that stays in L2; the products run tile by tile (``tiled_config``: TILE² outputs, k
   in chunks of BLOCK_K), the phases of a step separated by CTA barriers, IEEE float32 products (the
@@ -77,26 +79,25 @@ def _chunk_product(A, sa_r, sa_c, MA, B, sb_r, sb_c, MB, BM: tl.constexpr, BLOCK
 
 
 @triton.jit
-def newton_schulz_onchip_kernel(P, V, WORK, M, iters, CHECK: tl.constexpr, BM: tl.constexpr,
-                                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per matrix, M <= BM. V, W = P V and the best iterate stay in registers as (BM, BM)
-    float32 blocks; the products read their operands in k-chunks from P and from a per-matrix float32
-    scratch WORK (B, 3, BM, BM) (two iterate slots and W; 48 KB at BM = 64, meant to stay in L1), written
-    once per step, so a step is 2·BM/BLOCK_K chunk rounds between two CTA barriers."""
-    b = tl.program_id(0).to(tl.int64)
+def onchip_iterate(Pb, sp, S, M, iters, CHECK: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """The on-chip iteration of one matrix, M <= BM: P (M, M) at Pb with row stride ``sp`` (columns
+    contiguous), S the matrix's float32 scratch (3, BM, BM) (two iterate slots and W). Returns the best
+    checked iterate, a (BM, BM) float32 block, zero outside the m×m block. V, W = P V and the best iterate
+    stay in registers; the products read their operands in k-chunks from P and from S, written once per
+    step, so a step is 2·BM/BLOCK_K chunk rounds between two CTA barriers. Shared by
+    ``newton_schulz_onchip_kernel`` and the fused landmark solve (``ops/streaming/landmarks_triton.py``)."""
     ri = tl.arange(0, BM)
     rj = tl.arange(0, BM)
-    offs, mask = _onchip_block(ri, rj, M)
+    mask = (ri[:, None] < M) & (rj[None, :] < M)
     sq = ri[:, None] * BM + rj[None, :]
-    Pb = P + b * M * M
-    S = WORK + b * 3 * BM * BM
     Wb = S + 2 * BM * BM
-    p = tl.load(Pb + offs, mask=mask, other=0.0).to(tl.float32)
+    p = tl.load(Pb + ri[:, None] * sp + rj[None, :], mask=mask, other=0.0).to(tl.float32)
     rowmax = tl.max(tl.sum(tl.abs(p), axis=1), axis=0)
     v = p * (1.8 / (rowmax * rowmax))
     tl.store(S + sq, v)
     tl.debug_barrier()
-    w = _chunk_product(Pb, M, 1, M, S, BM, 1, BM, BM, BLOCK_K, PRECISION)
+    w = _chunk_product(Pb, sp, 1, M, S, BM, 1, BM, BM, BLOCK_K, PRECISION)
     tl.store(Wb + sq, w)
     best = v
     best_res = _eye_residual(w, ri, rj, M)
@@ -107,7 +108,7 @@ def newton_schulz_onchip_kernel(P, V, WORK, M, iters, CHECK: tl.constexpr, BM: t
         v = 2.0 * v - _chunk_product(S + cur * BM * BM, BM, 1, BM, Wb, BM, 1, BM, BM, BLOCK_K, PRECISION)
         tl.store(S + nxt * BM * BM + sq, v)  # the other slot: the product above may still be reading this one
         tl.debug_barrier()
-        w = _chunk_product(Pb, M, 1, M, S + nxt * BM * BM, BM, 1, BM, BM, BLOCK_K, PRECISION)
+        w = _chunk_product(Pb, sp, 1, M, S + nxt * BM * BM, BM, 1, BM, BM, BLOCK_K, PRECISION)
         tl.store(Wb + sq, w)  # W's last readers finished before the barrier above
         tl.debug_barrier()
         # keep-best at the reference's checks (every CHECK steps and the last): a residual that grew or is
@@ -118,6 +119,17 @@ def newton_schulz_onchip_kernel(P, V, WORK, M, iters, CHECK: tl.constexpr, BM: t
             best = tl.where(better, v, best)
             best_res = tl.where(better, res, best_res)
         cur = nxt
+    return best
+
+
+@triton.jit
+def newton_schulz_onchip_kernel(P, V, WORK, M, iters, CHECK: tl.constexpr, BM: tl.constexpr,
+                                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per matrix, M <= BM: ``onchip_iterate`` on P (B, M, M) with the per-matrix float32
+    scratch WORK (B, 3, BM, BM) (two iterate slots and W; 48 KB at BM = 64, meant to stay in L1)."""
+    b = tl.program_id(0).to(tl.int64)
+    offs, mask = _onchip_block(tl.arange(0, BM), tl.arange(0, BM), M)
+    best = onchip_iterate(P + b * M * M, M, WORK + b * 3 * BM * BM, M, iters, CHECK, BM, BLOCK_K, PRECISION)
     tl.store(V + b * M * M + offs, best.to(V.dtype.element_ty), mask=mask)
 
 
