@@ -68,6 +68,7 @@ GATED = {
     f"{PKG}.ops.newton_schulz.triton": {"triton"},
     f"{PKG}.ops.normalization.triton": {"triton"},
     f"{PKG}.ops.streaming.triton": {"triton"},
+    f"{PKG}.ops.streaming.landmarks_triton": {"triton"},
 }
 
 

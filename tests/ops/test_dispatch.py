@@ -222,7 +222,9 @@ def test_explain_all_reports_every_call_of_the_operator():
     text = ops.explain_all(q, k, v, hw=(6, 6), landmarks=(3, 3))
     for name in ("pooling", "kernel", "newton_schulz", "normalization"):
         assert f"] {name}: selection 'auto' runs" in text, text
-    assert "newton_schulz_grad" not in text and " 7 dispatched calls" in text  # pool, W, solve, streaming, C_k, C_q, norm
+    # landmark_solve, pool, W, solve, streaming, C_k, C_q, norm
+    assert "newton_schulz_grad" not in text and " 8 dispatched calls" in text
+    assert "] landmark_solve: selection 'auto' runs 'steps'" in text, text
     assert "] streaming: selection 'auto' runs 'steps'" in text, text
     text = ops.explain_all(q.requires_grad_(), k, v, hw=(6, 6), landmarks=(3, 3))
     assert "newton_schulz_grad: selection 'auto' runs" in text and q.grad is None

@@ -15,7 +15,8 @@ not; ``attention.explain_all`` does it for every call of the attention operator.
 
 Ops: ``kernel`` and ``kernel_matmul`` (``ops/kernel``), ``newton_schulz`` and ``newton_schulz_grad``
 (``ops/newton_schulz``), ``normalization`` (``ops/normalization``), ``pooling`` (``ops/pooling.py``),
-``recompute`` (``ops/recompute.py``: the lean recompute of the attention core or activation checkpointing).
+``recompute`` (``ops/recompute.py``: the lean recompute of the attention core or activation checkpointing),
+``streaming`` and ``landmark_solve`` (``ops/streaming``: the fused inference passes and landmark solve).
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@
     attention_core(q, k, v, settings, hw, grid, mask, norm_gain, prefix) -> (B, H, N, e)
         q, k, v in the compute dtype, padded tokens 0 (§1.3, §2.5); the exact kernel when grid is None,
         else L = landmarks of the grid tokens after the ``prefix`` first ones (§2.1, §2.7) and ``nystrom``
-        over all N tokens; the output scale of §4.6.
-    nystrom(qs, ks, vv, marks, settings, mask, steps) -> (out, W, W⁺)
-        W = k(L, L), W⁺ = (W + eps·I)^{-1} (§3); C_k = k(K, L), padded keys 0;
+        over all N tokens; the output scale of §4.6. The op ``landmark_solve`` (ops/streaming/landmarks.py:
+        L, W and W⁺ in one launch, CUDA inference on a 2-D grid) runs instead of the pooling and the
+        inverse steps when it serves.
+    nystrom(qs, ks, vv, marks, settings, mask, steps, inverse) -> (out, W, W⁺)
+        W = k(L, L), W⁺ = (W + eps·I)^{-1} (§3), or ``inverse`` = (W, W⁺) given; C_k = k(K, L), padded keys 0;
         norm "none": out = k(Q, L) (W⁺ C_kᵀ V); else out = Z(C_q W⁺ C_kᵀ) V (§4), C_q = C_k when K is Q;
         with the plain steps, the op ``streaming`` (ops/streaming: the same output in fused passes over the
         rows, CUDA inference) runs instead of the C_k, C_q and normalisation steps when it serves.
@@ -25,6 +27,7 @@ from .normalization import normalize_dense, normalize_nystrom, scale_whitened
 from .pooling import landmarks_of
 from .settings import AttentionSettings
 from .streaming import streaming_nystrom
+from .streaming.landmarks import landmark_solve
 from .validation import WHITENED_NORMS
 
 __all__ = ["PLAIN", "Steps", "attention_core", "compute_dtype", "grid_landmarks", "nystrom", "pad_rows",
@@ -86,10 +89,11 @@ class Steps:
 PLAIN = Steps()
 
 
-def nystrom(qs, ks, vv, marks, s: AttentionSettings, mask=None, steps: Steps = PLAIN):
+def nystrom(qs, ks, vv, marks, s: AttentionSettings, mask=None, steps: Steps = PLAIN, inverse=None):
     """The Nyström path (module docstring) on padded compute-dtype factors qs, ks (B, H, N, d), vv (B, H, N, e)
-    and landmarks (B, H, m, d); ks is qs when K = Q. Returns (out (B, H, N, e), W, W⁺)."""
-    w, w_inv = steps.inverse(marks, s)
+    and landmarks (B, H, m, d); ks is qs when K = Q. ``inverse``: (W, W⁺) (B, H, m, m) each, already computed
+    with the landmarks (the fused landmark solve), else ``steps.inverse``. Returns (out (B, H, N, e), W, W⁺)."""
+    w, w_inv = steps.inverse(marks, s) if inverse is None else inverse
     if steps is PLAIN:  # the fused passes of ops/streaming (CUDA inference), or None: the steps below
         out = streaming_nystrom(qs, ks, vv, marks, w_inv, s, mask)
         if out is not None:
@@ -125,8 +129,12 @@ def attention_core(q, k, v, s: AttentionSettings, hw, grid, mask=None, norm_gain
             g = laplace_kernel(qs, ks, s.bandwidth, s.kernel)
             out = normalize_dense(g, vv, s.norm, s.norm_eps, key_padding_mask=mask)
         else:
-            marks = grid_landmarks(qs, hw, grid, mask, prefix)
-            out, w, w_inv = nystrom(qs, ks, vv, marks, s, mask)
+            solved = landmark_solve(qs, ks, vv, hw, grid, s, mask, prefix)  # L, W, W⁺ in one launch, or None
+            if solved is None:
+                marks, inverse = grid_landmarks(qs, hw, grid, mask, prefix), None
+            else:
+                marks, inverse = solved[0], solved[1:]
+            out, w, w_inv = nystrom(qs, ks, vv, marks, s, mask, inverse=inverse)
             if return_stats:
                 with torch.no_grad():
                     stats["residual"] = pinv_residual(regularise(w, s.ns_eps), w_inv)

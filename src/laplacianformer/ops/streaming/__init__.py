@@ -19,6 +19,9 @@ path has the backward). Both pass backends refuse graph tracing or a dispatch mo
 ops), m > 64, d or e > 128, and (``triton``) another dtype than float32; they serve CUDA-graph stream
 capture (the passes make no host synchronisation). The output scale of §4.6 (``norm_scale``) stays the
 core's post-op after this output.
+
+``landmarks.py`` holds the op before the passes, ``landmark_solve``: the landmarks, W and W⁺ in one launch
+(``attention_core`` asks it; docs/KERNELS.md, "The fused landmark solve").
 """
 
 from __future__ import annotations

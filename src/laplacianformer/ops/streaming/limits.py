@@ -1,6 +1,7 @@
 """What the streaming Nyström passes serve and how they split the rows, in pure Python (docs/KERNELS.md,
 "The streaming passes"): the registry asks it without importing Triton, ``triton.py`` enumerates its
-specialisations within it, and ``reference.py`` follows the same plan.
+specialisations within it, and ``reference.py`` follows the same plan. ``solve_unfit``: the same for the fused
+landmark solve (``landmarks.py``, ``landmarks_triton.py``).
 
 ``FLAGS[norm]`` says which statistics a norm of docs/DESIGN.md §4.3–§4.4 needs, on ĝ = C_q W⁺ C_kᵀ:
 
@@ -60,5 +61,18 @@ def unfit(norm: str, m: int, d: int, e: int, dtype: torch.dtype | None = None) -
         return f"d={d}, e={e}: the streaming passes take d, e <= {MAX_D}"
     if dtype is not None and dtype != torch.float32:
         return (f"dtype {dtype}: the streaming passes take the float32 compute dtype (half inputs reach the "
+                "core as float32; float64 runs the step path)")
+    return None
+
+
+def solve_unfit(m: int, d: int, dtype: torch.dtype | None = None) -> str | None:
+    """Why the fused landmark solve (``landmarks.py``) has no form for m landmarks of head dim d (and, given
+    ``dtype``, for its Triton kernel's dtype), or None: the passes' limits (W⁺ one (64, 64) block on chip)."""
+    if m > MAX_M:
+        return f"m={m} landmarks: the fused landmark solve takes m <= {MAX_M} (one on-chip block per matrix)"
+    if d > MAX_D:
+        return f"d={d}: the fused landmark solve takes d <= {MAX_D}"
+    if dtype is not None and dtype != torch.float32:
+        return (f"dtype {dtype}: the fused landmark solve takes the float32 compute dtype (half inputs reach the "
                 "core as float32; float64 runs the step path)")
     return None

@@ -1,0 +1,138 @@
+"""The op ``landmark_solve``: the landmarks, W and W⁺ of the Nyström core in one launch (docs/KERNELS.md,
+"The fused landmark solve"; the formulas are docs/DESIGN.md §2.1 (pooling), §1 (the kernel) and §3
+(Newton–Schulz)).
+
+    landmark_solve(qs, ks, vv, hw, grid, settings, mask, prefix) -> (L, W, W⁺), or None
+
+is asked by ``ops/nystrom.py``'s ``attention_core`` before ``nystrom()``: instead of the pooling (two
+products), W = k(L, L), P = W + eps·I and the Newton–Schulz solve as separate ops (5 launches on a GPU),
+one program per (batch, head) matrix computes them on chip. L (B, H, m, d) (the streaming passes read it),
+W and W⁺ (B, H, m, m), all float32. Backends, in the order "auto" tries them:
+
+- ``triton`` (``landmarks_triton.py``): CUDA tensors (or ``TRITON_INTERPRET=1`` when forced), forward only;
+- ``torch``: ``pool_landmarks``, ``laplace_kernel``, ``regularise`` and the reference iteration
+  ``newton_schulz_iterate_reference``, the kernel's test specification; never chosen automatically;
+- ``steps`` (the reference of the op): returns None, and the core pools and solves by its steps
+  (``grid_landmarks``, ``Steps.inverse``), which serve everything.
+
+A call that may need a gradient never reaches the registry (the steps have the backward), nor does one
+while torch.compile traces. Both solve backends refuse graph tracing or a dispatch mode (which must see
+the ops), a key padding mask (masked pooling, §2.5), prefix tokens (§2.7), a 1-D sequence or graph sizes,
+another solver than "newton_schulz", m > 64 and d > 128; ``triton`` also another dtype than float32. They
+serve CUDA-graph stream capture (the kernel makes no host synchronisation).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _runtime
+from ..dispatch import Backend, Op
+from ..kernel import laplace_kernel
+from ..newton_schulz.naive import newton_schulz_iterate_reference, regularise
+from ..pooling import pool_landmarks
+from ..settings import AttentionSettings
+from .limits import solve_unfit
+
+__all__ = ["LANDMARK_SOLVE", "landmark_solve", "landmark_solve_reference"]
+
+
+def landmark_solve(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, hw, grid, s: AttentionSettings,
+                   mask: torch.Tensor | None = None, prefix: int = 0):
+    """(L (B, H, m, d), W (B, H, m, m), W⁺ (B, H, m, m)) by the selected backend, or None for the steps.
+
+    qs, ks (B, H, N, d), vv (B, H, N, e): the core's padded compute-dtype factors (ks and vv only for the
+    gradient check: the solve reads qs); hw the (gh, gw) token grid, grid the (lh, lw) landmark grid
+    (m = lh·lw); mask (B, N) or None; prefix the tokens before the grid.
+
+    A call that may need a gradient, or one while torch.compile traces, returns None without asking the
+    registry (as ``streaming_nystrom``): the op is forward-only, so such a call is no call of the op."""
+    if torch.compiler.is_compiling() or _needs_grad(qs, ks, vv):
+        return None
+    return LANDMARK_SOLVE(qs, ks, vv, hw, grid, s, mask, prefix)
+
+
+def landmark_solve_reference(qs: torch.Tensor, hw, grid, bandwidth: float, kernel: str, eps: float, iters: int):
+    """The fused solve's specification from the existing ops: L = ``pool_landmarks`` (§2.1), W =
+    ``laplace_kernel``(L, L), W⁺ = the reference Newton–Schulz iteration on ``regularise``(W, eps) (§3).
+    qs (B, H, N, d) -> (L (B, H, m, d), W, W⁺ (B, H, m, m)), in qs's dtype (float64 for the tests' truth)."""
+    marks = pool_landmarks(qs, hw, grid)
+    w = laplace_kernel(marks, marks, bandwidth, kernel)
+    return marks, w, newton_schulz_iterate_reference(regularise(w, eps), iters)
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _int_grid(pair) -> bool:
+    return isinstance(pair, tuple) and len(pair) == 2 and all(type(x) is int for x in pair)
+
+
+def _solve_refusal(qs, ks, vv, hw, grid, s, mask, prefix) -> str | None:
+    """What both solve backends refuse."""
+    if _needs_grad(qs, ks, vv):  # only when called through LANDMARK_SOLVE directly
+        return "an input requires grad: the fused landmark solve is forward-only (the steps have the backward)"
+    why = _runtime.capture_reason(modes=True, streams=False)  # a CUDA graph records the kernel as it is
+    if why is not None:
+        return f"{why} (the fused landmark solve runs eagerly only)"
+    if mask is not None:
+        return "a key_padding_mask: masked pooling (docs/DESIGN.md §2.5) runs the steps"
+    if prefix:
+        return f"{prefix} prefix tokens: pooling the grid after them (docs/DESIGN.md §2.7) runs the steps"
+    if hw is None:
+        return "a 1-D sequence: the fused landmark solve pools a 2-D token grid"
+    if not (_int_grid(hw) and _int_grid(grid)):
+        return "graph sizes (hw or the landmark grid not Python ints): the steps hold the shape arithmetic"
+    if hw[0] * hw[1] != qs.shape[-2]:
+        return f"hw={hw} is not a grid of the N={qs.shape[-2]} tokens"
+    if s.solver != "newton_schulz":
+        return f"solver {s.solver!r}: the fused landmark solve runs Newton–Schulz only"
+    if qs.numel() == 0:
+        return "empty input"
+    return solve_unfit(grid[0] * grid[1], qs.shape[-1])
+
+
+def _triton_refusal(qs, ks, vv, hw, grid, s, mask, prefix) -> str | None:
+    why = _solve_refusal(qs, ks, vv, hw, grid, s, mask, prefix)
+    if why is not None:
+        return why
+    why = solve_unfit(grid[0] * grid[1], qs.shape[-1], qs.dtype)
+    if why is not None:
+        return why
+    if qs.device.type != "cuda" and not (qs.device.type == "cpu" and _runtime.triton_interpreted()):
+        return f"tensor on {qs.device.type}, not cuda (set TRITON_INTERPRET=1 to run Triton on the CPU)"
+    ok, why = _runtime.triton_available()
+    return None if ok else why
+
+
+def _triton_auto_refusal(qs, *_inputs) -> str | None:
+    if qs.device.type != "cuda":
+        return "only chosen automatically for CUDA tensors (the interpreter is for tests)"
+    return None
+
+
+def _torch_auto_refusal(*_inputs) -> str | None:
+    return "the fused solve's PyTorch specification, for tests: the steps are the same ops"
+
+
+def _triton(qs, ks, vv, hw, grid, s, mask, prefix):
+    from .landmarks_triton import landmark_solve_triton
+
+    return landmark_solve_triton(qs, hw, grid, s.bandwidth, s.kernel, s.ns_eps, s.iters)
+
+
+def _torch(qs, ks, vv, hw, grid, s, mask, prefix):
+    return landmark_solve_reference(qs, hw, grid, s.bandwidth, s.kernel, s.ns_eps, s.iters)
+
+
+def _steps(*_inputs):
+    return None
+
+
+LANDMARK_SOLVE = Op("landmark_solve", [
+    Backend("triton", _triton, _triton_refusal, _triton_auto_refusal),
+    Backend("torch", _torch, _solve_refusal, _torch_auto_refusal),
+    Backend("steps", _steps),
+], signature="landmark_solve(qs, ks, vv, hw, grid, settings, mask, prefix): qs (B, H, N, d) -> (L, W, W⁺); "
+              "None from 'steps' = pool and solve by the steps")
