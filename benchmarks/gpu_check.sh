@@ -8,8 +8,9 @@
 # holds the sum); each limit has its estimate beside it, from the first H200 run's logs and file times
 # (benchmarks/results/gpu_check_h200: the whole first run took 255 s, its Triton tests 61 s of pytest for 55 tests).
 #   1. machine               20 s (est.  5): machine.json; stops when no CUDA device is visible
-#   2. triton_tests         120 s (est. 95): the Triton-marked tests for real on CUDA (no interpreter), 75 tests with
-#                                            the streaming passes (8 xdist workers where pytest-xdist is installed)
+#   2. triton_tests         120 s (est. 100): the Triton-marked tests for real on CUDA (no interpreter), 86 tests with
+#                                            the streaming passes and the fused landmark solve (8 xdist workers where
+#                                            pytest-xdist is installed)
 #   3. census_tests          25 s (est. 20): tests/benchmarks/test_launch_census.py (launch counts on the hardware)
 #   4. gpu_overhead          30 s (est. 15): Tiny 512², batch 8, fp32: eager, device kernels, CUDA-graph replay
 #   5. gpu_overhead_bf16     30 s (est. 15): the same under bf16 autocast
@@ -84,7 +85,7 @@ xdist=()
 "$py" -c "import xdist" 2>/dev/null && xdist=(-n 8)
 mapfile -t triton_files < <(existing tests/ops/test_kernel_triton.py tests/ops/test_newton_schulz_triton.py \
   tests/ops/test_normalization_native.py tests/ops/test_lean_recompute.py tests/models/test_cuda_graph.py \
-  tests/ops/test_streaming.py)
+  tests/ops/test_streaming.py tests/ops/test_landmark_solve.py)
 mapfile -t census_files < <(existing tests/benchmarks/test_launch_census.py)
 tiny=(--batch 8)
 

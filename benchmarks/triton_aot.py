@@ -62,6 +62,7 @@ MODULES = [
     "laplacianformer.ops.newton_schulz.triton",
     "laplacianformer.ops.normalization.triton",
     "laplacianformer.ops.streaming.triton",
+    "laplacianformer.ops.streaming.landmarks_triton",
 ]
 """Modules with an ``aot_specialisations`` function; a new Triton module adds its name here."""
 
@@ -72,10 +73,10 @@ are the floor for L1: the difference and the accumulate with |.|)."""
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 """Largest dynamic shared memory one block may use (opt-in maximum): A100 (sm_80), H100/H200 (sm_90)."""
 
-FAST = {"dtype": {"fp32"}, "kind": {"L1"}, "d": {"64", "128"}, "m": {"64", "128"}, "inj": {"1"}}
+FAST = {"dtype": {"fp32"}, "kind": {"L1"}, "d": {"64", "128"}, "m": {"64", "128"}, "inj": {"1"}, "lw": {"16"}}
 """The fast subset (the default test run): labels whose keys, where present, take these values, and e equal
 to d (to m where a label has no d): the model's path (float32 compute, L1, head dim 64, m = 49 padded to 64,
-the injective normalisation) and the largest shapes."""
+the injective normalisation, the 7 landmark columns of its 7 × 7 grid padded to 16) and the largest shapes."""
 
 
 @dataclass

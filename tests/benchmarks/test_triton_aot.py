@@ -28,7 +28,7 @@ def test_specialisations_come_from_the_launchers():
     families = {s[5].split()[0] for s in specs}
     assert families == {"kernel_fwd", "kernel_bwd_dx", "kernel_bwd_dy", "matmul_fwd", "matmul_bwd_dx",
                         "matmul_bwd_dy", "ns_fwd", "ns_grad", "norm_gram", "norm_key_fwd", "norm_key_bwd",
-                        "norm_rows", "stream_query", "stream_combine", "stream_key", "stream_out"}
+                        "norm_rows", "stream_query", "stream_combine", "stream_key", "stream_out", "landmark_solve"}
     from laplacianformer.ops.kernel import triton as kt
 
     # the forward's configuration does not depend on d: one specialisation, labelled with the largest d,
@@ -47,6 +47,9 @@ def test_specialisations_come_from_the_launchers():
     assert all("dtype=fp32 m=64" in label and "e=16" not in label and "e=32" not in label and "inj=0" not in label
                for label in norm), norm
     assert len(norm) == 10, norm
+    # the fused landmark solve on the model's path: L1, m = 49 -> 64, a 7-wide landmark row -> 16
+    solve = {s[5] for s in fast if s[5].startswith("landmark_solve")}
+    assert solve == {f"landmark_solve dtype=fp32 kind=L1 m=64 lw=16 d={d}" for d in (64, 128)}, solve
 
 
 def test_match_words():
