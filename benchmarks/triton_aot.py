@@ -12,8 +12,8 @@ built by the same configuration functions its launchers call at run time. ``kern
 ``@triton.jit`` function, ``signature`` maps every non-constexpr argument name to a Triton type string
 (``"*fp32"``, ``"*bf16"``, ``"i32"``, ``"fp32"``), ``constexprs`` maps the constexpr argument names to
 their values, ``label`` is ``"<family> key=value ..."`` (keys such as ``dtype``, ``kind``, ``d``, ``e``,
-``m``, ``v``, ``inj``; the fast subset filters on them), ``options`` (optional) further keyword options of
-``triton.compile`` the launcher passes too (e.g. ``{"maxnreg": 255}``). Pointer arguments are compiled with 16-byte divisibility,
+``m``, ``v``, ``inj``, ``lw``, ``conv``; the fast subset filters on them), ``options`` (optional) further keyword
+options of ``triton.compile`` the launcher passes too (e.g. ``{"maxnreg": 255}``). Pointer arguments are compiled with 16-byte divisibility,
 as the runtime specialises them for torch allocations.
 
 Each specialisation is compiled with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``
@@ -73,10 +73,12 @@ are the floor for L1: the difference and the accumulate with |.|)."""
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 """Largest dynamic shared memory one block may use (opt-in maximum): A100 (sm_80), H100/H200 (sm_90)."""
 
-FAST = {"dtype": {"fp32"}, "kind": {"L1"}, "d": {"64", "128"}, "m": {"64", "128"}, "inj": {"1"}, "lw": {"16"}}
+FAST = {"dtype": {"fp32"}, "kind": {"L1"}, "d": {"64", "128"}, "m": {"64", "128"}, "inj": {"1"}, "lw": {"16"},
+        "conv": {"1"}}
 """The fast subset (the default test run): labels whose keys, where present, take these values, and e equal
 to d (to m where a label has no d): the model's path (float32 compute, L1, head dim 64, m = 49 padded to 64,
-the injective normalisation, the 7 landmark columns of its 7 × 7 grid padded to 16) and the largest shapes."""
+the injective normalisation, the 7 landmark columns of its 7 × 7 grid padded to 16, the streaming output
+pass with the layer's DWConv(V)) and the largest shapes."""
 
 
 @dataclass

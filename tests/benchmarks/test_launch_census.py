@@ -75,7 +75,7 @@ def test_layer_launches_within_budget(layer_rows):
 
 
 @pytest.mark.xfail(strict=True, reason="issue 29's targets (<= 8 launches per layer in inference, <= 25 in "
-                                       "training) are not met yet: 12 and 100-109 on 5 December 2026")
+                                       "training) are not met yet: 9 and 100-109 on 5 December 2026")
 def test_layer_launches_meet_the_issue_targets(layer_rows):
     """Fails (XFAIL) until the targets hold; then it passes, strict xfail turns that into a failure, and the
     marker is to be removed so the target becomes the test."""

@@ -50,6 +50,10 @@ def test_specialisations_come_from_the_launchers():
     # the fused landmark solve on the model's path: L1, m = 49 -> 64, a 7-wide landmark row -> 16
     solve = {s[5] for s in fast if s[5].startswith("landmark_solve")}
     assert solve == {f"landmark_solve dtype=fp32 kind=L1 m=64 lw=16 d={d}" for d in (64, 128)}, solve
+    # the streaming output pass on the model's path: with the layer's DWConv(V) fused (both forms in the full list)
+    assert {s[5] for s in fast if s[5].startswith("stream_out")} == {"stream_out dtype=fp32 kind=L1 m=64 e=64 inj=1 "
+                                                                      "conv=1"}
+    assert {s[2]["CONV"] for s in specs if s[5].startswith("stream_out")} == {False, True}
 
 
 def test_match_words():

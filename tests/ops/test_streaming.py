@@ -5,7 +5,11 @@
 - the Triton passes (marked ``triton``: CUDA, or TRITON_INTERPRET=1, which ``test_triton_suite_under_interpreter``
   sets in a subprocess) equal the float64 reference to float32 round-off, are bitwise deterministic, and run
   the whole operator (bfloat16 inputs, computed in float32);
-- the registry's refusals and explanations.
+- the registry's refusals and explanations;
+- the layer's DWConv(V) fused into the output pass (``conv``, ops/value_conv.py): the reference's term equals
+  the conv as the layer computes it (float64, grids that are not square, 1-D), the Triton output equals it,
+  and each condition that keeps the conv out of the passes is a refusal with its reason (the layer-level
+  tests are tests/layers/test_fused_value_conv.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from laplacianformer.ops.pooling import pool_landmarks
 from laplacianformer.ops.settings import AttentionSettings
 from laplacianformer.ops.streaming import STREAMED_NORMS, STREAMING, streaming_nystrom, streaming_nystrom_reference
 from laplacianformer.ops.streaming.limits import splits_for
+from laplacianformer.ops.value_conv import ValueConv, add_value_conv, value_conv_heads
 
 TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -70,6 +75,49 @@ def test_reference_equals_the_core_on_a_grid(seeded, kernel, norm_scale):
         want = laplacian_attention(q, k, v, **kwargs)
     with use(streaming="torch"):
         got = laplacian_attention(q, k, v, **kwargs)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def _conv(gen, tokens, hw, bias=True):
+    c = tokens.shape[-1]
+    weight = torch.randn(c, 1, 3, 3, generator=gen, dtype=tokens.dtype).to(tokens.device)
+    b = torch.randn(c, generator=gen, dtype=tokens.dtype).to(tokens.device) if bias else None
+    return ValueConv(tokens, hw, weight, b)
+
+
+@pytest.mark.parametrize("hw", [(9, 13), (2, 3), (1, 7), None], ids=["9x13", "2x3", "1x7", "1d"])
+def test_reference_conv_term_is_the_layers_conv(seeded, hw):
+    """The output pass's conv term (``value_conv_heads``: DWConv of vv, a 1-D sequence the (1, N) grid) equals the
+    conv the layer computes (``value_conv``: channels-last grid, 1-D the weight's middle row) in float64."""
+    _, gen = seeded
+    n = 11 if hw is None else hw[0] * hw[1]
+    tokens = torch.randn(2, n, 12, generator=gen, dtype=torch.float64)
+    conv = _conv(gen, tokens, hw)
+    vv = tokens.view(2, n, 3, 4).transpose(1, 2)
+    want = add_value_conv(torch.zeros_like(vv), conv)
+    torch.testing.assert_close(value_conv_heads(vv, conv), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("norm", ["injective", "rowsum"])
+@pytest.mark.parametrize("hw,landmarks", [((9, 13), (3, 4)), (None, 7)], ids=["9x13", "1d"])
+def test_reference_with_conv_equals_the_core_then_the_conv(seeded, norm, hw, landmarks):
+    """``attention_with_value_conv`` with the passes' specification (conv in the output pass) against the steps
+    (the conv added after the core), float64, K ≠ Q, and the conv without bias."""
+    from laplacianformer.ops.attention import attention_with_value_conv
+
+    _, gen = seeded
+    n = 117 if hw else 40
+    q, k, _ = _qkv(gen, 1, 2, n, 8, 1, False)
+    tokens = torch.randn(1, n, 16, generator=gen, dtype=torch.float64)
+    conv = _conv(gen, tokens, hw, bias=norm == "injective")
+    s = AttentionSettings(head_dim=8, norm=norm, landmarks=landmarks)
+    args = (q, k, tokens, s)
+    kwargs = dict(hw=hw, weight=conv.weight, bias=conv.bias)
+    with use(streaming="steps"):
+        want = attention_with_value_conv(*args, **kwargs)
+    with use(streaming="torch"), __import__("laplacianformer").ops._runtime.recording() as calls:
+        got = attention_with_value_conv(*args, **kwargs)
+    assert [c[0] for c in calls][-1] == "streaming" and "runs 'torch'" in calls[-1][2], calls
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
@@ -159,6 +207,38 @@ def test_forced_backends_refuse_with_the_reason(seeded, monkeypatch):
         assert streaming_nystrom(*_inputs(gen)) is None  # the op's reference: the step path
 
 
+def test_conv_refusals(seeded, monkeypatch):
+    """Each condition that keeps the DWConv(V) out of the output pass, for both pass backends (then the whole call
+    runs the step path and ``nystrom()`` adds the conv as the layer does)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the device check; no kernel runs here
+    _, gen = seeded
+    q, k, _, marks, w_inv, s, _ = _inputs(gen)  # (1, 2, 40, 16) factors, e = 8
+    tokens = torch.randn(1, 40, 16, generator=gen)
+    vv = tokens.view(1, 40, 2, 8).transpose(1, 2)
+    conv = _conv(gen, tokens, (5, 8))
+    copy = vv.clone()  # a copy of V: not the head view of the tokens
+    cases = [
+        ((vv, torch.zeros(1, 40, dtype=torch.bool), conv), "a key_padding_mask"),
+        ((copy, None, conv), "not the head view of the conv's tokens"),
+        ((vv, None, conv._replace(hw=(4, 8))), r"hw=\(4, 8\) is not a grid of the N=40 tokens"),
+        ((vv, None, conv._replace(weight=torch.randn(16, 1, 5, 5))), "not a 3×3 depthwise conv of the H·e = 16"),
+        ((vv, None, conv._replace(bias=torch.randn(8))), "not a 3×3 depthwise conv"),
+    ]
+    for (v, mask, c), reason in cases:
+        for backend in ("triton", "torch"):
+            with use(streaming=backend), pytest.raises(ValueError, match="DWConv\\(V\\) not fused: .*" + reason):
+                streaming_nystrom(q, q, v, marks, w_inv, s, mask, c)
+    half = conv._replace(weight=conv.weight.double())
+    with use(streaming="triton"), pytest.raises(ValueError, match="weight is not torch.float32"):
+        streaming_nystrom(q, q, vv, marks, w_inv, s, None, half)
+    for backend in ("triton", "torch"):
+        with use(streaming=backend):
+            assert "runs" in explain("streaming", q, q, vv, marks, w_inv, s, None, conv)
+    conv.weight.requires_grad_(True)  # a conv weight that needs a gradient: the op is not asked
+    with use(streaming="torch"):
+        assert streaming_nystrom(q, q, vv, marks, w_inv, s, None, conv) is None
+
+
 def test_training_call_runs_the_step_path(seeded):
     """With a gradient the core takes the steps even with a pass backend forced (the op is forward-only: the call
     does not ask it), and the gradients are the step path's."""
@@ -231,6 +311,33 @@ def test_triton_equals_reference(seeded, case):
 
 @pytest.mark.triton
 @needs_triton
+@pytest.mark.parametrize("case,hw", [(("injective", False, False, 1, 2, 117, 16, 16, 16), (9, 13)),
+                                     (("rowsum", True, False, 2, 1, 7, 16, 8, 4), (1, 7)),
+                                     (("inline", True, False, 1, 2, 40, 16, 24, 4), None)],
+                         ids=["injective-9x13", "rowsum-1x7", "inline-1d-e24"])
+def test_triton_conv_equals_reference(seeded, case, hw):
+    """The output pass with the DWConv(V) term against the float64 reference (V read in place as the head view
+    of its tokens; e = 24 is not a power of two; no bias in the 1-D case)."""
+    _, gen = seeded
+    (qs, _, _, marks, w_inv), s, _ = _triton_case(gen, *case)
+    b, h, n, e = qs.shape[0], qs.shape[1], qs.shape[2], case[7]
+    tokens = torch.randn(b, n, h * e, generator=gen).to(DEVICE)
+    vv = tokens.view(b, n, h, e).transpose(1, 2)
+    conv = _conv(gen, tokens, hw, bias=hw is not None)
+    with use(streaming="triton"):
+        got = streaming_nystrom(qs, qs, vv, marks, w_inv, s, None, conv)
+    assert got.transpose(1, 2).is_contiguous()  # the (B, N, C) sum: the layer's merge is a view
+    f64 = lambda t: None if t is None else t.cpu().double()  # noqa: E731
+    q64 = f64(qs)
+    conv64 = ValueConv(f64(tokens), hw, f64(conv.weight), f64(conv.bias))
+    want = streaming_nystrom_reference(q64, q64, f64(vv), f64(marks), f64(w_inv), s.bandwidth, s.kernel, s.norm,
+                                       s.norm_eps, None, conv64)
+    err = ((got.cpu().double() - want).abs().max() / want.abs().max()).item()
+    assert err < 1e-5, f"max error {err:.2e} relative to the largest output"
+
+
+@pytest.mark.triton
+@needs_triton
 def test_triton_gaussian_and_determinism(seeded):
     _, gen = seeded
     (qs, _, vv, marks, w_inv), s, mask = _triton_case(gen, "injective", True, True, 1, 1, 70, 16, 16, 16, "gaussian")
@@ -297,7 +404,12 @@ def test_every_launch_is_enumerated_for_the_aot_check(seeded, monkeypatch):
         (qs, ks, vv, marks, w_inv), s, mask = _triton_case(gen, *case)
         st.streaming_triton(qs, qs if case[1] else ks, vv, marks, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps,
                             mask)
-    assert len(launched) == 4 + 2 and set(launched) <= enumerated, set(launched) - enumerated
+    (qs, _, vv, marks, w_inv), s, _ = _triton_case(gen, "inline", True, False, 1, 2, 40, 16, 8, 4)
+    tokens = vv.transpose(1, 2).contiguous().view(1, 40, 16)
+    st.streaming_triton(qs, qs, tokens.view(1, 40, 2, 8).transpose(1, 2), marks, w_inv, s.bandwidth, s.kernel,
+                        s.norm, s.norm_eps, None, _conv(gen, tokens, (5, 8)))
+    assert len(launched) == 4 + 2 + 4 and set(launched) <= enumerated, set(launched) - enumerated
+    assert any(("CONV", "True") in meta for name, meta, *_ in launched if name == "output_kernel")
 
 
 def test_stream_capture_is_served_tracing_is_not(monkeypatch):

@@ -15,6 +15,10 @@ N - P tokens after them (``hw``, or a square grid inferred from N - P when not g
 that grid only. ``LaplacianAttention.with_options(num_prefix_tokens=1, ...)`` is a layer class for builders
 that take a class (timm's ``attn_layer``).
 
+Eager inference without a padding mask or prefix tokens calls ``ops.attention.attention_with_value_conv``
+(``_attend_value_conv``): the heads merged + DWConv(V) in one call, the conv fused into the streaming output
+pass on CUDA (3 launches fewer per layer), the unfused computation with the same result elsewhere.
+
 The operator settings are one ``AttentionSettings`` (``ops/settings.py``), made and validated once in the
 constructor and held as ``settings``; every call passes it to the operator, ``recompute`` to the op
 ``recompute`` with the projection tensors.
@@ -32,7 +36,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from ..ops.attention import attention_with_settings
+from ..ops.attention import attention_with_settings, attention_with_value_conv
 from ..ops.dispatch import explain
 from ..ops.recompute import recompute_attention
 from ..ops.settings import OPERATOR_SETTINGS, AttentionSettings, settings_from
@@ -99,6 +103,7 @@ class LaplacianAttention(TokenAttention):
     __jit_unused_properties__ = ["attn_kwargs"]
     __jit_ignored_attributes__ = ["settings"]
     takes_prefix_tokens = True
+    merges_value_conv = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, dwconv: bool = True, **kwargs) -> None:
         # the shell's arguments (``SHELL_KWARGS``, defaults of ``TokenAttention``) go to it; the rest are settings
@@ -163,6 +168,16 @@ class LaplacianAttention(TokenAttention):
         The landmarks are resolved from the padded length N, so every sequence of a batch takes one path."""
         return laplacian_attention_leaf(q, k, v, hw, self.settings_key, key_padding_mask, self.norm_gain,
                                         self.num_prefix_tokens)
+
+    @torch.jit.unused
+    def _attend_value_conv(self, x: torch.Tensor, v_tok: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
+        """Eager inference without a mask or prefix tokens (``TokenAttention._merges_value_conv``): x, v_tok
+        (B, N, C) -> the heads merged + DWConv(V) (B, N, C) by ``ops.attention.attention_with_value_conv``,
+        whose streaming output pass adds the conv on CUDA (docs/KERNELS.md, "The streaming passes"); elsewhere
+        the unfused computation of ``forward``, with the same result."""
+        q, k = self._project_qk(x)
+        return attention_with_value_conv(q, k, v_tok, self.settings, hw=hw, weight=self.dwconv.weight,
+                                         bias=self.dwconv.bias, norm_gain=self.norm_gain)
 
     def _projections(self):
         """(q_weight, q_bias, k_weight, k_bias): the q and k row blocks of ``qkv`` (k None when ``tie_qk``)."""

@@ -3,7 +3,9 @@
     q, k, v = split_heads(Linear(x))        (k = q when ``tie_qk``)
     out = proj( attend(q, k, v, hw) [+ DWConv3x3(V) when ``dwconv``] )
 q, k and v are computed as three products with row blocks of one weight, so each stays contiguous in
-token layout, and the heads are merged by adding them into DWConv(V), without extra copies.
+token layout, and the heads are merged by adding them into DWConv(V), without extra copies. A layer whose op
+can do the merge itself (``merges_value_conv``: ``LaplacianAttention``, whose streaming output pass fuses
+the conv on CUDA) gets eager inference calls without a mask or prefix tokens in ``_attend_value_conv``.
 Subclasses (``LaplacianAttention`` and the baselines) implement ``attend`` on (B, H, N, d) tensors with
 their functional op, so a model or a benchmark can swap any of them for another.
 
@@ -84,6 +86,8 @@ class TokenAttention(nn.Module):
 
     takes_prefix_tokens = False
     """Whether ``attend`` handles prefix tokens (``num_prefix_tokens``, docs/DESIGN.md §2.7)."""
+    merges_value_conv = False
+    """Whether ``_attend_value_conv`` computes the heads merged + DWConv(V) in one op call (its inference path)."""
 
     def __init__(
         self,
@@ -202,6 +206,20 @@ class TokenAttention(nn.Module):
         return grid_to_tokens(self.dwconv(tokens_to_grid(v_tok, hw)))
 
     @torch.jit.unused
+    def _merges_value_conv(self, mask: Optional[torch.Tensor]) -> bool:
+        """Whether this call goes to ``_attend_value_conv``: a layer that has one (``merges_value_conv``) with
+        DWConv(V), no padding mask, no prefix tokens, in eager inference (no grad mode; not torch.jit tracing,
+        torch.compile or torch.export, which keep the unfused graph). Eager mode only (not while scripting or
+        FX tracing)."""
+        return (self.merges_value_conv and self.dwconv is not None and mask is None and self.num_prefix_tokens == 0
+                and not torch.is_grad_enabled() and not torch.jit.is_tracing() and not torch.compiler.is_compiling())
+
+    @torch.jit.unused
+    def _attend_value_conv(self, x: torch.Tensor, v_tok: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
+        """x, v_tok (B, N, C) -> (B, N, C): the heads merged + DWConv(V), for layers with ``merges_value_conv``."""
+        raise NotImplementedError
+
+    @torch.jit.unused
     def _layout(self, n: int, hw: Optional[Tuple[int, int]]) -> Optional[Tuple[int, int]]:
         """The checked grid of the tokens after the prefix (the square one when ``hw`` is None and there are
         prefix tokens; docs/DESIGN.md §2.7) for n tokens. Eager mode only."""
@@ -239,6 +257,9 @@ class TokenAttention(nn.Module):
         v_tok = self._project_v(x)
         if mask is not None:
             v_tok = v_tok.masked_fill(mask.unsqueeze(-1), 0.0)  # DWConv(V) reads padding as 0
+        if not torch.jit.is_scripting() and not is_fx_tracing():
+            if self._merges_value_conv(mask):  # eager inference: heads merged + DWConv(V) in one op call
+                return self.proj_drop(self.proj(self.norm(self.attn_drop(self._attend_value_conv(x, v_tok, hw)))))
         v = self._heads(v_tok)
         if self.recompute and not torch.jit.is_scripting() and not is_fx_tracing() and torch.is_grad_enabled() \
                 and (x.requires_grad or self.qkv.weight.requires_grad):

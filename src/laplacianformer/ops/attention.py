@@ -11,7 +11,9 @@ The kernel matrices, the solver and the normalisation run in float32 for half-pr
 under autocast (docs/DESIGN.md §1: exp(-D/lam) underflows in float16); the output has the inputs' dtype.
 ``laplacian_attention`` turns its keywords into one ``AttentionSettings`` (``ops/settings.py``, validated
 there, once) and runs ``attention_with_settings``: the checks of one call's inputs against the settings,
-then the core of ``ops/nystrom.py``. ``explain_all`` reports the backend decision of every dispatched call
+then the core of ``ops/nystrom.py``. ``attention_with_value_conv`` is the layer's inference call: the heads
+merged plus the layer's DWConv(V) (§4.5) as one (B, N, C) tensor, the conv fused into the streaming output
+pass where it serves. ``explain_all`` reports the backend decision of every dispatched call
 the operator makes (docs/DESIGN.md §6).
 """
 
@@ -28,15 +30,17 @@ from .settings import DEFAULTS, AttentionSettings, default_bandwidth
 from .validation import (
     WHITENED_NORMS,
     check_finite,
+    check_float_tensor,
     check_key_padding_mask,
     check_prefix_layout,
     check_qkv,
     reject_attn_mask,
     resolve_landmarks,
 )
+from .value_conv import add_value_conv, check_value_conv
 
-__all__ = ["AttentionSettings", "attention_with_settings", "check_call", "default_bandwidth", "explain_all",
-           "laplacian_attention", "pool_landmarks"]
+__all__ = ["AttentionSettings", "attention_with_settings", "attention_with_value_conv", "check_call",
+           "default_bandwidth", "explain_all", "laplacian_attention", "pool_landmarks"]
 
 
 def laplacian_attention(
@@ -178,6 +182,41 @@ def attention_with_settings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
         for name, t in (("q", q), ("k", k), ("v", v)):
             check_finite(name, t)
     return attention_core(q, k, v, settings, hw, grid, mask, norm_gain, return_stats, prefix)
+
+
+def attention_with_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Tensor, settings: AttentionSettings, *,
+                              hw: tuple[int, int] | None, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                              norm_gain: torch.Tensor | None = None) -> torch.Tensor:
+    """The attention heads merged + DWConv(V) (docs/DESIGN.md §4.5): (B, N, C), C = H·e, the layer's
+    "attend, then add the heads into the conv's output" as one call (no padding mask, no prefix tokens).
+
+    q, k (B, H, N, d) (``k is q`` when K = Q); v_tok (B, N, C): V in token layout, whose head view
+    (B, H, N, e) is the operator's v; hw (gh, gw) or None (1-D: the conv is kernel 3 along N, the middle row of
+    the weight); weight (C, 1, 3, 3), bias (C,) or None: the depthwise conv, zero padding.
+
+    Why one call: the core then hands the conv to the streaming output pass (ops/streaming), which adds it to
+    each tile it writes into the (B, N, C) buffer, so CUDA inference makes no launch for the weight's
+    channels-last copy, the conv or the add. Wherever the passes do not serve (the CPU, autograd, float64,
+    half inputs, an output scale of §4.6, the exact kernel, a forced ``steps``), the result is the layer's
+    unfused computation by the same aten calls in the same order (``value_conv.add_value_conv``): the
+    operator, the conv of the tokens, the heads added into it."""
+    check_float_tensor("v_tok", v_tok, ndim=3)
+    check_float_tensor("q", q, ndim=4)
+    b, n, c = v_tok.shape
+    if c % q.shape[1]:
+        raise ValueError(f"v_tok: expected C a multiple of the H = {q.shape[1]} heads of q, got shape "
+                         f"{tuple(v_tok.shape)}")
+    v = v_tok.reshape(b, n, q.shape[1], c // q.shape[1]).transpose(1, 2)  # the head view (a copy if strided)
+    check_qkv(q, k, v)
+    _, hw = check_prefix_layout(hw, n, 0)
+    conv = check_value_conv(v_tok, hw, weight, bias)
+    if rule_in_graph(settings.landmarks, hw, n, 0, None):
+        heads = add_value_conv(attention_both_sides(q, k, v, settings, hw, norm_gain), conv)
+    else:
+        grid = resolve_landmarks(settings.landmarks, hw, n)
+        check_call(settings, q.shape[1], q.shape[-1], hw, grid, None, norm_gain)
+        heads = attention_core(q, k, v, settings, hw, grid, None, norm_gain, conv=conv)
+    return heads.transpose(1, 2).reshape(b, n, c)
 
 
 def explain_all(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backward: bool | None = None, **kwargs) -> str:

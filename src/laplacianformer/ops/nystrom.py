@@ -1,16 +1,18 @@
 """The attention core of docs/DESIGN.md §1–§4, one for the plain operator and the lean recompute.
 
-    attention_core(q, k, v, settings, hw, grid, mask, norm_gain, prefix) -> (B, H, N, e)
+    attention_core(q, k, v, settings, hw, grid, mask, norm_gain, prefix, conv) -> (B, H, N, e)
         q, k, v in the compute dtype, padded tokens 0 (§1.3, §2.5); the exact kernel when grid is None,
         else L = landmarks of the grid tokens after the ``prefix`` first ones (§2.1, §2.7) and ``nystrom``
         over all N tokens; the output scale of §4.6. The op ``landmark_solve`` (ops/streaming/landmarks.py:
         L, W and W⁺ in one launch, CUDA inference on a 2-D grid) runs instead of the pooling and the
-        inverse steps when it serves.
-    nystrom(qs, ks, vv, marks, settings, mask, steps, inverse) -> (out, W, W⁺)
+        inverse steps when it serves. With ``conv`` (the layer's DWConv(V), §4.5, ``ops/value_conv.py``)
+        the output is heads + DWConv(V), a (B, H, N, e) view of the (B, N, C) sum.
+    nystrom(qs, ks, vv, marks, settings, mask, steps, inverse, conv) -> (out, W, W⁺)
         W = k(L, L), W⁺ = (W + eps·I)^{-1} (§3), or ``inverse`` = (W, W⁺) given; C_k = k(K, L), padded keys 0;
         norm "none": out = k(Q, L) (W⁺ C_kᵀ V); else out = Z(C_q W⁺ C_kᵀ) V (§4), C_q = C_k when K is Q;
         with the plain steps, the op ``streaming`` (ops/streaming: the same output in fused passes over the
-        rows, CUDA inference) runs instead of the C_k, C_q and normalisation steps when it serves.
+        rows, CUDA inference) runs instead of the C_k, C_q and normalisation steps when it serves, and
+        fuses ``conv`` into its output pass; after the steps the conv is added as the layer adds it.
 
 ``Steps`` runs each step with autograd (the plain operator). The lean recompute (``ops/recompute.py``,
 §5.5) passes steps that run the same backends without autograd and keep what its backward needs: it decides
@@ -29,6 +31,7 @@ from .settings import AttentionSettings
 from .streaming import streaming_nystrom
 from .streaming.landmarks import landmark_solve
 from .validation import WHITENED_NORMS
+from .value_conv import ValueConv, add_value_conv
 
 __all__ = ["PLAIN", "Steps", "attention_core", "compute_dtype", "grid_landmarks", "nystrom", "pad_rows",
            "padded_inputs", "scale_output"]
@@ -89,13 +92,16 @@ class Steps:
 PLAIN = Steps()
 
 
-def nystrom(qs, ks, vv, marks, s: AttentionSettings, mask=None, steps: Steps = PLAIN, inverse=None):
+def nystrom(qs, ks, vv, marks, s: AttentionSettings, mask=None, steps: Steps = PLAIN, inverse=None,
+            conv: ValueConv | None = None):
     """The Nyström path (module docstring) on padded compute-dtype factors qs, ks (B, H, N, d), vv (B, H, N, e)
     and landmarks (B, H, m, d); ks is qs when K = Q. ``inverse``: (W, W⁺) (B, H, m, m) each, already computed
-    with the landmarks (the fused landmark solve), else ``steps.inverse``. Returns (out (B, H, N, e), W, W⁺)."""
+    with the landmarks (the fused landmark solve), else ``steps.inverse``. ``conv`` (plain steps only): the
+    output includes DWConv(V) (fused into the streaming output pass, else added after the steps; vv is then
+    the head view of its tokens). Returns (out (B, H, N, e), W, W⁺)."""
     w, w_inv = steps.inverse(marks, s) if inverse is None else inverse
     if steps is PLAIN:  # the fused passes of ops/streaming (CUDA inference), or None: the steps below
-        out = streaming_nystrom(qs, ks, vv, marks, w_inv, s, mask)
+        out = streaming_nystrom(qs, ks, vv, marks, w_inv, s, mask, conv)
         if out is not None:
             return out, w, w_inv
     c_k = pad_rows(steps.kernel(ks, marks, s, "k"), mask)  # padded keys weigh 0
@@ -104,7 +110,7 @@ def nystrom(qs, ks, vv, marks, s: AttentionSettings, mask=None, steps: Steps = P
     else:
         c_q = c_k if ks is qs else steps.kernel(qs, marks, s, "q")
         out = steps.normalize(c_q, c_k, vv, w_inv, s, mask)
-    return out, w, w_inv
+    return (out if conv is None else add_value_conv(out, conv)), w, w_inv
 
 
 def scale_output(out, vv, s: AttentionSettings, norm_gain=None, mask=None) -> torch.Tensor:
@@ -115,13 +121,26 @@ def scale_output(out, vv, s: AttentionSettings, norm_gain=None, mask=None) -> to
     return scale_whitened(out, vv, s.norm_scale, norm_gain, mask)
 
 
+def _output_is_nystrom(s: AttentionSettings, v, norm_gain, mask, prefix: int) -> bool:
+    """Whether the core's output is the Nyström output as it is, in v's dtype and layout: no output scale
+    (§4.6), v already in the compute dtype (no cast, no autocast), no padding and no prefix tokens (the
+    layer's DWConv(V) then convolves the V the core reads, so the streaming output pass may add it)."""
+    scaled = s.norm in WHITENED_NORMS and (s.norm_scale != "one" or norm_gain is not None)
+    return (not scaled and mask is None and prefix == 0 and compute_dtype(v.dtype) == v.dtype
+            and not torch.is_autocast_enabled(v.device.type))
+
+
 def attention_core(q, k, v, s: AttentionSettings, hw, grid, mask=None, norm_gain=None, return_stats: bool = False,
-                   prefix: int = 0):
+                   prefix: int = 0, conv: ValueConv | None = None):
     """The operator on checked inputs: q, k (B, H, N, d), v (B, H, N, e), ``grid`` the resolved landmarks
     (None: exact kernel), pooled from the tokens after the first ``prefix`` (hw: their grid). Returns
     (B, H, N, e) in v's dtype, and with ``return_stats`` a dict with the solver residual ||I - P W⁺||_F per
-    (B, H) and the landmark count."""
+    (B, H) and the landmark count. ``conv``: the layer's DWConv(V) (v the head view of its tokens), included
+    in the output (a (B, H, N, e) view of the (B, N, C) sum): given to ``nystrom`` (the streaming output pass
+    fuses it) when nothing follows the Nyström output, else added after the core as the layer adds it."""
     out_dtype = v.dtype
+    inner = conv if conv is not None and grid is not None and _output_is_nystrom(s, v, norm_gain, mask, prefix) \
+        else None
     with torch.autocast(device_type=q.device.type, enabled=False):
         qs, ks, vv = padded_inputs(q, k, v, compute_dtype(q.dtype), mask)
         stats = {}
@@ -134,10 +153,12 @@ def attention_core(q, k, v, s: AttentionSettings, hw, grid, mask=None, norm_gain
                 marks, inverse = grid_landmarks(qs, hw, grid, mask, prefix), None
             else:
                 marks, inverse = solved[0], solved[1:]
-            out, w, w_inv = nystrom(qs, ks, vv, marks, s, mask, inverse=inverse)
+            out, w, w_inv = nystrom(qs, ks, vv, marks, s, mask, inverse=inverse, conv=inner)
             if return_stats:
                 with torch.no_grad():
                     stats["residual"] = pinv_residual(regularise(w, s.ns_eps), w_inv)
                     stats["landmarks"] = marks.shape[-2]
         out = scale_output(out, vv, s, norm_gain, mask).to(out_dtype)
+    if conv is not None and inner is None:
+        out = add_value_conv(out, conv)
     return (out, stats) if return_stats else out

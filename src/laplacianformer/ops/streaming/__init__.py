@@ -1,7 +1,7 @@
 """The op ``streaming``: the Nyström output of the core in three fused passes over the rows (docs/KERNELS.md,
 "The streaming passes"; the formulas are docs/DESIGN.md §4.3–§4.4 with the masking of §2.5).
 
-    streaming_nystrom(qs, ks, vv, marks, w_inv, settings, mask) -> (B, H, N, e), or None
+    streaming_nystrom(qs, ks, vv, marks, w_inv, settings, mask, conv) -> (B, H, N, e), or None
 
 is asked by ``ops/nystrom.py``'s ``nystrom()`` once W and W⁺ are known: instead of C_k = k(K, L),
 C_q = k(Q, L) and the normalisation as separate ops (about 30 launches on a GPU), the passes recompute the
@@ -20,6 +20,15 @@ ops), m > 64, d or e > 128, and (``triton``) another dtype than float32; they se
 capture (the passes make no host synchronisation). The output scale of §4.6 (``norm_scale``) stays the
 core's post-op after this output.
 
+``conv`` (an ``ops.value_conv.ValueConv``, or None): the layer's DWConv(V) (docs/DESIGN.md §4.5), which the
+output pass then adds to each tile it writes, so the result is "heads + DWConv(V)" (the Triton output a view
+of the (B, N, C) sum: the layer's weight copy, conv and add are no launches of their own). Given only by
+``attention_core`` for an inference call with nothing after the Nyström output (no §4.6 scale, no dtype
+cast, no padding, no prefix tokens); both pass backends refuse a conv they cannot fuse (``limits.conv_unfit``:
+V not the head view of the conv's tokens, a mask, a weight that is not a 3×3 depthwise one of the H·e
+channels; ``triton`` also a weight that is not float32), and then the whole call runs the step path, after
+which ``nystrom()`` adds the conv as the layer does.
+
 ``landmarks.py`` holds the op before the passes, ``landmark_solve``: the landmarks, W and W⁺ in one launch
 (``attention_core`` asks it; docs/KERNELS.md, "The fused landmark solve").
 """
@@ -31,7 +40,7 @@ import torch
 from .. import _runtime
 from ..dispatch import Backend, Op
 from ..settings import AttentionSettings
-from .limits import FLAGS, unfit
+from .limits import FLAGS, conv_unfit, unfit
 from .reference import streaming_nystrom_reference
 
 __all__ = ["STREAMING", "STREAMED_NORMS", "streaming_nystrom", "streaming_nystrom_reference"]
@@ -40,44 +49,57 @@ STREAMED_NORMS = tuple(FLAGS)
 
 
 def streaming_nystrom(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks: torch.Tensor,
-                      w_inv: torch.Tensor, s: AttentionSettings, mask: torch.Tensor | None = None):
-    """Z(C_q W⁺ C_kᵀ) V (norm "none": C_q W⁺ C_kᵀ V) by the selected backend, or None for the step path.
+                      w_inv: torch.Tensor, s: AttentionSettings, mask: torch.Tensor | None = None, conv=None):
+    """Z(C_q W⁺ C_kᵀ) V (norm "none": C_q W⁺ C_kᵀ V), plus DWConv(V) with ``conv``, by the selected backend, or
+    None for the step path (which does not add the conv).
 
     qs, ks (B, H, N, d) (``ks is qs`` when K = Q), vv (B, H, N, e): the core's padded compute-dtype
-    factors; marks (B, H, m, d); w_inv (B, H, m, m); mask (B, N) bool (True = padding) or None.
+    factors; marks (B, H, m, d); w_inv (B, H, m, m); mask (B, N) bool (True = padding) or None; conv an
+    ``ops.value_conv.ValueConv`` whose tokens are vv in token layout (B, N, H·e), or None.
 
     A call that may need a gradient returns None without asking the registry: the op is forward-only, so
     such a call is no call of the op (as an exact-kernel call is none), whatever backend is forced. So does
     a call while torch.compile traces (the graph holds the step path's custom ops, docs/DESIGN.md §6.5)."""
-    if torch.compiler.is_compiling() or _needs_grad(qs, ks, vv, marks, w_inv):
+    if torch.compiler.is_compiling() or _needs_grad(qs, ks, vv, marks, w_inv, *_conv_tensors(conv)):
         return None  # torch.compile traces the step ops (their custom ops), never this registry's Python
-    return STREAMING(qs, ks, vv, marks, w_inv, s, mask)
+    return STREAMING(qs, ks, vv, marks, w_inv, s, mask, conv)
 
 
 def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _pass_refusal(qs, ks, vv, marks, w_inv, s, mask) -> str | None:
+def _conv_tensors(conv) -> list:
+    return [] if conv is None else [t for t in (conv.weight, conv.bias) if t is not None]
+
+
+def _pass_refusal(qs, ks, vv, marks, w_inv, s, mask, conv=None) -> str | None:
     """What both pass backends refuse."""
-    if _needs_grad(qs, ks, vv, marks, w_inv):  # only when called through STREAMING directly
+    if _needs_grad(qs, ks, vv, marks, w_inv, *_conv_tensors(conv)):  # only when called through STREAMING directly
         return "an input requires grad: the streaming passes are forward-only (the step path has the backward)"
     why = _runtime.capture_reason(modes=True, streams=False)  # a CUDA graph records the passes as they are
     if why is not None:
         return f"{why} (the streaming passes run eagerly only)"
     if qs.shape[-2] == 0 or vv.shape[-1] == 0:
         return "empty input"
-    return unfit(s.norm, marks.shape[-2], qs.shape[-1], vv.shape[-1])
+    why = unfit(s.norm, marks.shape[-2], qs.shape[-1], vv.shape[-1])
+    if why is None and conv is not None:
+        why = conv_unfit(conv, vv, mask)
+        return None if why is None else f"DWConv(V) not fused: {why}"
+    return why
 
 
-def _triton_refusal(qs, ks, vv, marks, w_inv, s, mask) -> str | None:
-    why = _pass_refusal(qs, ks, vv, marks, w_inv, s, mask)
+def _triton_refusal(qs, ks, vv, marks, w_inv, s, mask, conv=None) -> str | None:
+    why = _pass_refusal(qs, ks, vv, marks, w_inv, s, mask, conv)
     if why is not None:
         return why
     why = unfit(s.norm, marks.shape[-2], qs.shape[-1], vv.shape[-1], qs.dtype)
+    if why is None and conv is not None:
+        why = conv_unfit(conv, vv, mask, qs.dtype)
+        why = None if why is None else f"DWConv(V) not fused: {why}"
     if why is not None:
         return why
-    tensors = [qs, ks, vv, marks, w_inv] + ([] if mask is None else [mask])
+    tensors = [qs, ks, vv, marks, w_inv] + ([] if mask is None else [mask]) + _conv_tensors(conv)
     devices = {t.device.type for t in tensors}
     if devices != {"cuda"} and not (devices == {"cpu"} and _runtime.triton_interpreted()):
         return f"tensors on {sorted(devices)}, not cuda (set TRITON_INTERPRET=1 to run Triton on the CPU)"
@@ -95,14 +117,15 @@ def _torch_auto_refusal(*_inputs) -> str | None:
     return "the passes' PyTorch specification, for tests: the step path is faster where Triton does not run"
 
 
-def _triton(qs, ks, vv, marks, w_inv, s, mask):
+def _triton(qs, ks, vv, marks, w_inv, s, mask, conv=None):
     from .triton import streaming_triton
 
-    return streaming_triton(qs, ks, vv, marks, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps, mask)
+    return streaming_triton(qs, ks, vv, marks, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps, mask, conv)
 
 
-def _torch(qs, ks, vv, marks, w_inv, s, mask):
-    return streaming_nystrom_reference(qs, ks, vv, marks, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps, mask)
+def _torch(qs, ks, vv, marks, w_inv, s, mask, conv=None):
+    return streaming_nystrom_reference(qs, ks, vv, marks, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps, mask,
+                                       conv)
 
 
 def _steps(*_inputs):
@@ -113,5 +136,5 @@ STREAMING = Op("streaming", [
     Backend("triton", _triton, _triton_refusal, _triton_auto_refusal),
     Backend("torch", _torch, _pass_refusal, _torch_auto_refusal),
     Backend("steps", _steps),
-], signature="streaming_nystrom(qs, ks, vv, marks, w_inv, settings, mask): qs, ks (B, H, N, d), vv (B, H, N, e); "
-              "None from 'steps' = run the step path")
+], signature="streaming_nystrom(qs, ks, vv, marks, w_inv, settings, mask[, conv]): qs, ks (B, H, N, d), "
+              "vv (B, H, N, e), conv a ValueConv or None; None from 'steps' = run the step path")

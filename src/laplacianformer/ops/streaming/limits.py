@@ -1,7 +1,8 @@
 """What the streaming Nyström passes serve and how they split the rows, in pure Python (docs/KERNELS.md,
 "The streaming passes"): the registry asks it without importing Triton, ``triton.py`` enumerates its
 specialisations within it, and ``reference.py`` follows the same plan. ``solve_unfit``: the same for the fused
-landmark solve (``landmarks.py``, ``landmarks_triton.py``).
+landmark solve (``landmarks.py``, ``landmarks_triton.py``); ``conv_unfit``: when the output pass cannot add the
+layer's DWConv(V) (``ops/value_conv.py``, docs/DESIGN.md §4.5) to its tiles.
 
 ``FLAGS[norm]`` says which statistics a norm of docs/DESIGN.md §4.3–§4.4 needs, on ĝ = C_q W⁺ C_kᵀ:
 
@@ -75,4 +76,32 @@ def solve_unfit(m: int, d: int, dtype: torch.dtype | None = None) -> str | None:
     if dtype is not None and dtype != torch.float32:
         return (f"dtype {dtype}: the fused landmark solve takes the float32 compute dtype (half inputs reach the "
                 "core as float32; float64 runs the step path)")
+    return None
+
+
+def conv_unfit(conv, vv: torch.Tensor, mask: torch.Tensor | None, dtype: torch.dtype | None = None) -> str | None:
+    """Why the output pass cannot fuse the DWConv(V) term ``conv`` (an ``ops.value_conv.ValueConv``) into the
+    output of the passes over vv (B, H, N, e) (and, given ``dtype``, in the Triton kernel's dtype), or None.
+
+    The pass reads the 9 grid neighbours of each row from vv through its row stride, so vv must be the head
+    view of ``conv.tokens`` (no copy: float32 tokens, no padding); a 1-D sequence is the (1, N) grid (its conv
+    along N is the middle row of the 3×3 weight: the other rows meet the zero padding only)."""
+    b, h, n, e = vv.shape
+    if mask is not None:
+        return "a key_padding_mask: DWConv(V) is added after the core (the layer's padded rows)"
+    hw = conv.hw
+    if hw is not None and not (all(type(s) is int for s in hw) and hw[0] * hw[1] == n):
+        return f"hw={hw} is not a grid of the N={n} tokens as Python ints"
+    tokens = conv.tokens
+    if tuple(tokens.shape) != (b, n, h * e) or tokens.stride(-1) != 1 or tokens.data_ptr() != vv.data_ptr() \
+            or vv.stride() != (tokens.stride(0), e * tokens.stride(2), tokens.stride(1), tokens.stride(2)):
+        return ("V of the passes is not the head view of the conv's tokens (a copy: half-precision or padded "
+                "tokens): DWConv(V) is added after the core")
+    if tuple(conv.weight.shape) != (h * e, 1, 3, 3) or (conv.bias is not None and tuple(conv.bias.shape) != (h * e,)):
+        return f"the conv is not a 3×3 depthwise conv of the H·e = {h * e} value channels"
+    tensors = [conv.weight] + ([] if conv.bias is None else [conv.bias])
+    if any(t.device != vv.device for t in tensors):
+        return "the conv's weight is on another device than V"
+    if dtype is not None and any(t.dtype != dtype for t in tensors):
+        return f"the conv's weight is not {dtype}: the fused DWConv reads the weight in the passes' dtype"
     return None

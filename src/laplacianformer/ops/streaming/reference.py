@@ -18,13 +18,17 @@ any device and dtype (float64 included). The rows of each (batch, head) group ar
    M' = Σ_j r_j k̃_jᵀ v_j, Σ v and Σ C_k (``rowsum``).
 3. **output pass**: M = W⁺ Σ_s M'_s, v̄ = Σ v / n, b_Σ = W⁺ Σ C_k; per query row, C_q recomputed,
    out_i = (c_i − c̄) M + v̄ (centring and v̄ as the norm says; ``rowsum`` divides by c_i · b_Σ). Padded
-   rows weigh 0 everywhere and their output is 0.
+   rows weigh 0 everywhere and their output is 0. With the layer's DWConv(V) (``conv``, docs/DESIGN.md §4.5)
+   the pass adds, per row i and channel c of head h, bias_c + Σ_(dy, dx ∈ {−1, 0, 1}) w_c[dy, dx] ·
+   v[i + dy·gw + dx, c] over the grid neighbours inside the (gh, gw) grid (zero padding; a 1-D sequence is the
+   (1, N) grid): ``ops.value_conv.value_conv_heads`` of the V the passes read.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..value_conv import value_conv_heads
 from .limits import BLOCK_ROWS, FLAGS, splits_for
 
 
@@ -97,8 +101,8 @@ def key_pass(ks, vv, marks, w_inv, valid, bandwidth, l1, eps, flags, k_mean, cov
     return torch.stack(parts, 2), torch.stack(vsums, 2), torch.stack(ksums, 2)
 
 
-def output_pass(qs, marks, w_inv, valid, bandwidth, l1, flags, n, c_mean, key_stats):
-    """Pass 3: (B, H, N, e), padded rows 0."""
+def output_pass(qs, marks, w_inv, valid, bandwidth, l1, flags, n, c_mean, key_stats, vv=None, conv=None):
+    """Pass 3: (B, H, N, e), padded rows 0; plus DWConv(vv) with ``conv`` (no padding then)."""
     parts, vsums, ksums = key_stats
     m_mat = w_inv @ parts.sum(2)
     c = kernel_rows(qs, marks, bandwidth, l1)
@@ -109,15 +113,17 @@ def output_pass(qs, marks, w_inv, valid, bandwidth, l1, flags, n, c_mean, key_st
         out = out + vsums.sum(2).unsqueeze(2) / n
     if flags["rowsum"]:
         out = out / (c @ (w_inv @ ksums.sum(2).unsqueeze(-1)))
-    return out * valid
+    out = out * valid
+    return out if conv is None else out + value_conv_heads(vv, conv)
 
 
 def streaming_nystrom_reference(qs, ks, vv, marks, w_inv, bandwidth: float, kernel: str, norm: str, eps: float,
-                                mask: torch.Tensor | None = None) -> torch.Tensor:
+                                mask: torch.Tensor | None = None, conv=None) -> torch.Tensor:
     """The Nyström output of the core in pass form (module docstring).
 
     qs (B, H, N, d), ks (B, H, N, d) (``ks is qs`` when K = Q), vv (B, H, N, e), padded rows 0 (as the core
-    holds them); marks (B, H, m, d); w_inv (B, H, m, m); mask (B, N) bool, True = padding, or None.
+    holds them); marks (B, H, m, d); w_inv (B, H, m, m); mask (B, N) bool, True = padding, or None; conv an
+    ``ops.value_conv.ValueConv`` (its grid, weight and bias; the V it convolves is vv) or None.
     Returns (B, H, N, e)."""
     flags = FLAGS[norm]
     l1 = kernel == "laplacian"
@@ -127,4 +133,4 @@ def streaming_nystrom_reference(qs, ks, vv, marks, w_inv, bandwidth: float, kern
     if flags["centre_k"]:
         n_valid, c_mean, k_mean, cov = combine_queries(query_pass(qs, ks, marks, valid, bandwidth, l1, flags))
     key_stats = key_pass(ks, vv, marks, w_inv, valid, bandwidth, l1, eps, flags, k_mean, cov)
-    return output_pass(qs, marks, w_inv, valid, bandwidth, l1, flags, n_valid, c_mean, key_stats)
+    return output_pass(qs, marks, w_inv, valid, bandwidth, l1, flags, n_valid, c_mean, key_stats, vv, conv)

@@ -15,7 +15,10 @@ for the passes; each program walks its split in tiles of ``BLOCK_ROWS`` rows):
   transposed so that both products have an (m, ·) left operand;
 - ``output_kernel`` (pass 3): prologue M = W⁺ Σ M', v̄ (and b_Σ = W⁺ Σ C_k for ``rowsum``); per query
   tile C_q, out = (c − c̄) M + v̄, written straight into a (B, N, H, e) buffer (the heads merged: the
-  caller gets its (B, H, N, e) view, whose ``transpose(1, 2).reshape(B, N, H·e)`` is free).
+  caller gets its (B, H, N, e) view, whose ``transpose(1, 2).reshape(B, N, H·e)`` is free). With ``CONV``
+  (the layer's DWConv(V), docs/DESIGN.md §4.5) each tile also gets bias + the 9 taps of the 3×3 depthwise
+  weight on the tile's grid neighbours in V (read through V's row stride, masked at the (GH, GW) grid's
+  borders), so the buffer is the layer's (B, N, C) "heads + DWConv(V)".
 
 Partials go to float32 workspaces (G, splits, ·), summed in a fixed order by the next kernel:
 deterministic, no atomics. Every C tile is exp(scale · dist), the distance summed over d in chunks of
@@ -35,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .limits import BLOCK_ROWS, FLAGS, MAX_D, MAX_M, splits_for, unfit
+from .limits import BLOCK_ROWS, FLAGS, MAX_D, MAX_M, conv_unfit, splits_for, unfit
 
 
 @triton.jit
@@ -245,14 +248,37 @@ def key_pass_kernel(K, skb, skh, skn, V, svb, svh, svn, L, MASK, smb, KMEAN, SP,
 
 
 @triton.jit
+def _conv_tile(out, Vg, svn, CW, CB, has_bias, h, rn, N, E, GH, GW, BLOCK_E: tl.constexpr):
+    """out + DWConv(V) of rows ``rn`` and head h's E channels: bias + the 9 taps w[c, dy, dx] · V[row + dy·GW + dx]
+    over the neighbours inside the (GH, GW) grid (zero padding), V read at Vg through its row stride svn,
+    the (C, 1, 3, 3) weight CW at channel h·E + c (stride 9), CB the bias (read when has_bias != 0)."""
+    re = tl.arange(0, BLOCK_E)
+    ch = h * E + re
+    cols = re < E
+    out += tl.load(CB + ch, mask=cols & (has_bias != 0), other=0.0)[None, :]
+    gy = rn // GW
+    gx = rn - gy * GW
+    rows = rn < N
+    for t in range(0, 9):  # a loop, not unrolled: one tap live at a time (the unrolled taps spilled)
+        dy = t // 3 - 1
+        dx = t % 3 - 1
+        inside = rows & (gy + dy >= 0) & (gy + dy < GH) & (gx + dx >= 0) & (gx + dx < GW)
+        v = tl.load(Vg + (rn + dy * GW + dx)[:, None] * svn + re[None, :], mask=inside[:, None] & cols[None, :],
+                    other=0.0)
+        out += v.to(tl.float32) * tl.load(CW + ch * 9 + t, mask=cols, other=0.0)[None, :]
+    return out
+
+
+@triton.jit
 def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK, OUT,
+                  V, svb, svh, svn, CW, CB, has_bias, GH, GW,
                   H, N, M, D, E, scale, rows_per_split, SPLITS,
-                  CENTRE_Q: tl.constexpr, ADD_MEAN: tl.constexpr, ROWSUM: tl.constexpr,
+                  CENTRE_Q: tl.constexpr, ADD_MEAN: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr,
                   L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_E: tl.constexpr):
     split, g = tl.program_id(0), tl.program_id(1)
     b, h = g // H, g % H
-    Qg, Lg = Q + b * sqb + h * sqh, L + g * M * D
+    Qg, Lg, Vg = Q + b * sqb + h * sqh, L + g * M * D, V + b * svb + h * svh
     rm = tl.arange(0, BLOCK_M)
     re = tl.arange(0, BLOCK_E)
     # prologue: M = W⁺ Σ M' (split order), v̄, c̄, b_Σ = W⁺ Σ C_k
@@ -287,6 +313,8 @@ def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK,
         if ROWSUM:
             out = out / tl.where(ok, tl.sum(c * b_sum[None, :], axis=1), 1.0)[:, None]
         out = tl.where(ok[:, None], out, 0.0)
+        if CONV:  # the layer's DWConv(V) (no padding mask with a conv: ok is every row < N of the split)
+            out = _conv_tile(out, Vg, svn, CW, CB, has_bias, h, rn, N, E, GH, GW, BLOCK_E)
         inside = (rn[:, None] < N) & (rn[:, None] < row_end) & (re[None, :] < E)
         tl.store(OUT + b * N * H * E + rn[:, None] * (H * E) + h * E + re[None, :], out.to(OUT.dtype.element_ty),
                  mask=inside)
@@ -329,8 +357,8 @@ def key_spec(m, d, e, l1: bool, flags: dict) -> dict:
                 **config(m, d, e))
 
 
-def output_spec(m, d, e, l1: bool, flags: dict) -> dict:
-    return dict(CENTRE_Q=flags["centre_q"], ADD_MEAN=flags["add_mean"], ROWSUM=flags["rowsum"], L1=l1,
+def output_spec(m, d, e, l1: bool, flags: dict, conv: bool = False) -> dict:
+    return dict(CENTRE_Q=flags["centre_q"], ADD_MEAN=flags["add_mean"], ROWSUM=flags["rowsum"], CONV=conv, L1=l1,
                 **config(m, d, e))
 
 
@@ -354,12 +382,17 @@ def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 
 def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks: torch.Tensor, w_inv: torch.Tensor,
-                     bandwidth: float, kernel: str, norm: str, eps: float, mask: torch.Tensor | None) -> torch.Tensor:
+                     bandwidth: float, kernel: str, norm: str, eps: float, mask: torch.Tensor | None,
+                     conv=None) -> torch.Tensor:
     """The Nyström output of ``reference.streaming_nystrom_reference`` (same arguments) by the Triton passes:
-    (B, H, N, e), a view of a (B, N, H, e) buffer. ValueError for what ``limits.unfit`` refuses."""
+    (B, H, N, e), a view of a (B, N, H, e) buffer; with ``conv`` (an ``ops.value_conv.ValueConv``) plus the
+    layer's DWConv(V), so that the buffer is the layer's (B, N, C) "heads + DWConv(V)". ValueError for what
+    ``limits.unfit`` or ``limits.conv_unfit`` refuses."""
     b, h, n, d = qs.shape
     e, m = vv.shape[-1], marks.shape[-2]
     why = unfit(norm, m, d, e, qs.dtype)
+    if why is None and conv is not None:
+        why = conv_unfit(conv, vv, mask, qs.dtype)
     if why is not None:
         raise ValueError(f"streaming_triton: {why}")
     flags, l1, untied, groups = FLAGS[norm], kernel == "laplacian", ks is not qs, b * h
@@ -401,14 +434,19 @@ def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks
                           pad, smb, kmean, sp, pm, pv, pk, h, n, m, d, e, scale, float(eps), rows, splits,
                           **meta, **opts)
     out = torch.empty(b, n, h, e, dtype=vv.dtype, device=q.device)
-    meta, opts = _launch(output_spec(m, d, e, l1, flags))
+    cw, cb, has_bias, (gh, gw) = pv, pv, 0, (1, n)  # placeholders without a conv (CONV=False reads none)
+    if conv is not None:
+        cw, cb = conv.weight.contiguous(), pv if conv.bias is None else conv.bias.contiguous()  # parameters: no copy
+        has_bias, (gh, gw) = int(conv.bias is not None), (1, n) if conv.hw is None else conv.hw
+    meta, opts = _launch(output_spec(m, d, e, l1, flags, conv is not None))
     output_kernel[grid](q, q.stride(0), q.stride(1), q.stride(2), lm, wi, pad, smb, ncount, cmean, pm, pv, pk, out,
+                        v, v.stride(0), v.stride(1), v.stride(2), cw, cb, has_bias, gh, gw,
                         h, n, m, d, e, scale, rows, splits, **meta, **opts)
     return out.permute(0, 2, 1, 3)
 
 
 _INTS = {"smb", "SPLITS", "sqb", "sqh", "sqn", "skb", "skh", "skn", "svb", "svh", "svn", "H", "N", "M", "D", "E", "rows_per_split",
-         "SPLITS"}
+         "has_bias", "GH", "GW"}
 
 
 def _signature(kernel, constexprs: dict) -> dict:
@@ -437,7 +475,9 @@ def _launches(m: int, e: int):
                     yield (combine_kernel, combine_spec(m, flags["whiten"], untied),
                            f"stream_combine dtype=fp32 m={m} inj={inj} untied={int(untied)}")
             yield key_pass_kernel, key_spec(m, MAX_D, e, l1, flags), f"stream_key {kind} m={m} e={e} inj={inj}"
-            yield output_kernel, output_spec(m, MAX_D, e, l1, flags), f"stream_out {kind} m={m} e={e} inj={inj}"
+            for conv in (False, True):
+                yield (output_kernel, output_spec(m, MAX_D, e, l1, flags, conv),
+                       f"stream_out {kind} m={m} e={e} inj={inj} conv={int(conv)}")
 
 
 def aot_specialisations(d_max: int = 128, m_max: int = 128):

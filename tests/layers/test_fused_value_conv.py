@@ -1,0 +1,156 @@
+"""The layer's DWConv(V) fused into the streaming output pass (``LaplacianAttention._attend_value_conv`` ->
+``ops.attention.attention_with_value_conv``; docs/KERNELS.md, "The streaming passes").
+
+- CPU eager inference (no interpreter) takes the old computation: the registry runs 'steps' and the output is
+  bitwise the unfused path's (what a call with autograd computes); masks, prefix tokens, training, TorchScript and
+  torch.fx never reach the fused call;
+- under Triton (CUDA, or TRITON_INTERPRET=1, which ``test_triton_suite_under_interpreter`` sets in a subprocess)
+  the fused output (no conv op runs outside the passes) equals the unfused path and the float64 layer, on grids
+  that are not square, tiny grids, a 1-D sequence, several heads, every norm the passes serve, K = Q and K ≠ Q,
+  with and without the conv's bias, both kernels.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from laplacianformer.layers import LaplacianAttention
+from laplacianformer.ops import _runtime, use
+
+TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_triton = pytest.mark.skipif(not TRITON_HERE, reason="needs CUDA or TRITON_INTERPRET=1")
+
+
+def _layer(heads, norm="injective", tie_qk=False, landmarks=(3, 4), bias=True, kernel="laplacian", seed=0):
+    torch.manual_seed(seed)
+    layer = LaplacianAttention(8 * heads, heads, norm=norm, tie_qk=tie_qk, landmarks=landmarks, kernel=kernel).eval()
+    with torch.no_grad():
+        layer.dwconv.weight.normal_()  # a conv term of the heads' size
+        if bias:
+            layer.dwconv.bias.normal_()
+        else:
+            layer.dwconv.bias = None
+    return layer
+
+
+def _tokens(n, c, seed=1):
+    return torch.randn(1, n, c, generator=torch.Generator().manual_seed(seed))
+
+
+def _unfused(layer, x, hw):
+    """The path of a call with autograd: attend, then the conv, the heads added out of place (today's code)."""
+    with torch.enable_grad():
+        return layer(x, hw).detach()
+
+
+def _rel(a, b) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+# --- the CPU keeps the old computation ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hw,landmarks,tie", [((9, 13), (3, 4), False), ((1, 7), (1, 3), True), (None, 5, False),
+                                              ((2, 3), (7, 7), True)], ids=["9x13", "1x7", "1d", "2x3-exact"])
+def test_cpu_inference_is_bitwise_the_unfused_path(monkeypatch, hw, landmarks, tie):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    layer = _layer(2, tie_qk=tie, landmarks=landmarks, bias=not tie)
+    x = _tokens(117 if hw in ((9, 13), None) else hw[0] * hw[1], 16)
+    with torch.no_grad(), _runtime.recording() as calls:
+        got = layer(x, hw)
+    streaming = [text for op, _, text in calls if op == "streaming"]
+    if landmarks != (7, 7):  # the 2×3 grid with 7×7 landmarks is the exact kernel: no streaming call
+        assert len(streaming) == 1 and streaming[0].startswith("streaming: selection 'auto' runs 'steps'"), streaming
+        assert "triton: tensors on ['cpu'], not cuda" in streaming[0], streaming[0]
+    assert torch.equal(got, _unfused(layer, x, hw))
+
+
+class _OnGrid(torch.nn.Module):
+    def __init__(self, attn):
+        super().__init__()
+        self.attn = attn
+
+    def forward(self, x):
+        return self.attn(x, hw=(5, 8))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_other_calls_never_reach_the_fused_call(monkeypatch):
+    """A padding mask, prefix tokens, autograd, TorchScript, torch.fx: the layer's old path (the fused call is
+    made to fail here)."""
+    from laplacianformer.layers import laplacian_attention as la
+
+    def fail(*args, **kwargs):
+        raise AssertionError("attention_with_value_conv called")
+
+    x = _tokens(40, 16)
+    layer = _layer(2, landmarks=4)
+    mask = torch.zeros(1, 40, dtype=torch.bool)
+    mask[:, 30:] = True
+    with torch.no_grad():
+        want = [layer(x, None, mask), layer(x, (5, 8))]
+    torch.manual_seed(0)
+    with_prefix = LaplacianAttention(16, 2, num_prefix_tokens=1, landmarks=(2, 2)).eval()
+    monkeypatch.setattr(la, "attention_with_value_conv", fail)
+    with torch.no_grad():
+        assert torch.equal(layer(x, None, mask), want[0])
+        with_prefix(_tokens(37, 16), (6, 6))
+        scripted = torch.jit.script(layer)
+        assert torch.equal(scripted(x, (5, 8)), want[1])
+        traced = torch.fx.symbolic_trace(_OnGrid(layer))
+        torch.testing.assert_close(traced(x), want[1], rtol=0, atol=0)
+    layer(x, (5, 8)).sum().backward()  # training
+
+
+# --- the fused output pass (Triton) --------------------------------------------------------------------------
+
+# (hw, landmarks, heads, norm, tie_qk, bias, kernel): every norm of the passes, K = Q and K ≠ Q, bias or not
+FUSED_CASES = [
+    ((9, 13), (3, 4), 3, "injective", False, True, "laplacian"),
+    ((9, 13), (2, 3), 2, "injective_nomean", True, False, "laplacian"),
+    ((2, 3), (1, 2), 2, "inline", True, True, "laplacian"),
+    ((1, 7), (1, 3), 1, "rowsum", False, False, "laplacian"),
+    ((5, 7), (2, 2), 2, "none", False, True, "laplacian"),
+    ((5, 7), (2, 3), 2, "injective", True, True, "gaussian"),
+    (None, 5, 2, "inline", False, True, "laplacian"),  # 1-D: the (1, N) grid; the landmarks by the steps
+]
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("case", FUSED_CASES, ids=lambda c: f"{'1d' if c[0] is None else '%dx%d' % c[0]}-{c[3]}"
+                         f"-h{c[2]}-{'tied' if c[4] else 'untied'}-{'bias' if c[5] else 'nobias'}-{c[6]}")
+def test_fused_layer_equals_unfused_and_float64(monkeypatch, case):
+    from laplacianformer.ops import nystrom
+
+    hw, landmarks, heads, norm, tie, bias, kernel = case
+    layer = _layer(heads, norm, tie, landmarks, bias, kernel)
+    x = _tokens(40 if hw is None else hw[0] * hw[1], 8 * heads)
+    with torch.no_grad():
+        want = layer.double()(x.double(), hw)
+    layer.float()
+    unfused = _unfused(layer, x, hw)
+    layer, xd = layer.to(DEVICE), x.to(DEVICE)
+
+    def no_conv_outside(*args, **kwargs):
+        raise AssertionError("the conv ran outside the output pass")
+
+    monkeypatch.setattr(nystrom, "add_value_conv", no_conv_outside)
+    forced = dict(streaming="triton", landmark_solve="triton" if hw is not None else "auto")
+    with torch.no_grad(), use(**forced), _runtime.recording() as calls:
+        got = layer(xd, hw).cpu()
+    assert [op for op, _, _ in calls][-1] == "streaming", calls
+    scale = want.abs().max().item()
+    assert _rel(got, want) < 2e-5, f"fused vs float64: {_rel(got, want):.2e}"
+    assert (got - unfused).abs().max().item() / scale < 5e-5, (got - unfused).abs().max().item() / scale
+
+
+def test_triton_suite_under_interpreter(triton_interpreter):
+    if TRITON_HERE:
+        pytest.skip("the Triton tests run in this process")
+    pytest.importorskip("triton")
+    triton_interpreter("tests/layers/test_fused_value_conv.py", timeout=300.0)
