@@ -74,10 +74,19 @@ def test_layer_launches_within_budget(layer_rows):
     assert all(r["triton"] > 0 for r in layer_rows), "no Triton launch: the backends were not forced"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29's targets (<= 8 launches per layer in inference, <= 25 in "
-                                       "training) are not met yet: 9 and 100-109 on 5 December 2026")
-def test_layer_launches_meet_the_issue_targets(layer_rows):
-    """Fails (XFAIL) until the targets hold; then it passes, strict xfail turns that into a failure, and the
+def test_layer_launches_meet_the_inference_target(layer_rows):
+    """Issue 29's inference target (<= 8 launches per Laplacian layer) holds at every stage since DWConv(V) is
+    fused into the streaming output pass and q, k come from one product (8 = 5 Triton + 3 linears)."""
+    for r in layer_rows:
+        if r["mode"] == "infer":
+            assert r["launches"] <= lc.TARGETS["layer_infer"], (r["stage"], r["launches"])
+
+
+@pytest.mark.xfail(strict=True, reason="issue 29's training target (<= 25 launches per layer, forward and backward) "
+                                       "is not met yet: 100-109 on 5 December 2026")
+def test_layer_launches_meet_the_training_target(layer_rows):
+    """Fails (XFAIL) until the target holds; then it passes, strict xfail turns that into a failure, and the
     marker is to be removed so the target becomes the test."""
     for r in layer_rows:
-        assert r["launches"] <= lc.TARGETS[f"layer_{r['mode']}"], (r["stage"], r["mode"], r["launches"])
+        if r["mode"] == "train":
+            assert r["launches"] <= lc.TARGETS["layer_train"], (r["stage"], r["launches"])

@@ -5,9 +5,9 @@
   bitwise the unfused path's (what a call with autograd computes); masks, prefix tokens, training, TorchScript and
   torch.fx never reach the fused call;
 - under Triton (CUDA, or TRITON_INTERPRET=1, which ``test_triton_suite_under_interpreter`` sets in a subprocess)
-  the fused output (no conv op runs outside the passes) equals the unfused path and the float64 layer, on grids
-  that are not square, tiny grids, a 1-D sequence, several heads, every norm the passes serve, K = Q and K ≠ Q,
-  with and without the conv's bias, both kernels.
+  the fused output (no conv op runs outside the passes; for K ≠ Q, q and k strided views of one product)
+  equals the unfused path and the float64 layer, on grids that are not square, tiny grids, a 1-D sequence,
+  several heads, every norm the passes serve, K = Q and K ≠ Q, with and without the conv's bias, both kernels.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def _rel(a, b) -> float:
                                               ((2, 3), (7, 7), True)], ids=["9x13", "1x7", "1d", "2x3-exact"])
 def test_cpu_inference_is_bitwise_the_unfused_path(monkeypatch, hw, landmarks, tie):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(LaplacianAttention, "_project_qk_stacked", None)  # the CPU keeps three contiguous products
     layer = _layer(2, tie_qk=tie, landmarks=landmarks, bias=not tie)
     x = _tokens(117 if hw in ((9, 13), None) else hw[0] * hw[1], 16)
     with torch.no_grad(), _runtime.recording() as calls:
@@ -67,6 +68,23 @@ def test_cpu_inference_is_bitwise_the_unfused_path(monkeypatch, hw, landmarks, t
         assert len(streaming) == 1 and streaming[0].startswith("streaming: selection 'auto' runs 'steps'"), streaming
         assert "triton: tensors on ['cpu'], not cuda" in streaming[0], streaming[0]
     assert torch.equal(got, _unfused(layer, x, hw))
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_stacked_qk_product(qk_norm):
+    """q and k from one product with the stacked row blocks: strided views (row stride 2C) equal to the two
+    products of ``_project_qk``."""
+    torch.manual_seed(0)
+    layer = LaplacianAttention(24, 3, qk_norm=qk_norm).eval()
+    x = _tokens(10, 24)
+    with torch.no_grad():
+        q, k = layer._project_qk_stacked(x)
+        q2, k2 = layer._project_qk(x)
+    assert q.shape == k.shape == (1, 3, 10, 8)
+    if not qk_norm:
+        assert q.stride() == k.stride() == (10 * 48, 8, 48, 1) and k.data_ptr() == q.data_ptr() + 24 * 4
+    torch.testing.assert_close(q, q2, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k, k2, rtol=1e-6, atol=1e-6)
 
 
 class _OnGrid(torch.nn.Module):
@@ -140,10 +158,14 @@ def test_fused_layer_equals_unfused_and_float64(monkeypatch, case):
         raise AssertionError("the conv ran outside the output pass")
 
     monkeypatch.setattr(nystrom, "add_value_conv", no_conv_outside)
+    stacked = []
+    project = LaplacianAttention._project_qk_stacked
+    monkeypatch.setattr(LaplacianAttention, "_project_qk_stacked", lambda self, t: stacked.append(1) or project(self, t))
     forced = dict(streaming="triton", landmark_solve="triton" if hw is not None else "auto")
     with torch.no_grad(), use(**forced), _runtime.recording() as calls:
         got = layer(xd, hw).cpu()
     assert [op for op, _, _ in calls][-1] == "streaming", calls
+    assert len(stacked) == (0 if tie else 1)  # K ≠ Q: q and k strided views of one product
     scale = want.abs().max().item()
     assert _rel(got, want) < 2e-5, f"fused vs float64: {_rel(got, want):.2e}"
     assert (got - unfused).abs().max().item() / scale < 5e-5, (got - unfused).abs().max().item() / scale

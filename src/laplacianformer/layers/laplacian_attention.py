@@ -17,7 +17,8 @@ that take a class (timm's ``attn_layer``).
 
 Eager inference without a padding mask or prefix tokens calls ``ops.attention.attention_with_value_conv``
 (``_attend_value_conv``): the heads merged + DWConv(V) in one call, the conv fused into the streaming output
-pass on CUDA (3 launches fewer per layer), the unfused computation with the same result elsewhere.
+pass on CUDA (3 launches fewer per layer; q and k there from one product of their stacked weight rows: 1 more),
+the unfused computation with the same result elsewhere.
 
 The operator settings are one ``AttentionSettings`` (``ops/settings.py``), made and validated once in the
 constructor and held as ``settings``; every call passes it to the operator, ``recompute`` to the op
@@ -40,6 +41,7 @@ from ..ops.attention import attention_with_settings, attention_with_value_conv
 from ..ops.dispatch import explain
 from ..ops.recompute import recompute_attention
 from ..ops.settings import OPERATOR_SETTINGS, AttentionSettings, settings_from
+from ..ops.streaming import triton_device
 from .token_attention import SHELL_KWARGS, TokenAttention
 from .tracing import notrace
 
@@ -173,9 +175,11 @@ class LaplacianAttention(TokenAttention):
     def _attend_value_conv(self, x: torch.Tensor, v_tok: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
         """Eager inference without a mask or prefix tokens (``TokenAttention._merges_value_conv``): x, v_tok
         (B, N, C) -> the heads merged + DWConv(V) (B, N, C) by ``ops.attention.attention_with_value_conv``,
-        whose streaming output pass adds the conv on CUDA (docs/KERNELS.md, "The streaming passes"); elsewhere
-        the unfused computation of ``forward``, with the same result."""
-        q, k = self._project_qk(x)
+        whose streaming output pass adds the conv on CUDA (docs/KERNELS.md, "The fused DWConv(V)"); elsewhere
+        the unfused computation of ``forward``, with the same result. Where the Triton passes run (CUDA), q and
+        k come from one product (``_project_qk_stacked``: strided views, which the passes read in place)."""
+        stacked = not self.tie_qk and triton_device(x.device)
+        q, k = self._project_qk_stacked(x) if stacked else self._project_qk(x)
         return attention_with_value_conv(q, k, v_tok, self.settings, hw=hw, weight=self.dwconv.weight,
                                          bias=self.dwconv.bias, norm_gain=self.norm_gain)
 

@@ -5,7 +5,9 @@
 q, k and v are computed as three products with row blocks of one weight, so each stays contiguous in
 token layout, and the heads are merged by adding them into DWConv(V), without extra copies. A layer whose op
 can do the merge itself (``merges_value_conv``: ``LaplacianAttention``, whose streaming output pass fuses
-the conv on CUDA) gets eager inference calls without a mask or prefix tokens in ``_attend_value_conv``.
+the conv on CUDA) gets eager inference calls without a mask or prefix tokens in ``_attend_value_conv``; where
+the Triton passes read q and k through their strides, q and k there come from one product of the stacked row
+blocks (``_project_qk_stacked``).
 Subclasses (``LaplacianAttention`` and the baselines) implement ``attend`` on (B, H, N, d) tensors with
 their functional op, so a model or a benchmark can swap any of them for another.
 
@@ -163,6 +165,15 @@ class TokenAttention(nn.Module):
         gradient without scattering it into a (B, N, 3C) buffer."""
         q = self.q_norm(self._heads(self._rows(x, 0)))
         return q, q if self.tie_qk else self.k_norm(self._heads(self._rows(x, 1)))
+
+    def _project_qk_stacked(self, x: torch.Tensor):
+        """x (B, N, C) -> q, k (B, H, N, d) from one product with the stacked q and k row blocks of ``qkv`` (not
+        ``tie_qk``): strided views of its (B, N, 2C) output (row stride 2C). One launch instead of two where
+        the kernels read row strides (the Triton passes); the CPU path keeps ``_project_qk``'s contiguous q, k."""
+        rows = slice(0, 2 * self.dim)
+        bias = self.qkv.bias
+        qk = F.linear(x, self.qkv.weight[rows], None if bias is None else bias[rows])
+        return self.q_norm(self._heads(qk[..., :self.dim])), self.k_norm(self._heads(qk[..., self.dim:]))
 
     def _project_v(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, N, C) -> v_tok (B, N, C), contiguous."""

@@ -43,7 +43,7 @@ from ..settings import AttentionSettings
 from .limits import FLAGS, conv_unfit, unfit
 from .reference import streaming_nystrom_reference
 
-__all__ = ["STREAMING", "STREAMED_NORMS", "streaming_nystrom", "streaming_nystrom_reference"]
+__all__ = ["STREAMING", "STREAMED_NORMS", "streaming_nystrom", "streaming_nystrom_reference", "triton_device"]
 
 STREAMED_NORMS = tuple(FLAGS)
 
@@ -63,6 +63,13 @@ def streaming_nystrom(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, mark
     if torch.compiler.is_compiling() or _needs_grad(qs, ks, vv, marks, w_inv, *_conv_tensors(conv)):
         return None  # torch.compile traces the step ops (their custom ops), never this registry's Python
     return STREAMING(qs, ks, vv, marks, w_inv, s, mask, conv)
+
+
+def triton_device(device: torch.device) -> bool:
+    """Whether the Triton passes take tensors on ``device``: CUDA, or the CPU under ``TRITON_INTERPRET=1``
+    (the device rule of the ``triton`` backend; the layer asks it before making strided q and k, which the
+    passes read through their row strides)."""
+    return device.type == "cuda" or (device.type == "cpu" and _runtime.triton_interpreted())
 
 
 def _needs_grad(*tensors) -> bool:
@@ -101,7 +108,7 @@ def _triton_refusal(qs, ks, vv, marks, w_inv, s, mask, conv=None) -> str | None:
         return why
     tensors = [qs, ks, vv, marks, w_inv] + ([] if mask is None else [mask]) + _conv_tensors(conv)
     devices = {t.device.type for t in tensors}
-    if devices != {"cuda"} and not (devices == {"cpu"} and _runtime.triton_interpreted()):
+    if len(devices) != 1 or not triton_device(qs.device):
         return f"tensors on {sorted(devices)}, not cuda (set TRITON_INTERPRET=1 to run Triton on the CPU)"
     ok, why = _runtime.triton_available()
     return None if ok else why
