@@ -40,6 +40,7 @@ import torch
 from .. import _runtime
 from ..dispatch import Backend, Op
 from ..settings import AttentionSettings
+from .gates import cuda_only_auto_refusal, needs_grad as _needs_grad, triton_device
 from .limits import FLAGS, conv_unfit, unfit
 from .reference import streaming_nystrom_reference
 
@@ -63,17 +64,6 @@ def streaming_nystrom(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, mark
     if torch.compiler.is_compiling() or _needs_grad(qs, ks, vv, marks, w_inv, *_conv_tensors(conv)):
         return None  # torch.compile traces the step ops (their custom ops), never this registry's Python
     return STREAMING(qs, ks, vv, marks, w_inv, s, mask, conv)
-
-
-def triton_device(device: torch.device) -> bool:
-    """Whether the Triton passes take tensors on ``device``: CUDA, or the CPU under ``TRITON_INTERPRET=1``
-    (the device rule of the ``triton`` backend; the layer asks it before making strided q and k, which the
-    passes read through their row strides)."""
-    return device.type == "cuda" or (device.type == "cpu" and _runtime.triton_interpreted())
-
-
-def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _conv_tensors(conv) -> list:
@@ -114,12 +104,6 @@ def _triton_refusal(qs, ks, vv, marks, w_inv, s, mask, conv=None) -> str | None:
     return None if ok else why
 
 
-def _triton_auto_refusal(qs, *_inputs) -> str | None:
-    if qs.device.type != "cuda":
-        return "only chosen automatically for CUDA tensors (the interpreter is for tests)"
-    return None
-
-
 def _torch_auto_refusal(*_inputs) -> str | None:
     return "the passes' PyTorch specification, for tests: the step path is faster where Triton does not run"
 
@@ -140,7 +124,7 @@ def _steps(*_inputs):
 
 
 STREAMING = Op("streaming", [
-    Backend("triton", _triton, _triton_refusal, _triton_auto_refusal),
+    Backend("triton", _triton, _triton_refusal, cuda_only_auto_refusal),
     Backend("torch", _torch, _pass_refusal, _torch_auto_refusal),
     Backend("steps", _steps),
 ], signature="streaming_nystrom(qs, ks, vv, marks, w_inv, settings, mask[, conv]): qs, ks (B, H, N, d), "

@@ -32,6 +32,7 @@ from ..kernel import laplace_kernel
 from ..newton_schulz.naive import newton_schulz_iterate_reference, regularise
 from ..pooling import pool_landmarks
 from ..settings import AttentionSettings
+from .gates import cuda_only_auto_refusal, needs_grad as _needs_grad, triton_device
 from .limits import solve_unfit
 
 __all__ = ["LANDMARK_SOLVE", "landmark_solve", "landmark_solve_reference"]
@@ -59,10 +60,6 @@ def landmark_solve_reference(qs: torch.Tensor, hw, grid, bandwidth: float, kerne
     marks = pool_landmarks(qs, hw, grid)
     w = laplace_kernel(marks, marks, bandwidth, kernel)
     return marks, w, newton_schulz_iterate_reference(regularise(w, eps), iters)
-
-
-def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _int_grid(pair) -> bool:
@@ -100,16 +97,10 @@ def _triton_refusal(qs, ks, vv, hw, grid, s, mask, prefix) -> str | None:
     why = solve_unfit(grid[0] * grid[1], qs.shape[-1], qs.dtype)
     if why is not None:
         return why
-    if qs.device.type != "cuda" and not (qs.device.type == "cpu" and _runtime.triton_interpreted()):
+    if not triton_device(qs.device):
         return f"tensor on {qs.device.type}, not cuda (set TRITON_INTERPRET=1 to run Triton on the CPU)"
     ok, why = _runtime.triton_available()
     return None if ok else why
-
-
-def _triton_auto_refusal(qs, *_inputs) -> str | None:
-    if qs.device.type != "cuda":
-        return "only chosen automatically for CUDA tensors (the interpreter is for tests)"
-    return None
 
 
 def _torch_auto_refusal(*_inputs) -> str | None:
@@ -131,7 +122,7 @@ def _steps(*_inputs):
 
 
 LANDMARK_SOLVE = Op("landmark_solve", [
-    Backend("triton", _triton, _triton_refusal, _triton_auto_refusal),
+    Backend("triton", _triton, _triton_refusal, cuda_only_auto_refusal),
     Backend("torch", _torch, _solve_refusal, _torch_auto_refusal),
     Backend("steps", _steps),
 ], signature="landmark_solve(qs, ks, vv, hw, grid, settings, mask, prefix): qs (B, H, N, d) -> (L, W, W⁺); "

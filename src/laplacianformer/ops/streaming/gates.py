@@ -1,0 +1,28 @@
+"""The rules the fused inference ops (``streaming``, ``landmark_solve``) share for when they run: a call
+that may need a gradient is no call of theirs, and which devices their Triton backends take."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _runtime
+
+__all__ = ["cuda_only_auto_refusal", "needs_grad", "triton_device"]
+
+
+def needs_grad(*tensors) -> bool:
+    """Whether autograd would record a call on ``tensors`` (the fused ops are forward-only)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def triton_device(device: torch.device) -> bool:
+    """Whether the Triton kernels take tensors on ``device``: CUDA, or the CPU under ``TRITON_INTERPRET=1``
+    (the layer asks it before making strided q and k, which the kernels read through their row strides)."""
+    return device.type == "cuda" or (device.type == "cpu" and _runtime.triton_interpreted())
+
+
+def cuda_only_auto_refusal(qs, *_inputs) -> str | None:
+    """The ``triton`` backends' rule under "auto": CUDA tensors only (the interpreter is for tests)."""
+    if qs.device.type != "cuda":
+        return "only chosen automatically for CUDA tensors (the interpreter is for tests)"
+    return None
