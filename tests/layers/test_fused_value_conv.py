@@ -176,3 +176,15 @@ def test_triton_suite_under_interpreter(triton_interpreter):
         pytest.skip("the Triton tests run in this process")
     pytest.importorskip("triton")
     triton_interpreter("tests/layers/test_fused_value_conv.py", timeout=300.0)
+
+
+def test_cpu_autocast_inference_takes_the_unfused_path_with_float32_conv_weights():
+    """Under CPU bf16 autocast V comes from a bf16 product while the conv's parameters stay float32 (autocast
+    casts them in the conv): the inference call accepts that and equals the call with autograd on."""
+    layer = _layer(2)
+    x = _tokens(12 * 10, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad():
+            fast = layer(x, (12, 10))
+        ref = layer(x, (12, 10)).detach()
+    assert fast.dtype == ref.dtype and torch.equal(fast, ref)

@@ -38,8 +38,8 @@ class ValueConv(NamedTuple):
 
 
 def check_value_conv(tokens: torch.Tensor, hw, weight: torch.Tensor, bias: torch.Tensor | None) -> ValueConv:
-    """The checked ``ValueConv``: tokens (B, N, C) floating, weight (C, 1, 3, 3) and bias (C,) of its dtype and
-    device, hw already checked against N (``validation.check_hw``). ValueError / TypeError naming the argument."""
+    """The checked ``ValueConv``: tokens (B, N, C) floating, weight (C, 1, 3, 3) and bias (C,) of its dtype (any
+    dtype under autocast) and device, hw already checked against N (``validation.check_hw``). ValueError / TypeError naming the argument."""
     if not isinstance(tokens, torch.Tensor) or not tokens.is_floating_point() or tokens.dim() != 3:
         got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
         raise ValueError(f"v_tok: expected floating (B, N, C) tokens, got {got}")
@@ -50,7 +50,9 @@ def check_value_conv(tokens: torch.Tensor, hw, weight: torch.Tensor, bias: torch
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: expected the depthwise 3×3 conv's {shape} for C = {c} channels, got {got}")
-        if t.dtype != tokens.dtype or t.device != tokens.device:
+        # under autocast the tokens come from a lower-precision product and the conv casts its weight itself
+        if t.device != tokens.device or (t.dtype != tokens.dtype
+                                         and not torch.is_autocast_enabled(tokens.device.type)):
             raise TypeError(f"{name}: expected {tokens.dtype} on {tokens.device} (the tokens'), got {t.dtype} on "
                             f"{t.device}")
     return ValueConv(tokens, hw, weight, bias)
