@@ -48,7 +48,8 @@ def test_model_attn_kwargs_reach_the_operator_through_the_settings(monkeypatch):
     assert layers and all(m.settings.norm == "inline" for m in layers)
     seen = []
     real = attention.attention_core
-    monkeypatch.setattr(attention, "attention_core", lambda q, k, v, s, *a: seen.append(s) or real(q, k, v, s, *a))
+    monkeypatch.setattr(attention, "attention_core",
+                        lambda q, k, v, s, *a, **kw: seen.append(s) or real(q, k, v, s, *a, **kw))
     with torch.no_grad():
         model(torch.randn(1, 3, 32, 32))
     assert len(seen) == len(layers)
