@@ -40,7 +40,7 @@ import torch
 from .. import _runtime
 from ..dispatch import Backend, Op
 from ..settings import AttentionSettings
-from .gates import cuda_only_auto_refusal, needs_grad as _needs_grad, triton_device
+from .gates import cuda_only_auto_refusal, needs_grad as _needs_grad, step_path, triton_device
 from .limits import FLAGS, conv_unfit, unfit
 from .reference import streaming_nystrom_reference
 
@@ -119,13 +119,9 @@ def _torch(qs, ks, vv, marks, w_inv, s, mask, conv=None):
                                        conv)
 
 
-def _steps(*_inputs):
-    return None
-
-
 STREAMING = Op("streaming", [
     Backend("triton", _triton, _triton_refusal, cuda_only_auto_refusal),
     Backend("torch", _torch, _pass_refusal, _torch_auto_refusal),
-    Backend("steps", _steps),
+    Backend("steps", step_path),
 ], signature="streaming_nystrom(qs, ks, vv, marks, w_inv, settings, mask[, conv]): qs, ks (B, H, N, d), "
               "vv (B, H, N, e), conv a ValueConv or None; None from 'steps' = run the step path")

@@ -7,7 +7,7 @@ import torch
 
 from .. import _runtime
 
-__all__ = ["cuda_only_auto_refusal", "needs_grad", "triton_device"]
+__all__ = ["cuda_only_auto_refusal", "needs_grad", "step_path", "triton_device"]
 
 
 def needs_grad(*tensors) -> bool:
@@ -25,4 +25,9 @@ def cuda_only_auto_refusal(qs, *_inputs) -> str | None:
     """The ``triton`` backends' rule under "auto": CUDA tensors only (the interpreter is for tests)."""
     if qs.device.type != "cuda":
         return "only chosen automatically for CUDA tensors (the interpreter is for tests)"
+    return None
+
+
+def step_path(*_inputs) -> None:
+    """The ``steps`` backend of the fused ops (their reference): None, so the caller runs its step path."""
     return None

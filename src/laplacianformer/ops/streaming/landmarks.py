@@ -32,7 +32,7 @@ from ..kernel import laplace_kernel
 from ..newton_schulz.naive import newton_schulz_iterate_reference, regularise
 from ..pooling import pool_landmarks
 from ..settings import AttentionSettings
-from .gates import cuda_only_auto_refusal, needs_grad as _needs_grad, triton_device
+from .gates import cuda_only_auto_refusal, needs_grad as _needs_grad, step_path, triton_device
 from .limits import solve_unfit
 
 __all__ = ["LANDMARK_SOLVE", "landmark_solve", "landmark_solve_reference"]
@@ -117,13 +117,9 @@ def _torch(qs, ks, vv, hw, grid, s, mask, prefix):
     return landmark_solve_reference(qs, hw, grid, s.bandwidth, s.kernel, s.ns_eps, s.iters)
 
 
-def _steps(*_inputs):
-    return None
-
-
 LANDMARK_SOLVE = Op("landmark_solve", [
     Backend("triton", _triton, _triton_refusal, cuda_only_auto_refusal),
     Backend("torch", _torch, _solve_refusal, _torch_auto_refusal),
-    Backend("steps", _steps),
+    Backend("steps", step_path),
 ], signature="landmark_solve(qs, ks, vv, hw, grid, settings, mask, prefix): qs (B, H, N, d) -> (L, W, W⁺); "
               "None from 'steps' = pool and solve by the steps")
