@@ -37,7 +37,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from ..ops.attention import attention_with_settings, attention_with_value_conv
+from ..ops.attention import attention_from_qkv, attention_with_settings, attention_with_value_conv
 from ..ops.dispatch import explain
 from ..ops.recompute import recompute_attention
 from ..ops.settings import OPERATOR_SETTINGS, AttentionSettings, settings_from
@@ -106,6 +106,7 @@ class LaplacianAttention(TokenAttention):
     __jit_ignored_attributes__ = ["settings"]
     takes_prefix_tokens = True
     merges_value_conv = True
+    trains_from_qkv = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, dwconv: bool = True, **kwargs) -> None:
         # the shell's arguments (``SHELL_KWARGS``, defaults of ``TokenAttention``) go to it; the rest are settings
@@ -182,6 +183,19 @@ class LaplacianAttention(TokenAttention):
         q, k = self._project_qk_stacked(x) if stacked else self._project_qk(x)
         return attention_with_value_conv(q, k, v_tok, self.settings, hw=hw, weight=self.dwconv.weight,
                                          bias=self.dwconv.bias, norm_gain=self.norm_gain)
+
+    @torch.jit.unused
+    def _attend_from_qkv(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> Optional[torch.Tensor]:
+        """A training call where the Triton passes run (CUDA): x (B, N, C) -> the heads merged + DWConv(V) (B, N, C)
+        by ``ops.attention.attention_from_qkv`` from one product with the whole ``qkv`` weight, whose op runs the
+        core and the conv in fused passes forward and backward (docs/KERNELS.md, "The fused backward"). None
+        elsewhere (the CPU keeps the three contiguous products of ``_project_qk``)."""
+        if not triton_device(x.device):
+            return None
+        conv = self.dwconv
+        return attention_from_qkv(self.qkv(x), self.settings, heads=self.num_heads, tied=self.tie_qk, hw=hw,
+                                  weight=None if conv is None else conv.weight,
+                                  bias=None if conv is None else conv.bias, norm_gain=self.norm_gain)
 
     def _projections(self):
         """(q_weight, q_bias, k_weight, k_bias): the q and k row blocks of ``qkv`` (k None when ``tie_qk``)."""

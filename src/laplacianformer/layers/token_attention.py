@@ -7,7 +7,9 @@ token layout, and the heads are merged by adding them into DWConv(V), without ex
 can do the merge itself (``merges_value_conv``: ``LaplacianAttention``, whose streaming output pass fuses
 the conv on CUDA) gets eager inference calls without a mask or prefix tokens in ``_attend_value_conv``; where
 the Triton passes read q and k through their strides, q and k there come from one product of the stacked row
-blocks (``_project_qk_stacked``).
+blocks (``_project_qk_stacked``). Such a layer's training calls there (``trains_from_qkv``: autograd, no mask,
+no prefix tokens, no ``qk_norm`` or ``recompute``) take ``_attend_from_qkv``: one product with the whole qkv
+weight, whose (B, N, 3C) output the op reads in place and whose gradient it returns in one tensor.
 Subclasses (``LaplacianAttention`` and the baselines) implement ``attend`` on (B, H, N, d) tensors with
 their functional op, so a model or a benchmark can swap any of them for another.
 
@@ -90,6 +92,8 @@ class TokenAttention(nn.Module):
     """Whether ``attend`` handles prefix tokens (``num_prefix_tokens``, docs/DESIGN.md §2.7)."""
     merges_value_conv = False
     """Whether ``_attend_value_conv`` computes the heads merged + DWConv(V) in one op call (its inference path)."""
+    trains_from_qkv = False
+    """Whether ``_attend_from_qkv`` computes a training call's heads merged + DWConv(V) from the one qkv product."""
 
     def __init__(
         self,
@@ -231,6 +235,21 @@ class TokenAttention(nn.Module):
         raise NotImplementedError
 
     @torch.jit.unused
+    def _trains_fused(self, x: torch.Tensor, mask: Optional[torch.Tensor]) -> bool:
+        """Whether this call goes to ``_attend_from_qkv``: a layer that has one (``trains_from_qkv``), autograd
+        recording, no mask, no prefix tokens, plain q and k projections (no ``qk_norm``), no ``recompute``, in
+        eager mode (not torch.jit tracing or torch.compile; the caller excludes scripting and FX tracing)."""
+        return (self.trains_from_qkv and mask is None and self.num_prefix_tokens == 0 and not self.qk_norm
+                and not self.recompute and torch.is_grad_enabled() and (x.requires_grad or self.qkv.weight.requires_grad)
+                and not torch.jit.is_tracing() and not torch.compiler.is_compiling())
+
+    @torch.jit.unused
+    def _attend_from_qkv(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> Optional[torch.Tensor]:
+        """x (B, N, C) -> the heads merged + DWConv(V) (B, N, C) from the one qkv product, or None (this device
+        keeps the three products), for layers with ``trains_from_qkv``."""
+        raise NotImplementedError
+
+    @torch.jit.unused
     def _layout(self, n: int, hw: Optional[Tuple[int, int]]) -> Optional[Tuple[int, int]]:
         """The checked grid of the tokens after the prefix (the square one when ``hw`` is None and there are
         prefix tokens; docs/DESIGN.md §2.7) for n tokens. Eager mode only."""
@@ -263,6 +282,10 @@ class TokenAttention(nn.Module):
         elif hw is None and self.num_prefix_tokens > 0:
             hw = square_grid(x.shape[1], self.num_prefix_tokens)
         b, n, c = x.shape
+        if not torch.jit.is_scripting() and not is_fx_tracing() and self._trains_fused(x, mask):
+            fused = self._attend_from_qkv(x, hw)  # training: the core and DWConv(V) fused, forward and backward
+            if fused is not None:
+                return self.proj_drop(self.proj(self.norm(self.attn_drop(fused))))
         if mask is not None:
             x = x.masked_fill(mask.unsqueeze(-1), 0.0)
         v_tok = self._project_v(x)

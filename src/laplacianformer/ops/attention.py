@@ -13,7 +13,9 @@ under autocast (docs/DESIGN.md §1: exp(-D/lam) underflows in float16); the outp
 there, once) and runs ``attention_with_settings``: the checks of one call's inputs against the settings,
 then the core of ``ops/nystrom.py``. ``attention_with_value_conv`` is the layer's inference call: the heads
 merged plus the layer's DWConv(V) (§4.5) as one (B, N, C) tensor, the conv fused into the streaming output
-pass where it serves. ``explain_all`` reports the backend decision of every dispatched call
+pass where it serves; ``attention_from_qkv`` the layer's training call from its one qkv projection, the core
+and the conv in the fused passes of ``ops/streaming/training.py`` forward and backward where they serve.
+``explain_all`` reports the backend decision of every dispatched call
 the operator makes (docs/DESIGN.md §6).
 """
 
@@ -27,6 +29,7 @@ from .graph_rule import attention_both_sides, rule_in_graph
 from .nystrom import attention_core
 from .pooling import pool_landmarks  # re-exported: experiments/analysis.py and bench/ import it from here
 from .settings import DEFAULTS, AttentionSettings, default_bandwidth
+from .streaming.training import fused_training
 from .validation import (
     WHITENED_NORMS,
     check_finite,
@@ -39,7 +42,7 @@ from .validation import (
 )
 from .value_conv import add_value_conv, check_value_conv
 
-__all__ = ["AttentionSettings", "attention_with_settings", "attention_with_value_conv", "check_call",
+__all__ = ["AttentionSettings", "attention_from_qkv", "attention_with_settings", "attention_with_value_conv", "check_call",
            "default_bandwidth", "explain_all", "laplacian_attention", "pool_landmarks"]
 
 
@@ -217,6 +220,44 @@ def attention_with_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Ten
         check_call(settings, q.shape[1], q.shape[-1], hw, grid, None, norm_gain)
         heads = attention_core(q, k, v, settings, hw, grid, None, norm_gain, conv=conv)
     return heads.transpose(1, 2).reshape(b, n, c)
+
+
+def attention_from_qkv(qkv: torch.Tensor, settings: AttentionSettings, *, heads: int, tied: bool,
+                       hw: tuple[int, int] | None, weight: torch.Tensor | None = None,
+                       bias: torch.Tensor | None = None, norm_gain: torch.Tensor | None = None) -> torch.Tensor:
+    """The attention heads merged (+ DWConv(V) with ``weight``) from the layer's one projection: (B, N, C), the
+    layer's training call (no padding mask, no prefix tokens).
+
+    qkv (B, N, P·C): q, k, v side by side (P = 3), or q, v (P = 2, ``tied``: K = Q); heads H, C = H·d; hw (gh, gw)
+    or None (1-D); weight (C, 1, 3, 3), bias (C,) or None: the depthwise conv, or weight None (no DWConv(V)).
+
+    Why one call: the op ``fused_training`` (ops/streaming/training.py) then runs the core and the conv in
+    fused passes, forward and backward, and returns the gradient of the projection as one (B, N, P·C) tensor
+    (docs/KERNELS.md, "The fused backward"). Wherever it does not serve (the CPU, half precision, a §4.6
+    scale or gain, the exact kernel, a 1-D sequence, a forced ``steps``), the heads come from the operator on
+    q, k, v views of qkv and the conv is added out of place, as the layer does."""
+    check_float_tensor("qkv", qkv, ndim=3)
+    b, n, width = qkv.shape
+    parts = 2 if tied else 3
+    if width % (parts * heads):
+        raise ValueError(f"qkv: expected (B, N, {parts}·C) with C a multiple of the {heads} heads, got shape "
+                         f"{tuple(qkv.shape)}")
+    c = width // parts
+    _, hw = check_prefix_layout(hw, n, 0)
+    grid = None if rule_in_graph(settings.landmarks, hw, n, 0, None) else resolve_landmarks(settings.landmarks, hw, n)
+    check_call(settings, heads, c // heads, hw, grid, None, norm_gain)
+    if grid is not None and norm_gain is None:
+        out = fused_training(qkv, settings, hw, grid, heads, tied, weight, bias)
+        if out is not None:
+            return out
+    split = lambda t: t.view(b, n, heads, c // heads).transpose(1, 2)  # noqa: E731
+    q = split(qkv[..., :c])
+    k = q if tied else split(qkv[..., c:2 * c])
+    tokens = qkv[..., width - c:]
+    if weight is not None:
+        return attention_with_value_conv(q, k, tokens, settings, hw=hw, weight=weight, bias=bias, norm_gain=norm_gain)
+    heads_out = attention_with_settings(q, k, split(tokens), settings, hw=hw, norm_gain=norm_gain)
+    return heads_out.transpose(1, 2).reshape(b, n, c)
 
 
 def explain_all(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backward: bool | None = None, **kwargs) -> str:

@@ -170,11 +170,12 @@ def _square(P, M, BLOCK_M: tl.constexpr, TRANSPOSE: tl.constexpr):
 
 
 @triton.jit
-def combine_kernel(PCOUNT, PSHIFT, PSUM, PGRAM, PKSUM, WI, NCOUNT, CMEAN, KMEAN, SP, M, SPLITS,
+def combine_kernel(PCOUNT, PSHIFT, PSUM, PGRAM, PKSUM, WI, NCOUNT, CMEAN, KMEAN, SP, COV, save, M, SPLITS,
                    WHITEN: tl.constexpr, UNTIED: tl.constexpr, BLOCK_M: tl.constexpr):
     """Pass 1's partials of group program_id(0), summed in split order: n, c̄, k̄ and S' = W⁺ᵀ S W⁺ with
     S = Σ_s [G_s + a_s δ_sᵀ + δ_s a_sᵀ + n_s δ_s δ_sᵀ] / n, δ_s = p_s − c̄ (``reference.combine_queries``).
-    A kernel of its own: its m×m products next to the key pass's row and Gram products spilled registers."""
+    A kernel of its own: its m×m products next to the key pass's row and Gram products spilled registers.
+    With ``save`` != 0 (the training forward) S is stored too, at COV (the backward's ``ForwardState.cov``)."""
     g = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     n, c_mean = _query_means(PCOUNT, PSHIFT, PSUM, g, M, SPLITS, BLOCK_M)
@@ -197,6 +198,8 @@ def combine_kernel(PCOUNT, PSHIFT, PSUM, PGRAM, PKSUM, WI, NCOUNT, CMEAN, KMEAN,
             cov += _square(PGRAM + part * M * M, M, BLOCK_M, False) + a[:, None] * delta[None, :] \
                 + delta[:, None] * (a + cnt * delta)[None, :]
         cov = cov / n
+        inside = (rm[:, None] < M) & (rm[None, :] < M)
+        tl.store(COV + g * M * M + rm[:, None] * M + rm[None, :], cov, mask=inside & (save != 0))
         sw = tl.dot(cov, _square(WI + g * M * M, M, BLOCK_M, False), input_precision="ieee")
         sp = tl.dot(_square(WI + g * M * M, M, BLOCK_M, True), sw, input_precision="ieee")
         tl.store(SP + g * M * M + rm[:, None] * M + rm[None, :], sp, mask=(rm[:, None] < M) & (rm[None, :] < M))
@@ -271,7 +274,7 @@ def _conv_tile(out, Vg, svn, CW, CB, has_bias, h, rn, N, E, GH, GW, BLOCK_E: tl.
 
 @triton.jit
 def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK, OUT,
-                  V, svb, svh, svn, CW, CB, has_bias, GH, GW,
+                  V, svb, svh, svn, CW, CB, has_bias, GH, GW, SM, SV, SK, save,
                   H, N, M, D, E, scale, rows_per_split, SPLITS,
                   CENTRE_Q: tl.constexpr, ADD_MEAN: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr,
                   L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -301,6 +304,10 @@ def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK,
     if ADD_MEAN:
         bias = vsum / tl.load(NCOUNT + g)
     b_sum = tl.sum(w_inv * ksum[None, :], axis=1)
+    first = (save != 0) & (split == 0)  # the training forward keeps Σ M', Σ v, Σ C_k (ForwardState)
+    tl.store(SM + g * M * E + rm[:, None] * E + re[None, :], mp, mask=(rm[:, None] < M) & (re[None, :] < E) & first)
+    tl.store(SV + g * E + re, vsum, mask=(re < E) & first)
+    tl.store(SK + g * M + rm, ksum, mask=(rm < M) & first)
     lo = split * rows_per_split
     row_end = lo + rows_per_split
     for n0 in range(lo, row_end, BLOCK_N):
@@ -383,11 +390,16 @@ def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks: torch.Tensor, w_inv: torch.Tensor,
                      bandwidth: float, kernel: str, norm: str, eps: float, mask: torch.Tensor | None,
-                     conv=None) -> torch.Tensor:
+                     conv=None, save: bool = False):
     """The Nyström output of ``reference.streaming_nystrom_reference`` (same arguments) by the Triton passes:
     (B, H, N, e), a view of a (B, N, H, e) buffer; with ``conv`` (an ``ops.value_conv.ValueConv``) plus the
     layer's DWConv(V), so that the buffer is the layer's (B, N, C) "heads + DWConv(V)". ValueError for what
-    ``limits.unfit`` or ``limits.conv_unfit`` refuses."""
+    ``limits.unfit`` or ``limits.conv_unfit`` refuses.
+
+    ``save`` (the training forward, ``training.py``): returns (out, state) with state the dict of the forward's
+    per-group statistics the backward reads (float32, (B, H, ·)): "c_mean", "k_mean" (m), "cov", "sp" (m, m),
+    "m_prime" (Σ M', m × e), "v_sum" (e), "k_sum" (m; Σ C_k for rowsum, else 0); c_mean and k_mean are undefined
+    without a centred key factor, cov and sp without whitening (unread there)."""
     b, h, n, d = qs.shape
     e, m = vv.shape[-1], marks.shape[-2]
     why = unfit(norm, m, d, e, qs.dtype)
@@ -417,15 +429,19 @@ def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks
         query_stats_kernel[grid](q, q.stride(0), q.stride(1), q.stride(2), k, k.stride(0), k.stride(1), k.stride(2),
                                  lm, pad, smb, pcount, pshift, psum, pgram, pksum, h, n, m, d, scale, rows, splits,
                                  **meta, **opts)
-    ncount, cmean, kmean, sp = pcount, psum, psum, psum  # placeholders where a flag leaves them unread
+    ncount, cmean, kmean, sp, cov = pcount, psum, psum, psum, psum  # placeholders where a flag leaves them unread
+    if save:  # left undefined where the norm computes none (the backward never reads them there; no fill launch)
+        cmean, kmean = torch.empty(groups, m, **f32), torch.empty(groups, m, **f32)
+        sp, cov = torch.empty(groups, m, m, **f32), torch.empty(groups, m, m, **f32)
     if flags["centre_k"]:
         ncount = torch.empty(groups, **f32)
-        cmean = torch.empty(groups, m, **f32)
-        kmean = torch.empty(groups, m, **f32)
-        sp = torch.empty(groups, m, m, **f32) if flags["whiten"] else pcount
+        if not save:
+            cmean = torch.empty(groups, m, **f32)
+            kmean = torch.empty(groups, m, **f32)
+            sp = torch.empty(groups, m, m, **f32) if flags["whiten"] else pcount
         meta, opts = _launch(combine_spec(m, flags["whiten"], untied))
-        combine_kernel[(groups,)](pcount, pshift, psum, pgram, pksum, wi, ncount, cmean, kmean, sp, m, splits,
-                                  **meta, **opts)
+        combine_kernel[(groups,)](pcount, pshift, psum, pgram, pksum, wi, ncount, cmean, kmean, sp, cov, int(save),
+                                  m, splits, **meta, **opts)
     pm = torch.empty(groups, splits, m, e, **f32)
     pv = torch.empty(groups, splits, e, **f32)
     pk = torch.empty(groups, splits, m, **f32) if flags["rowsum"] else pv
@@ -438,14 +454,21 @@ def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks
     if conv is not None:
         cw, cb = conv.weight.contiguous(), pv if conv.bias is None else conv.bias.contiguous()  # parameters: no copy
         has_bias, (gh, gw) = int(conv.bias is not None), (1, n) if conv.hw is None else conv.hw
+    sm, sv, sk = pv, pv, pv
+    if save:
+        sm, sv, sk = torch.empty(groups, m, e, **f32), torch.empty(groups, e, **f32), torch.empty(groups, m, **f32)
     meta, opts = _launch(output_spec(m, d, e, l1, flags, conv is not None))
     output_kernel[grid](q, q.stride(0), q.stride(1), q.stride(2), lm, wi, pad, smb, ncount, cmean, pm, pv, pk, out,
-                        v, v.stride(0), v.stride(1), v.stride(2), cw, cb, has_bias, gh, gw,
+                        v, v.stride(0), v.stride(1), v.stride(2), cw, cb, has_bias, gh, gw, sm, sv, sk, int(save),
                         h, n, m, d, e, scale, rows, splits, **meta, **opts)
-    return out.permute(0, 2, 1, 3)
+    if not save:
+        return out.permute(0, 2, 1, 3)
+    per_group = lambda t: t.view(b, h, *t.shape[1:])  # noqa: E731
+    state = dict(c_mean=cmean, k_mean=kmean, cov=cov, sp=sp, m_prime=sm, v_sum=sv, k_sum=sk)
+    return out.permute(0, 2, 1, 3), {name: per_group(t) for name, t in state.items()}
 
 
-_INTS = {"smb", "SPLITS", "sqb", "sqh", "sqn", "skb", "skh", "skn", "svb", "svh", "svn", "H", "N", "M", "D", "E", "rows_per_split",
+_INTS = {"smb", "save", "SPLITS", "sqb", "sqh", "sqn", "skb", "skh", "skn", "svb", "svh", "svn", "H", "N", "M", "D", "E", "rows_per_split",
          "has_bias", "GH", "GW"}
 
 
