@@ -20,7 +20,9 @@ Each specialisation is compiled with ``triton.compile(ASTSource(...), target=GPU
 (the bundled ptxas, no driver). Registers and spill bytes come from ptxas' verbose log (rerun on the PTX
 when the compile was a cache hit), shared memory from the compiled metadata. Exit status: 1 when a
 compile fails; with ``--strict`` also when any specialisation spills or asks for more shared memory than
-the target's per-block limit (``SHARED_LIMIT``), or when a distance kernel's inner loop is too slow (below).
+the target's per-block limit (``SHARED_LIMIT``), whose registers × threads exceed the register file a block may
+use (``REGISTER_FILE``: 255 registers at 16 warps compiles, and fails at launch), or when a distance kernel's inner
+loop is too slow (below).
 
 **SASS instruction mix.** Each cubin is disassembled with the ``nvdisasm`` bundled with Triton
 (``sass_mix``): instructions are counted per opcode class (``CLASSES``: fp32 arithmetic, SHFL, global /
@@ -63,6 +65,9 @@ MODULES = [
     "laplacianformer.ops.normalization.triton",
     "laplacianformer.ops.streaming.triton",
     "laplacianformer.ops.streaming.landmarks_triton",
+    "laplacianformer.ops.streaming.backward_stats_triton",
+    "laplacianformer.ops.streaming.backward_landmarks_triton",
+    "laplacianformer.ops.streaming.backward_rows_triton",
 ]
 """Modules with an ``aot_specialisations`` function; a new Triton module adds its name here."""
 
@@ -71,6 +76,8 @@ MAX_PER_TRIPLE = 2.5
 are the floor for L1: the difference and the accumulate with |.|)."""
 
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+REGISTER_FILE = 64 * 1024
+"""32-bit registers one block may use on sm_80 and sm_90: at 255 registers a thread, at most 8 warps."""
 """Largest dynamic shared memory one block may use (opt-in maximum): A100 (sm_80), H100/H200 (sm_90)."""
 
 FAST = {"dtype": {"fp32"}, "kind": {"L1"}, "d": {"64", "128"}, "m": {"64", "128"}, "inj": {"1"}, "lw": {"16"},
@@ -109,7 +116,12 @@ class Row:
 
     def fits(self) -> bool:
         return (self.error is None and self.spill == 0 and (self.shared or 0) <= (self.shared_limit or 0)
-                and self.distance_ok())
+                and self.registers_fit() and self.distance_ok())
+
+    def registers_fit(self) -> bool:
+        """Whether a block's threads get their registers: registers × 32 · warps within ``REGISTER_FILE`` (else
+        the launch fails on the GPU with OutOfResources, whatever ptxas reported)."""
+        return (self.registers or 0) * 32 * self.warps <= REGISTER_FILE
 
     def distance_ok(self) -> bool:
         """True unless this is a distance kernel whose inner loop shuffles or is over ``MAX_PER_TRIPLE``."""
@@ -417,8 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     print(_table(SUMMARY_HEADER, summary))
     slow = [r for r in rows if r.error is None and not r.distance_ok()]
     big = [r for r in rows if r.error is None and (r.spill or (r.shared or 0) > (r.shared_limit or 0))]
+    overfull = [r for r in rows if r.error is None and not r.registers_fit()]
     verdict = (f"{len(rows)} compiles in {time.perf_counter() - t0:.0f} s: {len(failed)} failed, "
-               f"{len(big)} spill or exceed shared memory, {len(slow)} distance loops with SHFL "
+               f"{len(big)} spill or exceed shared memory, {len(overfull)} exceed the register file "
+               f"(registers x threads > {REGISTER_FILE}), {len(slow)} distance loops with SHFL "
                f"or > {MAX_PER_TRIPLE} instructions per triple")
     print(verdict)
     if args.json:

@@ -41,8 +41,9 @@ def _run(backend, qkv, weight, bias, s, heads, tied, hw):
     leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in (qkv, weight, bias)]
     with use(fused_training=backend):
         out = attention_from_qkv(leaves[0], s, heads=heads, tied=tied, hw=hw, weight=leaves[1], bias=leaves[2])
-    grad = torch.ones_like(out).mul_(torch.linspace(-1, 1, out.shape[-1], dtype=out.dtype, device=out.device))
-    grads = torch.autograd.grad(out, [t for t in leaves if t is not None], grad)
+    # a fixed random output gradient (one the same for every row would leave dq = 0 for the centred norms)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    grads = torch.autograd.grad(out, [t for t in leaves if t is not None], grad.to(out.dtype).to(out.device))
     return out, grads
 
 
@@ -89,3 +90,109 @@ def test_bad_qkv_names_the_argument():
     s = AttentionSettings(head_dim=8, landmarks=(3, 2))
     with pytest.raises(ValueError, match="qkv"):
         attention_from_qkv(torch.zeros(1, 35, 40), s, heads=2, tied=False, hw=(7, 5))
+
+
+# --- the Triton backend (CUDA, or the interpreter) --------------------------------------------------------
+
+# (norm, tied, conv, kernel, b, heads, d, hw, grid): N = 70 (3 tiles, not a multiple of 32) or 96; m 6 – 16
+TRITON_CASES = [
+    ("injective", False, True, "laplacian", 2, 2, 16, (10, 7), (3, 2)),
+    ("injective", True, False, "gaussian", 1, 2, 12, (8, 12), (4, 4)),
+    ("injective_nomean", False, False, "laplacian", 1, 1, 16, (10, 7), (3, 3)),
+    ("inline", True, True, "laplacian", 2, 1, 16, (10, 7), (3, 2)),
+    ("rowsum", False, True, "gaussian", 1, 2, 8, (10, 7), (2, 3)),
+    ("none", True, False, "laplacian", 1, 1, 16, (8, 12), (3, 3)),
+]
+
+
+def _triton_case(gen, norm, tied, with_conv, kernel, b, heads, d, hw, grid):
+    qkv, weight, bias = _case(gen, tied, with_conv, b=b, heads=heads, d=d, hw=hw)
+    s = AttentionSettings(head_dim=d, norm=norm, kernel=kernel, landmarks=grid, iters=30)
+    return qkv, weight, bias, s
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: f"{c[0]}-{'tied' if c[1] else 'untied'}"
+                         f"-{'conv' if c[2] else 'noconv'}-{c[3]}")
+def test_triton_equals_the_float64_passes(seeded, case):
+    _, gen = seeded
+    qkv, weight, bias, s = _triton_case(gen, *case)
+    heads, tied, hw = case[5], case[1], case[7]
+    f32 = lambda t: None if t is None else t.float().to(DEVICE)  # noqa: E731
+    got, got_grads = _run("triton", f32(qkv), f32(weight), f32(bias), s, heads, tied, hw)
+    want, want_grads = _run("torch", qkv, weight, bias, s, heads, tied, hw)
+    assert _rel(got.cpu(), want) < 1e-4
+    dqkv, dqkv_want = got_grads[0].cpu(), want_grads[0]
+    c = dqkv.shape[-1] // (2 if tied else 3)
+    for part in range(dqkv.shape[-1] // c):  # dq, dk, dv each against its own scale
+        cols = slice(part * c, (part + 1) * c)
+        assert _rel(dqkv[..., cols], dqkv_want[..., cols]) < 2e-4, part
+    for g, w in zip(got_grads[1:], want_grads[1:]):
+        assert _rel(g.cpu(), w) < 2e-4
+
+
+@pytest.mark.triton
+@needs_triton
+def test_triton_forward_state_equals_the_reference(seeded):
+    """``streaming_triton(save=True)``'s statistics equal ``backward_reference.forward_state`` (float64)."""
+    from laplacianformer.ops.streaming.backward_reference import forward_state
+    from laplacianformer.ops.streaming.landmarks import landmark_solve_reference
+    from laplacianformer.ops.streaming.triton import streaming_triton
+
+    _, gen = seeded
+    for norm in STREAMED_NORMS:
+        q, k, v = (torch.randn(2, 2, 70, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+        s = AttentionSettings(head_dim=16, norm=norm, landmarks=(3, 2), iters=30)
+        marks, w, w_inv = landmark_solve_reference(q, (10, 7), (3, 2), s.bandwidth, s.kernel, s.ns_eps, s.iters)
+        want = forward_state(q, k, v, marks, w, w_inv, s.bandwidth, s.kernel, norm, s.norm_eps)
+        f32 = lambda t: t.float().to(DEVICE)  # noqa: E731
+        _, got = streaming_triton(f32(q), f32(k), f32(v), f32(marks), f32(w_inv), s.bandwidth, s.kernel, norm,
+                                  s.norm_eps, None, None, save=True)
+        from laplacianformer.ops.streaming.limits import FLAGS
+        names = ["m_prime", "v_sum"] + (["c_mean", "k_mean"] if FLAGS[norm]["centre_k"] else []) \
+            + (["cov", "sp"] if FLAGS[norm]["whiten"] else []) + (["k_sum"] if FLAGS[norm]["rowsum"] else [])
+        for name in names:
+            assert _rel(got[name].cpu(), getattr(want, name)) < 1e-5, (norm, name)
+
+
+@pytest.mark.triton
+@needs_triton
+def test_triton_backward_is_deterministic(seeded):
+    _, gen = seeded
+    qkv, weight, bias, s = _triton_case(gen, "injective", False, True, "laplacian", 1, 1, 16, (10, 7), (3, 2))
+    f32 = lambda t: t.float().to(DEVICE)  # noqa: E731
+    first = _run("triton", f32(qkv), f32(weight), f32(bias), s, 1, False, (10, 7))
+    second = _run("triton", f32(qkv), f32(weight), f32(bias), s, 1, False, (10, 7))
+    assert torch.equal(first[0], second[0])
+    assert all(torch.equal(a, b) for a, b in zip(first[1], second[1]))
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("attn_preset", ["paper", "tuned"])
+def test_layer_training_step_takes_the_fused_path(seeded, attn_preset):
+    """A LaplacianAttention training step where Triton runs goes through ``fused_training`` (forced ``triton``, so a
+    refusal would raise) and gives the parameter gradients of the unfused path (forced ``steps``)."""
+    from laplacianformer.layers import ATTN_PRESETS, LaplacianAttention
+
+    seed, _ = seeded
+    torch.manual_seed(seed)
+    layer = LaplacianAttention(32, num_heads=2, landmarks=(3, 2), **ATTN_PRESETS[attn_preset]).to(DEVICE)
+    x = torch.randn(2, 70, 32, device=DEVICE)
+    grads = {}
+    for backend in ("triton", "steps"):
+        layer.zero_grad()
+        with use(fused_training=backend):
+            layer(x, (10, 7)).square().mean().backward()
+        grads[backend] = {name: p.grad.clone() for name, p in layer.named_parameters() if p.grad is not None}
+    assert set(grads["triton"]) == set(grads["steps"]) and "dwconv.weight" in grads["triton"]
+    for name, g in grads["triton"].items():
+        assert _rel(g.cpu(), grads["steps"][name].cpu()) < 1e-3, name
+
+
+def test_triton_suite_under_interpreter(triton_interpreter):
+    if TRITON_HERE:
+        pytest.skip("the Triton tests run in this process")
+    pytest.importorskip("triton")
+    triton_interpreter("tests/ops/test_fused_training.py", timeout=300.0)

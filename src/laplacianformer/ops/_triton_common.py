@@ -5,6 +5,8 @@ a product, and masked loads and stores of a block of a row-major matrix.
 - ``load_block`` / ``store_block``: rows ``rows`` (< R) and columns c0 .. c0 + BLOCK_C (< C) of the
   row-major (R, C) matrix at P; out-of-range elements read as 0 and are not written. Loads come back in
   float32, stores convert to P's element type.
+- ``product_from_memory``: A @ B in IEEE float32 with both operands read from memory in k-chunks, so no whole
+  (m, m) operand is held in registers (the m×m algebra of the streaming combine and backward kernels).
 
 Gated (triton at module level), imported only by the Triton modules.
 """
@@ -36,3 +38,22 @@ def store_block(P, x, rows, R, C, c0, BLOCK_C: tl.constexpr):
     cols = c0 + tl.arange(0, BLOCK_C)
     tl.store(P + rows[:, None] * C + cols[None, :], x.to(P.dtype.element_ty),
              mask=(rows[:, None] < R) & (cols[None, :] < C))
+
+
+@triton.jit
+def product_from_memory(A, sa_r, sa_c, B, sb_r, sb_c, R, K, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
+    """A @ B as a (BLOCK_R, BLOCK_C) tile, IEEE float32: A (R, K) and B (K, C) at the given (row, column)
+    strides (a transpose is a swap of strides), k in chunks of BLOCK_K read from memory (``.cg``: an operand
+    may be this program's scratch, written before a CTA barrier); 0 outside (R, C)."""
+    ri = tl.arange(0, BLOCK_R)
+    rc = tl.arange(0, BLOCK_C)
+    acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(A + ri[:, None] * sa_r + rk[None, :] * sa_c, mask=(ri[:, None] < R) & (rk[None, :] < K),
+                    other=0.0, cache_modifier=".cg")
+        b = tl.load(B + rk[:, None] * sb_r + rc[None, :] * sb_c, mask=(rk[:, None] < K) & (rc[None, :] < C),
+                    other=0.0, cache_modifier=".cg")
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    return acc

@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._triton_common import product_from_memory
 from .limits import BLOCK_ROWS, FLAGS, MAX_D, MAX_M, conv_unfit, splits_for, unfit
 
 
@@ -170,12 +171,15 @@ def _square(P, M, BLOCK_M: tl.constexpr, TRANSPOSE: tl.constexpr):
 
 
 @triton.jit
-def combine_kernel(PCOUNT, PSHIFT, PSUM, PGRAM, PKSUM, WI, NCOUNT, CMEAN, KMEAN, SP, COV, save, M, SPLITS,
-                   WHITEN: tl.constexpr, UNTIED: tl.constexpr, BLOCK_M: tl.constexpr):
+def combine_kernel(PCOUNT, PSHIFT, PSUM, PGRAM, PKSUM, WI, NCOUNT, CMEAN, KMEAN, SP, COV, M, SPLITS,
+                   WHITEN: tl.constexpr, UNTIED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """Pass 1's partials of group program_id(0), summed in split order: n, c̄, k̄ and S' = W⁺ᵀ S W⁺ with
     S = Σ_s [G_s + a_s δ_sᵀ + δ_s a_sᵀ + n_s δ_s δ_sᵀ] / n, δ_s = p_s − c̄ (``reference.combine_queries``).
     A kernel of its own: its m×m products next to the key pass's row and Gram products spilled registers.
-    With ``save`` != 0 (the training forward) S is stored too, at COV (the backward's ``ForwardState.cov``)."""
+    With ``WHITEN`` S is stored at COV (the backward's ``ForwardState.cov``) and the two products read their
+    operands from memory in chunks of BLOCK_K (``_triton_common.product_from_memory``; S W⁺ goes to the group's
+    first Gram partial, already summed): whole (64, 64) operands in registers spilled at 8 warps, and 16 warps
+    at 255 registers exceed a block's register file (no launch)."""
     g = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     n, c_mean = _query_means(PCOUNT, PSHIFT, PSUM, g, M, SPLITS, BLOCK_M)
@@ -199,10 +203,15 @@ def combine_kernel(PCOUNT, PSHIFT, PSUM, PGRAM, PKSUM, WI, NCOUNT, CMEAN, KMEAN,
                 + delta[:, None] * (a + cnt * delta)[None, :]
         cov = cov / n
         inside = (rm[:, None] < M) & (rm[None, :] < M)
-        tl.store(COV + g * M * M + rm[:, None] * M + rm[None, :], cov, mask=inside & (save != 0))
-        sw = tl.dot(cov, _square(WI + g * M * M, M, BLOCK_M, False), input_precision="ieee")
-        sp = tl.dot(_square(WI + g * M * M, M, BLOCK_M, True), sw, input_precision="ieee")
-        tl.store(SP + g * M * M + rm[:, None] * M + rm[None, :], sp, mask=(rm[:, None] < M) & (rm[None, :] < M))
+        tl.store(COV + g * M * M + rm[:, None] * M + rm[None, :], cov, mask=inside)
+        tl.debug_barrier()
+        # S' = W⁺ᵀ (S W⁺), both products from memory in k-chunks; S W⁺ in the group's first Gram slot (read above)
+        wi, sw_slot = WI + g * M * M, PGRAM + g * SPLITS * M * M
+        sw = product_from_memory(COV + g * M * M, M, 1, wi, M, 1, M, M, M, BLOCK_M, BLOCK_M, BLOCK_K)
+        tl.store(sw_slot + rm[:, None] * M + rm[None, :], sw, mask=inside)
+        tl.debug_barrier()
+        sp = product_from_memory(wi, 1, M, sw_slot, M, 1, M, M, M, BLOCK_M, BLOCK_M, BLOCK_K)
+        tl.store(SP + g * M * M + rm[:, None] * M + rm[None, :], sp, mask=inside)
 
 
 @triton.jit
@@ -354,9 +363,10 @@ def query_spec(m, d, e, l1: bool, whiten: bool, untied: bool) -> dict:
 
 
 def combine_spec(m, whiten: bool, untied: bool) -> dict:
-    """The combine kernel: one program per group, 16 warps (the two m×m IEEE products: at 8 warps it spilled
-    236 bytes on sm_80, 124 on sm_90; tf32x3 spilled more on sm_80)."""
-    return dict(WHITEN=whiten, UNTIED=untied, BLOCK_M=_p2(m), num_warps=16, num_stages=1, maxnreg=MAXNREG)
+    """The combine kernel: one program per group, 8 warps, the two m×m IEEE products from memory in chunks of 16
+    (with whole operands in registers: 236 / 124 bytes spilled on sm_80 / sm_90 at 8 warps; 16 warps at 255
+    registers exceed the register file, at 128 registers spilled 96 bytes on sm_90)."""
+    return dict(WHITEN=whiten, UNTIED=untied, BLOCK_M=_p2(m), BLOCK_K=16, num_warps=8, num_stages=1, maxnreg=MAXNREG)
 
 
 def key_spec(m, d, e, l1: bool, flags: dict) -> dict:
@@ -438,10 +448,11 @@ def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks
         if not save:
             cmean = torch.empty(groups, m, **f32)
             kmean = torch.empty(groups, m, **f32)
-            sp = torch.empty(groups, m, m, **f32) if flags["whiten"] else pcount
+            if flags["whiten"]:
+                sp, cov = torch.empty(groups, m, m, **f32), torch.empty(groups, m, m, **f32)
         meta, opts = _launch(combine_spec(m, flags["whiten"], untied))
-        combine_kernel[(groups,)](pcount, pshift, psum, pgram, pksum, wi, ncount, cmean, kmean, sp, cov, int(save),
-                                  m, splits, **meta, **opts)
+        combine_kernel[(groups,)](pcount, pshift, psum, pgram, pksum, wi, ncount, cmean, kmean, sp, cov, m, splits,
+                                  **meta, **opts)
     pm = torch.empty(groups, splits, m, e, **f32)
     pv = torch.empty(groups, splits, e, **f32)
     pk = torch.empty(groups, splits, m, **f32) if flags["rowsum"] else pv

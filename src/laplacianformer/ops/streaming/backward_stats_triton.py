@@ -1,0 +1,379 @@
+"""Passes A and B of the fused backward in Triton (docs/KERNELS.md, "The fused backward"): the per-split
+statistics the landmark algebra (pass C) needs, from the rows read once more as queries (A) and as keys (B).
+The specification is ``backward_reference.py``: ``query_grad_pass`` (pass A) and ``key_grad_pass`` (pass B).
+As in the forward passes (``triton.py``), C_q and C_k are recomputed from q, k and the landmarks per tile of
+``BLOCK_ROWS`` rows and never stored; the rows of group g = b·H + h are cut by ``limits.splits_for`` (grid
+(splits, G)), and each program writes its split's partials to float32 workspaces (G, splits, ·) that the
+next pass sums in split order (deterministic, no atomics).
+
+- ``query_grad_kernel`` (pass A): per query tile c = C_q (− c̄ with ``CENTRE_Q``) and the output gradient G,
+  per split the partials of dM = Σ_i c_iᵀ dt_i (dt_i = G_i, or with ``ROWSUM`` G_i / z_i, z_i = c_i·b) and
+  Σ_i G_i. With ``ROWSUM`` the prologue forms b = W⁺ Σ C_k and M = W⁺ M' (the state's Σ C_k and M'), and a
+  second loop over the split's tiles (C_q recomputed) the partials of db = Σ_i dz_i c_i, dz_i =
+  −(G_i·out_i) / z_i, out_i = (c_i M) / z_i, from cᵀ and M Gᵀ. With ``CONV`` (the layer's DWConv(V),
+  docs/DESIGN.md §4.5) a last loop gives the depthwise weight's partials Σ_i G_ij v_(i + dy·GW + dx), j of
+  the 9 taps t = (dy + 1)·3 + (dx + 1), V read through its row stride and masked at the (GH, GW) grid's
+  borders (zero padding) as the forward output pass reads it.
+- ``key_grad_kernel`` (pass B, the whitened norms, k̄ centring always): the prologue sums A's partials of dM
+  in split order and forms dM' = W⁺ᵀ dM (IEEE) and S' + S'ᵀ; per key tile k̃ = C_k − k̄ (rows × landmarks),
+  a_j = k̃_j (S' + S'ᵀ) (IEEE), s_j = ½ a_j·k̃_j (= k̃_j S' k̃_jᵀ), r_j = (max(s_j, 0) + eps)^-½,
+  u_j = v_j dM'ᵀ, dr_j = k̃_j·u_j, ds_j = −½ r_j³ dr_j (0 where s_j < 0), dk̃_j = r_j u_j + ds_j a_j, and per
+  split the partials of dS' = Σ_j ds_j k̃_jᵀ k̃_j (IEEE) and Σ_j dk̃_j.
+
+M (pass A, rowsum) and dM'ᵀ (pass B) are formed once per program in column chunks into a float32 scratch of
+the program's own (G, splits, ·), then read back per tile in ``CHUNK_E``-column chunks (after a CTA
+barrier): held whole in registers, these (m, e) operands of the row products spilled (below). grad, q, k, v
+are read in place through their (batch, head, row) strides (last dim contiguous). Products: the m×m ones,
+S' k̃ and the dS' sum IEEE float32, the rest "tf32x3" (never plain TF32), W⁺ M' as the forward output pass
+forms M. Float32, m <= 64, d, e <= 128 (``limits.unfit``), no padding mask and no prefix tokens (the fused
+training path has neither).
+
+**Register budget** (``python -m benchmarks.triton_aot --arch 80,90 --strict --module
+laplacianformer.ops.streaming.backward_stats_triton``): every specialisation at 8 warps and ``maxnreg`` 255
+without a spill. What spilled on the way (m = 64, spill-store bytes on sm_80 / sm_90): pass B with dM' and
+S' + S'ᵀ held in registers and the tile transposed (landmarks × rows), as the forward key pass holds it,
+1460 / 1420; dM' from the scratch in 32-column chunks, transposed, 130–270 / 0–540 whatever the products'
+precisions; in row form (rows × landmarks) 88 / 80, 36 / 0 with the dS' sum IEEE, none with that and
+16-column chunks (the form kept). 16 warps spilled more (1232 / 772: 128 registers a thread, as a 512-thread
+block cannot have 255). Pass A with ``ROWSUM`` in one loop (c M next to cᵀ dt): 20–660 B in every
+arrangement tried (M in registers or from the scratch, row or transposed tiles, IEEE or tf32x3); db's own loop
+in row form still 12–240 B, transposed (cᵀ and M Gᵀ, both with an (m, ·) left operand) none. The conv's
+partials, a (16, e) register tile over the taps, have their own loop as well. ``aot_specialisations`` lists
+every launch configuration for ``benchmarks/triton_aot.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .limits import FLAGS, MAX_D, MAX_M, conv_unfit, splits_for, unfit
+from .triton import _kernel_tile, _kernel_tile_t, _launch, _p2, _rows_contiguous, _square, config
+
+TAPS = 16
+"""Rows of the conv partials' register tile: the 9 taps of the 3×3 weight padded to a power of two."""
+
+
+@triton.jit
+def _split_rows(rn, row_end, N):
+    """Rows ``rn`` inside the split (< row_end) and the sequence (< N): no padding mask in the training path."""
+    return (rn < N) & (rn < row_end)
+
+
+@triton.jit
+def query_grad_kernel(GR, sgb, sgh, sgn, Q, sqb, sqh, sqn, V, svb, svh, svn, L, WI, CMEAN, MP, KSUM, WORK,
+                      PDM, PG, PDB, PDW, GH, GW, H, N, M, D, E, scale, rows_per_split, SPLITS,
+                      CENTRE_Q: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr, L1: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+                      BLOCK_EC: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Pass A of group program_id(1), split program_id(0): GR, Q, V (B, H, N, ·) strided, L (G, M, D), WI (G, M, M),
+    CMEAN, KSUM (G, M), MP = Σ M' (G, M, E) -> PDM (G, S, M, E), PG (G, S, E), PDB (G, S, M) (ROWSUM), PDW
+    (G, S, 9, E) (CONV). WORK (G, S, M, E): the program's copy of M (ROWSUM)."""
+    split, g = tl.program_id(0), tl.program_id(1)
+    b, h = g // H, g % H
+    Gg, Qg, Vg, Lg = GR + b * sgb + h * sgh, Q + b * sqb + h * sqh, V + b * svb + h * svh, L + g * M * D
+    rm = tl.arange(0, BLOCK_M)
+    re = tl.arange(0, BLOCK_E)
+    rc = tl.arange(0, BLOCK_EC)
+    landmarks = rm < M
+    cols = re < E
+    Mk = WORK + (g * SPLITS + split) * M * E
+    c_mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if CENTRE_Q:
+        c_mean = tl.load(CMEAN + g * M + rm, mask=landmarks, other=0.0)
+    b_vec = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if ROWSUM:  # prologue: b = W⁺ Σ C_k, and M = W⁺ M' into the program's scratch in column chunks
+        w_inv = _square(WI + g * M * M, M, BLOCK_M, False)
+        b_vec = tl.sum(w_inv * tl.load(KSUM + g * M + rm, mask=landmarks, other=0.0)[None, :], axis=1)
+        for e0 in range(0, E, BLOCK_EC):
+            ce = e0 + rc
+            inside = landmarks[:, None] & (ce[None, :] < E)
+            mp = tl.load(MP + g * M * E + rm[:, None] * E + ce[None, :], mask=inside, other=0.0)
+            tl.store(Mk + rm[:, None] * E + ce[None, :], tl.dot(w_inv, mp, input_precision="tf32x3"), mask=inside)
+        tl.debug_barrier()  # M complete before any thread reads it back
+    dm = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    g_sum = tl.zeros((BLOCK_E,), dtype=tl.float32)
+    lo = split * rows_per_split
+    row_end = lo + rows_per_split
+    for n0 in range(lo, row_end, BLOCK_N):
+        rn = n0 + tl.arange(0, BLOCK_N)
+        ok = _split_rows(rn, row_end, N)
+        c = _kernel_tile(Qg, sqn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+        if CENTRE_Q:
+            c = tl.where(ok[:, None] & landmarks[None, :], c - c_mean[None, :], 0.0)
+        dt = tl.load(Gg + rn[:, None] * sgn + re[None, :], mask=ok[:, None] & cols[None, :], other=0.0)
+        dt = dt.to(tl.float32)
+        g_sum += tl.sum(dt, axis=0)
+        if ROWSUM:
+            dt = dt / tl.where(ok, tl.sum(c * b_vec[None, :], axis=1), 1.0)[:, None]
+        dm += tl.dot(tl.trans(c), dt, input_precision="tf32x3")
+    part = g * SPLITS + split
+    tl.store(PDM + part * M * E + rm[:, None] * E + re[None, :], dm, mask=landmarks[:, None] & cols[None, :])
+    tl.store(PG + part * E + re, g_sum, mask=cols)
+    if ROWSUM:  # db in a loop of its own (C_q recomputed): next to dM's product, c M spilled on sm_80 and sm_90
+        db = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for n0 in range(lo, row_end, BLOCK_N):
+            rn = n0 + tl.arange(0, BLOCK_N)
+            ok = _split_rows(rn, row_end, N)
+            ct = _kernel_tile_t(Qg, sqn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)  # cᵀ
+            if CENTRE_Q:
+                ct = tl.where(landmarks[:, None] & ok[None, :], ct - c_mean[:, None], 0.0)
+            z = tl.where(ok, tl.sum(ct * b_vec[:, None], axis=0), 1.0)
+            mg = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # M Gᵀ, over column chunks of M and G
+            for e0 in range(0, E, BLOCK_EC):
+                ce = e0 + rc
+                m_cols = tl.load(Mk + rm[:, None] * E + ce[None, :], mask=landmarks[:, None] & (ce[None, :] < E),
+                                 other=0.0)
+                g_rows = tl.load(Gg + rn[None, :] * sgn + ce[:, None], mask=ok[None, :] & (ce[:, None] < E),
+                                 other=0.0)
+                mg = tl.dot(m_cols, g_rows.to(tl.float32), mg, input_precision="tf32x3")
+            dz = -tl.sum(ct * mg, axis=0) / (z * z)  # −G_i · out_i / z_i, G_i · out_i = c_i M G_iᵀ / z_i
+            db += tl.sum(ct * dz[None, :], axis=1)
+        tl.store(PDB + part * M + rm, db, mask=landmarks)
+    if CONV:  # the DWConv weight's partials, in a loop of their own (module docstring)
+        rt = tl.arange(0, BLOCK_T)
+        taps = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
+        for n0 in range(lo, row_end, BLOCK_N):
+            rn = n0 + tl.arange(0, BLOCK_N)
+            ok = _split_rows(rn, row_end, N)
+            gr = tl.load(Gg + rn[:, None] * sgn + re[None, :], mask=ok[:, None] & cols[None, :], other=0.0)
+            gr = gr.to(tl.float32)
+            gy = rn // GW
+            gx = rn - gy * GW
+            for t in range(0, 9):  # a loop, not unrolled: one neighbour tile live at a time
+                dy = t // 3 - 1
+                dx = t % 3 - 1
+                inside = ok & (gy + dy >= 0) & (gy + dy < GH) & (gx + dx >= 0) & (gx + dx < GW)
+                v = tl.load(Vg + (rn + dy * GW + dx)[:, None] * svn + re[None, :],
+                            mask=inside[:, None] & cols[None, :], other=0.0)
+                taps += tl.where(rt[:, None] == t, tl.sum(gr * v.to(tl.float32), axis=0)[None, :], 0.0)
+        tl.store(PDW + part * 9 * E + rt[:, None] * E + re[None, :], taps, mask=(rt[:, None] < 9) & cols[None, :])
+
+
+@triton.jit
+def key_grad_kernel(K, skb, skh, skn, V, svb, svh, svn, L, WI, KMEAN, SP, PDM, WORK, PDSP, PDKT,
+                    H, N, M, D, E, scale, eps, rows_per_split, SPLITS, DM_SPLITS,
+                    L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_EC: tl.constexpr):
+    """Pass B of group program_id(1), split program_id(0): K, V (B, H, N, ·) strided, L (G, M, D), WI, SP (G, M, M),
+    KMEAN (G, M), PDM (G, DM_SPLITS, M, E) pass A's partials of dM -> PDSP (G, S, M, M), PDKT (G, S, M).
+    WORK (G, S, E, M): the program's copy of dM'ᵀ."""
+    split, g = tl.program_id(0), tl.program_id(1)
+    b, h = g // H, g % H
+    Kg, Vg, Lg = K + b * skb + h * skh, V + b * svb + h * svh, L + g * M * D
+    rm = tl.arange(0, BLOCK_M)
+    rc = tl.arange(0, BLOCK_EC)
+    landmarks = rm < M
+    part = g * SPLITS + split
+    Dk = WORK + part * E * M
+    # prologue: dM = Σ_s pdm (split order) and dM' = W⁺ᵀ dM in column chunks, dM'ᵀ into the program's scratch
+    w_inv_t = _square(WI + g * M * M, M, BLOCK_M, True)
+    for e0 in range(0, E, BLOCK_EC):
+        ce = e0 + rc
+        inside = landmarks[:, None] & (ce[None, :] < E)
+        dm = tl.zeros((BLOCK_M, BLOCK_EC), dtype=tl.float32)
+        for s in range(0, DM_SPLITS):
+            dm += tl.load(PDM + (g * DM_SPLITS + s) * M * E + rm[:, None] * E + ce[None, :], mask=inside, other=0.0)
+        tl.store(Dk + ce[None, :] * M + rm[:, None], tl.dot(w_inv_t, dm, input_precision="ieee"), mask=inside)
+    tl.debug_barrier()  # dM'ᵀ complete before any thread reads it back
+    sp_sym = _square(SP + g * M * M, M, BLOCK_M, False) + _square(SP + g * M * M, M, BLOCK_M, True)
+    k_mean = tl.load(KMEAN + g * M + rm, mask=landmarks, other=0.0)
+    dsp = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
+    dkt_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    lo = split * rows_per_split
+    row_end = lo + rows_per_split
+    for n0 in range(lo, row_end, BLOCK_N):
+        rn = n0 + tl.arange(0, BLOCK_N)
+        ok = _split_rows(rn, row_end, N)
+        kt = _kernel_tile(Kg, skn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+        kt = tl.where(ok[:, None] & landmarks[None, :], kt - k_mean[None, :], 0.0)  # k̃ (rows × landmarks)
+        a = tl.dot(kt, sp_sym, input_precision="ieee")  # k̃ (S' + S'ᵀ)
+        s_row = 0.5 * tl.sum(a * kt, axis=1)
+        r = 1.0 / tl.sqrt(tl.maximum(s_row, 0.0) + eps)
+        u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # v dM'ᵀ, over column chunks of v and dM'
+        for e0 in range(0, E, BLOCK_EC):
+            ce = e0 + rc
+            dmp_t = tl.load(Dk + ce[:, None] * M + rm[None, :], mask=(ce[:, None] < E) & landmarks[None, :], other=0.0)
+            v = tl.load(Vg + rn[:, None] * svn + ce[None, :], mask=ok[:, None] & (ce[None, :] < E), other=0.0)
+            u = tl.dot(v.to(tl.float32), dmp_t, u, input_precision="tf32x3")
+        dr = tl.sum(kt * u, axis=1)
+        ds = tl.where(ok & (s_row >= 0.0), -0.5 * r * r * r * dr, 0.0)
+        dkt_sum += tl.sum(r[:, None] * u + ds[:, None] * a, axis=0)
+        dsp = tl.dot(tl.trans(kt * ds[:, None]), kt, dsp, input_precision="ieee")
+    tl.store(PDSP + part * M * M + rm[:, None] * M + rm[None, :], dsp, mask=landmarks[:, None] & landmarks[None, :])
+    tl.store(PDKT + part * M + rm, dkt_sum, mask=landmarks)
+
+
+CHUNK_E = 16
+"""Columns of M (pass A, rowsum) and of dM' (pass B) read back from the program's scratch per product (at 32
+pass B spilled on sm_80: module docstring, "Register budget")."""
+
+
+def query_grad_spec(m, d, e, l1: bool, flags: dict, conv: bool = False) -> dict:
+    """Pass A: the forward passes' tiles (``triton.config``) plus the conv partials' (TAPS, BLOCK_E) tile and the
+    CHUNK_E columns of M per product (rowsum)."""
+    return dict(CENTRE_Q=flags["centre_q"], ROWSUM=flags["rowsum"], CONV=conv, L1=l1, BLOCK_EC=CHUNK_E,
+                BLOCK_T=TAPS, **config(m, d, e))
+
+
+def key_grad_spec(m, d, e, l1: bool) -> dict:
+    """Pass B: the forward passes' row and landmark tiles (``triton.config``), dM' in CHUNK_E columns (e itself
+    takes no specialisation)."""
+    cfg = config(m, d, e)
+    cfg.pop("BLOCK_E")
+    return dict(L1=l1, BLOCK_EC=CHUNK_E, **cfg)
+
+
+def _check_state(name: str, st, groups: int, m: int, d: int, e: int) -> None:
+    shapes = dict(marks=(m, d), w_inv=(m, m), c_mean=(m,), k_mean=(m,), sp=(m, m), m_prime=(m, e), k_sum=(m,))
+    for field, shape in shapes.items():
+        t = getattr(st, field)
+        if t.dtype != torch.float32 or t.numel() != groups * _prod(shape) or tuple(t.shape[-len(shape):]) != shape:
+            raise ValueError(f"{name}: st.{field} must be float32 (B, H, {', '.join(map(str, shape))}), got "
+                             f"{t.dtype} {tuple(t.shape)}")
+
+
+def _prod(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _groups(st, field: str, groups: int, *shape: int) -> torch.Tensor:
+    return getattr(st, field).reshape(groups, *shape).contiguous()
+
+
+def query_grad_triton(grad: torch.Tensor, qs: torch.Tensor, vv: torch.Tensor, st, bandwidth: float, kernel: str,
+                      norm: str, conv=None) -> dict:
+    """Pass A (``backward_reference.query_grad_pass``) per split: grad (B, H, N, e), qs (B, H, N, d), vv (B, H, N, e)
+    (strided, last dim contiguous; with ``conv``, an ``ops.value_conv.ValueConv``, vv is the head view of its
+    tokens), st a float32 ``ForwardState``. Returns {"pdm": (G, S, m, e), "pg": (G, S, e), "pdb": (G, S, m) or
+    None (rowsum only), "pdw": (G, S, 9, e) or None (conv only)}, float32, G = B·H, S = ``splits_for(N, G)``'s
+    splits: summed over S, dM, Σ G, db and the conv weight's gradient (tap t = 3·ky + kx, channel h·e + j).
+    ValueError naming the argument for what it does not serve."""
+    b, h, n, d = qs.shape
+    e, m = vv.shape[-1], st.marks.shape[-2]
+    why = unfit(norm, m, d, e, qs.dtype)
+    if why is None and conv is not None:
+        why = conv_unfit(conv, vv, None, qs.dtype)
+    if why is not None:
+        raise ValueError(f"query_grad_triton: {why}")
+    if tuple(vv.shape) != (b, h, n, e) or vv.dtype != torch.float32:
+        raise ValueError(f"query_grad_triton: vv must be float32 (B, H, N, e) = ({b}, {h}, {n}, e), got "
+                         f"{vv.dtype} {tuple(vv.shape)}")
+    if tuple(grad.shape) != (b, h, n, e) or grad.dtype != torch.float32:
+        raise ValueError(f"query_grad_triton: grad must be float32 {(b, h, n, e)} (vv's shape), got {grad.dtype} "
+                         f"{tuple(grad.shape)}")
+    if n == 0:
+        raise ValueError("query_grad_triton: qs: empty input (N = 0)")
+    groups = b * h
+    _check_state("query_grad_triton", st, groups, m, d, e)
+    flags, l1 = FLAGS[norm], kernel == "laplacian"
+    gr, q, v = _rows_contiguous(grad), _rows_contiguous(qs), _rows_contiguous(vv)
+    lm = _groups(st, "marks", groups, m, d)
+    wi = _groups(st, "w_inv", groups, m, m)
+    cmean = _groups(st, "c_mean", groups, m)
+    mp = _groups(st, "m_prime", groups, m, e)
+    ksum = _groups(st, "k_sum", groups, m)
+    splits, rows = splits_for(n, groups)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    pdm = torch.empty(groups, splits, m, e, **f32)
+    pg = torch.empty(groups, splits, e, **f32)
+    pdb = torch.empty(groups, splits, m, **f32) if flags["rowsum"] else None
+    pdw = torch.empty(groups, splits, 9, e, **f32) if conv is not None else None
+    work = torch.empty(groups, splits, m, e, **f32) if flags["rowsum"] else pg  # M per program (rowsum)
+    gh, gw = (1, n) if conv is None or conv.hw is None else conv.hw
+    meta, opts = _launch(query_grad_spec(m, d, e, l1, flags, conv is not None))
+    query_grad_kernel[(splits, groups)](
+        gr, gr.stride(0), gr.stride(1), gr.stride(2), q, q.stride(0), q.stride(1), q.stride(2),
+        v, v.stride(0), v.stride(1), v.stride(2), lm, wi, cmean, mp, ksum, work,
+        pdm, pg, pg if pdb is None else pdb, pg if pdw is None else pdw,  # placeholders a flag leaves unwritten
+        gh, gw, h, n, m, d, e, -1.0 / float(bandwidth), rows, splits, **meta, **opts)
+    return dict(pdm=pdm, pg=pg, pdb=pdb, pdw=pdw)
+
+
+def key_grad_triton(ks: torch.Tensor, vv: torch.Tensor, st, pdm: torch.Tensor, bandwidth: float, kernel: str,
+                    eps: float) -> dict:
+    """Pass B (``backward_reference.key_grad_pass``, the whitened norms) per split: ks (B, H, N, d), vv (B, H, N, e)
+    (strided, last dim contiguous), st a float32 ``ForwardState`` (k̄ = st.k_mean, S' = st.sp, W⁺), pdm
+    (G, S_A, m, e) pass A's partials of dM (``query_grad_triton``'s "pdm"; summed in split order, any S_A). Returns
+    {"pdsp": (G, S, m, m), "pdkt": (G, S, m)} float32, S = ``splits_for(N, G)``'s splits: summed over S, dS' and
+    Σ_j dk̃_j. ValueError naming the argument for what it does not serve."""
+    b, h, n, d = ks.shape
+    e, m = vv.shape[-1], st.marks.shape[-2]
+    why = unfit("injective", m, d, e, ks.dtype)
+    if why is not None:
+        raise ValueError(f"key_grad_triton: {why}")
+    if tuple(vv.shape) != (b, h, n, e) or vv.dtype != torch.float32:
+        raise ValueError(f"key_grad_triton: vv must be float32 (B, H, N, e) = ({b}, {h}, {n}, e), got "
+                         f"{vv.dtype} {tuple(vv.shape)}")
+    if n == 0:
+        raise ValueError("key_grad_triton: ks: empty input (N = 0)")
+    groups = b * h
+    if pdm.dim() != 4 or tuple(pdm.shape[::2]) != (groups, m) or pdm.shape[3] != e or pdm.shape[1] < 1 \
+            or pdm.dtype != torch.float32:
+        raise ValueError(f"key_grad_triton: pdm must be float32 (G, S, m, e) = ({groups}, S, {m}, {e}), got "
+                         f"{pdm.dtype} {tuple(pdm.shape)}")
+    _check_state("key_grad_triton", st, groups, m, d, e)
+    k, v = _rows_contiguous(ks), _rows_contiguous(vv)
+    lm = _groups(st, "marks", groups, m, d)
+    wi = _groups(st, "w_inv", groups, m, m)
+    kmean = _groups(st, "k_mean", groups, m)
+    sp = _groups(st, "sp", groups, m, m)
+    dm_parts = pdm.contiguous()
+    splits, rows = splits_for(n, groups)
+    f32 = dict(dtype=torch.float32, device=k.device)
+    pdsp = torch.empty(groups, splits, m, m, **f32)
+    pdkt = torch.empty(groups, splits, m, **f32)
+    work = torch.empty(groups, splits, e, m, **f32)  # dM'ᵀ per program
+    meta, opts = _launch(key_grad_spec(m, d, e, kernel == "laplacian"))
+    key_grad_kernel[(splits, groups)](
+        k, k.stride(0), k.stride(1), k.stride(2), v, v.stride(0), v.stride(1), v.stride(2), lm, wi, kmean, sp,
+        dm_parts, work, pdsp, pdkt, h, n, m, d, e, -1.0 / float(bandwidth), float(eps), rows, splits, dm_parts.shape[1],
+        **meta, **opts)
+    return dict(pdsp=pdsp, pdkt=pdkt)
+
+
+_INTS = {"sgb", "sgh", "sgn", "sqb", "sqh", "sqn", "skb", "skh", "skn", "svb", "svh", "svn", "GH", "GW", "H", "N",
+         "M", "D", "E", "rows_per_split", "SPLITS", "DM_SPLITS"}
+
+
+def _signature(kernel, constexprs: dict) -> dict:
+    """Runtime arguments -> Triton types: sizes and strides i32, scale and eps fp32, every pointer fp32."""
+    return {name: "i32" if name in _INTS else "fp32" if name in ("scale", "eps") else "*fp32"
+            for name in kernel.arg_names if name not in constexprs}
+
+
+def _launches(m: int, e: int):
+    """(kernel, spec, label) of every launch of both launchers for these m, e (the specs do not depend on d:
+    ``config`` takes BLOCK_D from m)."""
+    for l1 in (True, False):
+        kind = f"dtype=fp32 kind={'L1' if l1 else 'L2'}"
+        for norm, flags in FLAGS.items():
+            inj = int(norm == "injective")
+            for conv in (False, True):
+                yield (query_grad_kernel, query_grad_spec(m, MAX_D, e, l1, flags, conv),
+                       f"bwd_query {kind} m={m} e={e} inj={inj} norm={norm} conv={int(conv)}")
+        yield key_grad_kernel, key_grad_spec(m, MAX_D, e, l1), f"bwd_key {kind} m={m} inj=1"  # e: no constexpr
+
+
+def aot_specialisations(d_max: int = 128, m_max: int = 128):
+    """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) ``query_grad_triton`` and
+    ``key_grad_triton`` can produce for m <= min(m_max, 64), e <= min(d_max, 128) and any d <= 128, from the
+    same ``*_spec`` functions (benchmarks/triton_aot.py): m and e as powers of two (the specs depend on them
+    only through ``next_power_of_2``), every norm's flags, L1 and squared L2, the conv on and off; identical
+    specialisations once, under the label of their first launch."""
+    dims = lambda top, cap: [x for x in (16, 32, 64, 128) if x <= _p2(min(top, cap))]  # noqa: E731
+    seen = set()
+    for m in dims(m_max, MAX_M):
+        for e in dims(d_max, MAX_D):
+            for kernel, spec, label in _launches(m, e):
+                meta, opts = _launch(spec)
+                key = (kernel.__name__, tuple(sorted((k, str(v)) for k, v in meta.items())),
+                       tuple(sorted(opts.items())))
+                if key not in seen:
+                    seen.add(key)
+                    yield (kernel, _signature(kernel, meta), meta, opts["num_warps"], opts["num_stages"], label,
+                           {"maxnreg": opts["maxnreg"]})
