@@ -69,6 +69,9 @@ GATED = {
     f"{PKG}.ops.normalization.triton": {"triton"},
     f"{PKG}.ops.streaming.triton": {"triton"},
     f"{PKG}.ops.streaming.landmarks_triton": {"triton"},
+    f"{PKG}.ops.streaming.backward_stats_triton": {"triton"},
+    f"{PKG}.ops.streaming.backward_landmarks_triton": {"triton"},
+    f"{PKG}.ops.streaming.backward_rows_triton": {"triton"},
 }
 
 

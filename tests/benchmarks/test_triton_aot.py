@@ -28,7 +28,8 @@ def test_specialisations_come_from_the_launchers():
     families = {s[5].split()[0] for s in specs}
     assert families == {"kernel_fwd", "kernel_bwd_dx", "kernel_bwd_dy", "matmul_fwd", "matmul_bwd_dx",
                         "matmul_bwd_dy", "ns_fwd", "ns_grad", "norm_gram", "norm_key_fwd", "norm_key_bwd",
-                        "norm_rows", "stream_query", "stream_combine", "stream_key", "stream_out", "landmark_solve"}
+                        "norm_rows", "stream_query", "stream_combine", "stream_key", "stream_out", "landmark_solve",
+                        "bwd_query", "bwd_key", "bwd_landmark_grad", "bwd_pool_grad", "bwd_rows"}
     from laplacianformer.ops.kernel import triton as kt
 
     # the forward's configuration does not depend on d: one specialisation, labelled with the largest d,
@@ -72,6 +73,8 @@ def test_fast_subset_fits_on_sm80_and_sm90(tmp_path):
     assert rc == 0 and not bad, bad
     assert {r["target"] for r in data["rows"]} == {"sm_80", "sm_90"}
     assert all(r["registers"] and r["registers"] <= 255 for r in data["rows"])
+    # a block's threads get their registers (255 registers at 16 warps compiles, then fails at launch)
+    assert all(r["registers"] * 32 * r["warps"] <= triton_aot.REGISTER_FILE for r in data["rows"])
     # the distance kernels: their inner loop (the loop over d) without shuffles, within the budget
     dist = [r for r in data["rows"] if r["per_triple"] is not None]
     assert {r["family"] for r in dist} == {"kernel_fwd", "matmul_fwd"}
@@ -169,3 +172,11 @@ def test_roofline_table_is_the_committed_one():
         "rerun python -m laplacianformer.bench.roofline --write --publish"
     assert {r["kernel"] for r in data["rows"]} == {"kernel_fwd", "kernel_bwd", "ns_fwd", "ns_grad"}
     assert all(r["est_us"] > 0 for r in data["rows"])
+
+
+def test_registers_over_the_register_file_do_not_fit():
+    row = triton_aot.Row("sm_90", "k", "k", "", warps=16, stages=1, registers=255, spill_stores=0, spill_loads=0,
+                         shared=0, shared_limit=1)
+    assert not row.registers_fit() and not row.fits()
+    row.warps = 8
+    assert row.registers_fit() and row.fits()

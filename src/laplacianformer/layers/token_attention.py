@@ -282,10 +282,11 @@ class TokenAttention(nn.Module):
         elif hw is None and self.num_prefix_tokens > 0:
             hw = square_grid(x.shape[1], self.num_prefix_tokens)
         b, n, c = x.shape
-        if not torch.jit.is_scripting() and not is_fx_tracing() and self._trains_fused(x, mask):
-            fused = self._attend_from_qkv(x, hw)  # training: the core and DWConv(V) fused, forward and backward
-            if fused is not None:
-                return self.proj_drop(self.proj(self.norm(self.attn_drop(fused))))
+        if not torch.jit.is_scripting() and not is_fx_tracing():
+            if self._trains_fused(x, mask):  # training: the core and DWConv(V) fused, forward and backward
+                fused = self._attend_from_qkv(x, hw)
+                if fused is not None:
+                    return self.proj_drop(self.proj(self.norm(self.attn_drop(fused))))
         if mask is not None:
             x = x.masked_fill(mask.unsqueeze(-1), 0.0)
         v_tok = self._project_v(x)

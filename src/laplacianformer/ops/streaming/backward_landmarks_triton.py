@@ -398,14 +398,15 @@ def _signature(kernel, constexprs: dict) -> dict:
 
 def _launches(m: int, e: int):
     """(kernel, spec, label) of every launch the launchers can make for m landmarks and e (pass C) or d (pass E)
-    as powers of two (the specs depend on d only through pass E's BLOCK_D)."""
+    as powers of two (the specs depend on d only through pass E's BLOCK_D; pass C on e only through its
+    column chunk, labelled ``ec``)."""
     for l1 in (True, False):
         kind = f"dtype=fp32 kind={'L1' if l1 else 'L2'}"
         for norm, flags in FLAGS.items():
             inj = int(norm == "injective")
             for conv in (False, True):
                 yield (landmark_grad_kernel, landmark_grad_spec(m, e, l1, flags, conv),
-                       f"bwd_landmark_grad {kind} m={m} e={e} inj={inj} norm={norm} conv={int(conv)}")
+                       f"bwd_landmark_grad {kind} m={m} ec={min(e, 32)} inj={inj} norm={norm} conv={int(conv)}")
     yield pool_grad_kernel, pool_grad_spec(m, e), f"bwd_pool_grad dtype=fp32 m={m} d={e}"
 
 
