@@ -304,6 +304,10 @@ def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK,
         vsum += tl.load(PV + part * E + re, mask=re < E, other=0.0)
         if ROWSUM:
             ksum += tl.load(PK + part * M + rm, mask=rm < M, other=0.0)
+    first = (save != 0) & (split == 0)  # the training forward keeps Σ M', Σ v, Σ C_k (ForwardState)
+    tl.store(SM + g * M * E + rm[:, None] * E + re[None, :], mp, mask=(rm[:, None] < M) & (re[None, :] < E) & first)
+    tl.store(SV + g * E + re, vsum, mask=(re < E) & first)
+    tl.store(SK + g * M + rm, ksum, mask=(rm < M) & first)
     w_inv = _square(WI + g * M * M, M, BLOCK_M, False)
     m_mat = tl.dot(w_inv, mp, input_precision="tf32x3")
     c_mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -313,10 +317,6 @@ def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK,
     if ADD_MEAN:
         bias = vsum / tl.load(NCOUNT + g)
     b_sum = tl.sum(w_inv * ksum[None, :], axis=1)
-    first = (save != 0) & (split == 0)  # the training forward keeps Σ M', Σ v, Σ C_k (ForwardState)
-    tl.store(SM + g * M * E + rm[:, None] * E + re[None, :], mp, mask=(rm[:, None] < M) & (re[None, :] < E) & first)
-    tl.store(SV + g * E + re, vsum, mask=(re < E) & first)
-    tl.store(SK + g * M + rm, ksum, mask=(rm < M) & first)
     lo = split * rows_per_split
     row_end = lo + rows_per_split
     for n0 in range(lo, row_end, BLOCK_N):
