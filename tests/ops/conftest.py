@@ -19,3 +19,42 @@ SEEDS = [int(s) for s in os.environ.get("LAPLACIANFORMER_TEST_SEEDS", "0").split
 def seeded(request):
     print(f"seed {request.param}")
     return request.param, torch.Generator().manual_seed(request.param)
+
+
+def _config(kernel_name: str, constexprs: dict, num_warps: int, num_stages: int, maxnreg) -> tuple:
+    return kernel_name, tuple(sorted((k, str(v)) for k, v in constexprs.items())), num_warps, num_stages, maxnreg
+
+
+def enumerated_configs(specs) -> set:
+    """The launch configurations of a Triton module's ``aot_specialisations()`` tuples, in ``record_launches``'s
+    form: (kernel name, sorted constexprs, num_warps, num_stages, maxnreg or None)."""
+    return {_config(s[0].__name__, s[2], s[3], s[4], (s[6] if len(s) > 6 else {}).get("maxnreg")) for s in specs}
+
+
+@pytest.fixture
+def record_launches(monkeypatch):
+    """record(module, *kernel_names) -> list: each named ``@triton.jit`` kernel of ``module`` replaced (for the
+    test) by one that appends its launch's configuration, in ``enumerated_configs``'s form, and launches it."""
+
+    def record(module, *names) -> list:
+        launched = []
+
+        class Recorder:
+            def __init__(self, kernel):
+                self.kernel = kernel
+
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    meta = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "maxnreg")}
+                    launched.append(_config(self.kernel.__name__, meta, kwargs["num_warps"], kwargs["num_stages"],
+                                            kwargs.get("maxnreg")))
+                    return self.kernel[grid](*args, **kwargs)
+
+                return launch
+
+        for name in names:
+            monkeypatch.setattr(module, name, Recorder(getattr(module, name)))
+        return launched
+
+    record.enumerated = enumerated_configs  # the configurations a module's aot_specialisations() lists
+    return record

@@ -216,29 +216,13 @@ def test_determinism(seeded):
 
 @pytest.mark.triton
 @needs_triton
-def test_every_launch_is_enumerated_for_the_aot_check(seeded, monkeypatch):
+def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     """Each launch of both launchers (kernel, constexprs, options) is among ``aot_specialisations``, the list
     benchmarks/triton_aot.py compiles and checks for spills (a launcher change cannot bypass it)."""
     from laplacianformer.ops.streaming import backward_landmarks_triton as bl
 
-    enumerated = {(s[0].__name__, tuple(sorted((k, str(v)) for k, v in s[2].items())), s[3], s[4], s[6]["maxnreg"])
-                  for s in bl.aot_specialisations()}
-    launched = []
-
-    class Recorder:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                meta = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "maxnreg")}
-                launched.append((self.kernel.__name__, tuple(sorted((k, str(v)) for k, v in meta.items())),
-                                 kwargs["num_warps"], kwargs["num_stages"], kwargs["maxnreg"]))
-                return self.kernel[grid](*args, **kwargs)
-            return launch
-
-    for name in ("landmark_grad_kernel", "pool_grad_kernel"):
-        monkeypatch.setattr(bl, name, Recorder(getattr(bl, name)))
+    enumerated = record_launches.enumerated(bl.aot_specialisations())
+    launched = record_launches(bl, "landmark_grad_kernel", "pool_grad_kernel")
     _, gen = seeded
     for case in (PASS_C_CASES[0], PASS_C_CASES[7]):
         args, _ = _pass_c_case(gen, *case)

@@ -181,28 +181,13 @@ def test_deterministic(seeded):
 
 @pytest.mark.triton
 @needs_triton
-def test_every_launch_is_enumerated_for_the_aot_check(seeded, monkeypatch):
+def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     """Each launch of ``row_grad_triton`` (kernel, constexprs, options) is among ``aot_specialisations``, the list
     benchmarks/triton_aot.py compiles and checks for spills (a launcher change cannot bypass it)."""
     from laplacianformer.ops.streaming import backward_rows_triton as module
 
-    enumerated = {(s[0].__name__, tuple(sorted((k, str(v)) for k, v in s[2].items())), s[3], s[4], s[6]["maxnreg"])
-                  for s in module.aot_specialisations()}
-    launched = []
-
-    class Recorder:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                meta = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "maxnreg")}
-                launched.append((self.kernel.__name__, tuple(sorted((k, str(v)) for k, v in meta.items())),
-                                 kwargs["num_warps"], kwargs["num_stages"], kwargs["maxnreg"]))
-                return self.kernel[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(module, "row_grad_kernel", Recorder(module.row_grad_kernel))
+    enumerated = record_launches.enumerated(module.aot_specialisations())
+    launched = record_launches(module, "row_grad_kernel")
     _, gen = seeded
     for case in [("injective", False, "laplacian", "2d", 1, 1, (5, 8), (2, 3), 8, 24),
                  ("rowsum", True, "gaussian", None, 1, 1, 40, 33, 16, 8)]:

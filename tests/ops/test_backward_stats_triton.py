@@ -208,29 +208,13 @@ def test_two_runs_are_bitwise_equal(seeded):
 
 @pytest.mark.triton
 @needs_triton
-def test_every_launch_is_enumerated_for_the_aot_check(seeded, monkeypatch):
+def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     """Each launch of both launchers (kernel, constexprs, options) is among ``aot_specialisations``, the list
     benchmarks/triton_aot.py compiles and checks for spills (a launcher change cannot bypass it)."""
     from laplacianformer.ops.streaming import backward_stats_triton as bw
 
-    enumerated = {(s[0].__name__, tuple(sorted((k, str(v)) for k, v in s[2].items())), s[3], s[4],
-                   s[6]["maxnreg"]) for s in bw.aot_specialisations()}
-    launched = []
-
-    class Recorder:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                meta = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "maxnreg")}
-                launched.append((self.kernel.__name__, tuple(sorted((k, str(v)) for k, v in meta.items())),
-                                 kwargs["num_warps"], kwargs["num_stages"], kwargs["maxnreg"]))
-                return self.kernel[grid](*args, **kwargs)
-            return launch
-
-    for name in ("query_grad_kernel", "key_grad_kernel"):
-        monkeypatch.setattr(bw, name, Recorder(getattr(bw, name)))
+    enumerated = record_launches.enumerated(bw.aot_specialisations())
+    launched = record_launches(bw, "query_grad_kernel", "key_grad_kernel")
     _, gen = seeded
     for case in [("injective", "laplacian", False, 1, 1, (8, 5), (7, 7), 16, 24),
                  ("rowsum", "gaussian", True, 1, 1, (8, 5), (2, 2), 16, 8)]:

@@ -22,7 +22,6 @@ from laplacianformer.ops.attention import attention_from_qkv
 from laplacianformer.ops.dispatch import BackendRefused
 from laplacianformer.ops.settings import AttentionSettings
 from laplacianformer.ops.streaming import STREAMED_NORMS
-from laplacianformer.ops.streaming.training import FUSED_TRAINING
 
 TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -265,27 +265,13 @@ def test_triton_runs_the_whole_operator(seeded, streaming):
 
 @pytest.mark.triton
 @needs_triton
-def test_every_launch_is_enumerated_for_the_aot_check(seeded, monkeypatch):
+def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     """Each launch of ``landmark_solve_triton`` (constexprs, warps, stages) is among ``aot_specialisations``, the
     list benchmarks/triton_aot.py compiles and checks for spills."""
     from laplacianformer.ops.streaming import landmarks_triton as lt
 
-    enumerated = {(tuple(sorted((k, str(v)) for k, v in s[2].items())), s[3], s[4]) for s in lt.aot_specialisations()}
-    launched = []
-
-    class Recorder:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                meta = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
-                launched.append((tuple(sorted((k, str(v)) for k, v in meta.items())), kwargs["num_warps"],
-                                 kwargs["num_stages"]))
-                return self.kernel[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(lt, "landmark_solve_kernel", Recorder(lt.landmark_solve_kernel))
+    enumerated = record_launches.enumerated(lt.aot_specialisations())
+    launched = record_launches(lt, "landmark_solve_kernel")
     _, gen = seeded
     for hw, grid, d, kernel in [((9, 9), (7, 7), 24, "laplacian"), ((6, 6), (2, 3), 16, "gaussian")]:
         lt.landmark_solve_triton(_permuted_q(gen, 1, 1, hw[0] * hw[1], d).to(DEVICE), hw, grid, 4.0, kernel, 0.01, 3)

@@ -376,29 +376,13 @@ def test_triton_suite_under_interpreter(triton_interpreter):
 
 @pytest.mark.triton
 @needs_triton
-def test_every_launch_is_enumerated_for_the_aot_check(seeded, monkeypatch):
+def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     """Each launch of ``streaming_triton`` (kernel, constexprs, options) is among ``aot_specialisations``, the list
     benchmarks/triton_aot.py compiles and checks for spills (a launcher change cannot bypass it)."""
     from laplacianformer.ops.streaming import triton as st
 
-    enumerated = {(s[0].__name__, tuple(sorted((k, str(v)) for k, v in s[2].items())), s[3], s[4])
-                  for s in st.aot_specialisations()}
-    launched = []
-
-    class Recorder:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                meta = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "maxnreg")}
-                launched.append((self.kernel.__name__, tuple(sorted((k, str(v)) for k, v in meta.items())),
-                                 kwargs["num_warps"], kwargs["num_stages"]))
-                return self.kernel[grid](*args, **kwargs)
-            return launch
-
-    for name in ("query_stats_kernel", "combine_kernel", "key_pass_kernel", "output_kernel"):
-        monkeypatch.setattr(st, name, Recorder(getattr(st, name)))
+    enumerated = record_launches.enumerated(st.aot_specialisations())
+    launched = record_launches(st, "query_stats_kernel", "combine_kernel", "key_pass_kernel", "output_kernel")
     _, gen = seeded
     for case in [("injective", False, False, 1, 1, 40, 16, 24, 49), ("rowsum", True, True, 1, 1, 40, 16, 8, 4)]:
         (qs, ks, vv, marks, w_inv), s, mask = _triton_case(gen, *case)

@@ -5,6 +5,8 @@ a product, and masked loads and stores of a block of a row-major matrix.
 - ``load_block`` / ``store_block``: rows ``rows`` (< R) and columns c0 .. c0 + BLOCK_C (< C) of the
   row-major (R, C) matrix at P; out-of-range elements read as 0 and are not written. Loads come back in
   float32, stores convert to P's element type.
+- ``distinct_launches``: the ahead-of-time list of a module's launch configurations (benchmarks/triton_aot.py),
+  each distinct one once (plain Python).
 - ``product_from_memory``: A @ B in IEEE float32 with both operands read from memory in k-chunks, so no whole
   (m, m) operand is held in registers (the m×m algebra of the streaming combine and backward kernels).
 
@@ -15,6 +17,31 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg")
+
+
+def distinct_launches(launches, signature):
+    """The AOT tuples (kernel, signature, constexprs, num_warps, num_stages, label, {"maxnreg": ...}) of
+    ``launches``, an iterable of (kernel, spec, label) with spec the constexprs plus ``LAUNCH_OPTIONS``: each
+    distinct (kernel, constexprs, options) once, under the label of its first launch. ``signature(kernel,
+    constexprs)`` maps the runtime arguments to Triton types."""
+    seen = set()
+    for kernel, spec, label in launches:
+        opts = {k: spec[k] for k in LAUNCH_OPTIONS}
+        meta = {k: v for k, v in spec.items() if k not in opts}
+        key = (kernel.__name__, tuple(sorted((k, str(v)) for k, v in meta.items())), tuple(sorted(opts.items())))
+        if key not in seen:
+            seen.add(key)
+            yield (kernel, signature(kernel, meta), meta, opts["num_warps"], opts["num_stages"], label,
+                   {"maxnreg": opts["maxnreg"]})
+
+
+def power_of_two_sizes(top: int, cap: int) -> list[int]:
+    """16, 32, 64, 128 up to the next power of two of min(top, cap): the sizes an AOT list enumerates for a
+    dimension the specs see only through ``next_power_of_2``."""
+    bound = max(16, triton.next_power_of_2(min(top, cap)))
+    return [x for x in (16, 32, 64, 128) if x <= bound]
 
 
 @triton.jit

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import product_from_memory as _product
+from .._triton_common import distinct_launches, power_of_two_sizes, product_from_memory as _product
 from .limits import BLOCK_ROWS, FLAGS, MAX_D, MAX_M, splits_for, unfit
 from .triton import MAXNREG, _p2
 
@@ -416,15 +416,5 @@ def aot_specialisations(d_max: int = 128, m_max: int = 128):
     functions (benchmarks/triton_aot.py): m, d and e as powers of two (the specs see them only through
     ``next_power_of_2``), every norm's flags, L1 and squared L2, with and without the conv; identical
     specialisations are yielded once, under the label of their first launch."""
-    dims = lambda top, cap: [x for x in (16, 32, 64, 128) if x <= _p2(min(top, cap))]  # noqa: E731
-    seen = set()
-    for m in dims(m_max, MAX_M):
-        for e in dims(d_max, MAX_D):
-            for kernel, spec, label in _launches(m, e):
-                meta, opts = _launch(spec)
-                key = (kernel.__name__, tuple(sorted((k, str(v)) for k, v in meta.items())),
-                       tuple(sorted(opts.items())))
-                if key not in seen:
-                    seen.add(key)
-                    yield (kernel, _signature(kernel, meta), meta, opts["num_warps"], opts["num_stages"], label,
-                           {"maxnreg": opts["maxnreg"]})
+    sizes = [(m, e) for m in power_of_two_sizes(m_max, MAX_M) for e in power_of_two_sizes(d_max, MAX_D)]
+    return distinct_launches((launch for m, e in sizes for launch in _launches(m, e)), _signature)

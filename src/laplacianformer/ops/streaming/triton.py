@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import product_from_memory
+from .._triton_common import distinct_launches, power_of_two_sizes, product_from_memory
 from .limits import BLOCK_ROWS, FLAGS, MAX_D, MAX_M, conv_unfit, splits_for, unfit
 
 
@@ -520,16 +520,5 @@ def aot_specialisations(d_max: int = 128, m_max: int = 128):
     (benchmarks/triton_aot.py). m and e are enumerated as powers of two (the specs depend on them only through
     ``next_power_of_2``, and not on d); identical specialisations are yielded once, under the label of their
     first launch. The mask is a runtime argument (no specialisation of its own)."""
-    dims = lambda top, cap: [x for x in (16, 32, 64, 128) if x <= _p2(min(top, cap))]  # noqa: E731
-    seen = set()
-    for m in dims(m_max, MAX_M):
-        for e in dims(d_max, MAX_D):
-            for kernel, spec, label in _launches(m, e):
-                meta, opts = _launch(spec)
-                sig = _signature(kernel, meta)
-                key = (kernel.__name__, tuple(sorted((k, str(v)) for k, v in meta.items())),
-                       tuple(sorted(opts.items())))
-                if key not in seen:
-                    seen.add(key)
-                    yield (kernel, sig, meta, opts["num_warps"], opts["num_stages"], label,
-                           {"maxnreg": opts["maxnreg"]})
+    sizes = [(m, e) for m in power_of_two_sizes(m_max, MAX_M) for e in power_of_two_sizes(d_max, MAX_D)]
+    return distinct_launches((launch for m, e in sizes for launch in _launches(m, e)), _signature)
