@@ -121,6 +121,7 @@ def cases(batch: int = BATCH) -> list[dict]:
                 rows.append(dict(shape, kernel="ns_fwd", bytes=2 * g * m * m * F32, ops=ITERS * 2 * g * mp ** 3,
                                  ctas=g))
                 rows.append(dict(shape, kernel="ns_grad", bytes=3 * g * m * m * F32, ops=2 * g * mp ** 3, ctas=g))
+    rows += fused_cases(batch)
     for r in rows:
         t_mem = r["bytes"] / PEAK["hbm_bytes_per_s"]
         sms = min(r.get("ctas", PEAK["sms"]), PEAK["sms"])
@@ -128,6 +129,45 @@ def cases(batch: int = BATCH) -> list[dict]:
         r["ops_per_byte"] = round(r["ops"] / r["bytes"], 2)
         r["bound"] = "compute" if t_ops >= t_mem else "memory"
         r["est_us"] = round(max(t_mem, t_ops) * 1e6, 2)
+    return rows
+
+
+def fused_cases(batch: int = BATCH) -> list[dict]:
+    """The fused path's kernels (docs/KERNELS.md, "The streaming passes", "The fused landmark solve", "The fused
+    backward") at the model's default (K ≠ Q, the injective normalisation, DWConv(V) fused), per Nyström stage
+    (m < N), counted as the table above counts: q, k, v, G and the outputs read or written once each (the
+    kernel rows are recomputed, never stored; the workspaces of m×m and m×e partials are small and omitted);
+    a recomputed kernel row 2 instructions per (row, landmark, feature), a kernel derivative 3 for dx and 3 for
+    dL, the IEEE m×m row products (S' k̃ᵀ, k̃ (S' + S'ᵀ), the dS' sum, (C_q − c̄) q_cov) one FMA per (row, m, m);
+    the "tf32x3" row products (Gram, M', output, dM, dv) on tensor cores, 3 · 2 per multiply-add, at the TF32 rate,
+    which leaves them far below the CUDA-core terms: not counted. The landmark solve's pooling and W, and pass
+    C's nine m×m products per group, are counted at one CTA per group like the solver."""
+    rows = []
+    for res in (224, 1024):
+        for stage, (heads, stride) in enumerate(zip(HEADS, STRIDES), start=1):
+            n = (res // stride) ** 2
+            if n <= M:
+                continue  # the landmarks cover every token: the exact kernel's step path
+            g, m, d = batch * heads, M, HEAD_DIM
+            e = d
+            shape = dict(res=res, stage=stage, batch_heads=g, n=n, m=m, d=d)
+            row = lambda f: g * n * f * F32  # noqa: E731  bytes of f floats per row and group
+            dist = 2 * g * n * m * d
+            mm = g * n * m * m
+            rows += [
+                dict(shape, kernel="landmark_solve", bytes=row(d) + g * (m * d + 2 * m * m) * F32,
+                     ops=ITERS * g * ns_tensor_flops(m, 2), ctas=g, rate="tf32_tensor_flops"),
+                dict(shape, kernel="stream_query", bytes=row(2 * d), ops=2 * dist),
+                dict(shape, kernel="stream_key", bytes=row(d + e), ops=dist + mm),
+                dict(shape, kernel="stream_out", bytes=row(d + e + e), ops=dist + 9 * g * n * e),
+                dict(shape, kernel="bwd_query", bytes=row(d + 2 * e), ops=dist + 9 * g * n * e),
+                dict(shape, kernel="bwd_key", bytes=row(d + e), ops=dist + 2 * mm),
+                dict(shape, kernel="bwd_landmark_grad", bytes=g * 12 * m * m * F32, ops=g * 9 * _ns_block(m) ** 3,
+                     ctas=g),
+                dict(shape, kernel="bwd_rows", bytes=row(2 * d + 2 * e) + row(2 * d + e),
+                     ops=2 * dist + 2 * 2 * 3 * g * n * m * d + 2 * mm + 9 * g * n * e),
+                dict(shape, kernel="bwd_pool_grad", bytes=row(2 * d), ops=g * n * m * d),
+            ]
     return rows
 
 
@@ -150,6 +190,10 @@ def write(stem: Path) -> None:
                                                      indent=1) + "\n")
     write_text(stem.with_suffix(".md"), table(rows) + "\n")
     print(table(rows))
+
+
+TIMED = ("kernel_fwd", "kernel_bwd", "ns_fwd", "ns_grad")
+"""The rows ``--measure`` times kernel by kernel (``_run_case``)."""
 
 
 def _run_case(r: dict, device: str):
@@ -193,6 +237,8 @@ def measure(repeats: int = 20, out: Path | None = None) -> int:
     print("| res | stage | kernel | N | est. µs | measured µs | measured / est. |")
     print("|---|---|---|---|---|---|---|")
     for r in cases():
+        if r["kernel"] not in TIMED:
+            continue  # the fused passes: timed per layer and per backbone by benchmarks/gpu_check.sh
         times = [ms * 1e3 for ms in cuda_event_times(_run_case(r, "cuda"), repeats)]
         med = sorted(times)[len(times) // 2]
         results.append(dict(r, measured_us=round(med, 2), ratio=round(med / r["est_us"], 2)))
