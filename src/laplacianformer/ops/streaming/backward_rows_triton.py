@@ -66,8 +66,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .._triton_common import distinct_launches, power_of_two_sizes
 from .limits import FLAGS, MAX_D, MAX_M, splits_for, unfit
-from .triton import _p2, _square, config
+from .triton import _square, config
 
 
 @triton.jit
@@ -392,20 +393,17 @@ def aot_specialisations(d_max: int = 128, m_max: int = 128):
     launcher's): the norm flags × L1 / squared L2 × K = Q / K ≠ Q × conv or not × m, e as powers of two (the
     spec depends on them only through ``next_power_of_2``, and not on d). Identical specialisations are
     yielded once, under the label of their first launch."""
-    dims = lambda top, cap: [x for x in (16, 32, 64, 128) if x <= _p2(min(top, cap))]  # noqa: E731
-    seen = set()
-    for m in dims(m_max, MAX_M):
-        for e in dims(d_max, MAX_D):
+    return distinct_launches(_launches(m_max, d_max), lambda kernel, meta: _signature(meta))
+
+
+def _launches(m_max: int, d_max: int):
+    """(kernel, spec, label) of every launch ``row_grad_triton`` can make (``aot_specialisations``)."""
+    for m in power_of_two_sizes(m_max, MAX_M):
+        for e in power_of_two_sizes(d_max, MAX_D):
             for l1 in (True, False):
                 for norm, flags in FLAGS.items():
                     for untied in (False, True):
                         for conv in (False, True):
-                            meta, opts = _launch(row_grad_spec(m, MAX_D, e, l1, flags, untied, conv))
-                            key = (tuple(sorted((k, str(v)) for k, v in meta.items())), tuple(sorted(opts.items())))
-                            if key in seen:
-                                continue
-                            seen.add(key)
                             label = (f"bwd_rows dtype=fp32 kind={'L1' if l1 else 'L2'} m={m} e={e} norm={norm} "
                                      f"inj={int(norm == 'injective')} untied={int(untied)} conv={int(conv)}")
-                            yield (row_grad_kernel, _signature(meta), meta, opts["num_warps"], opts["num_stages"],
-                                   label, {"maxnreg": opts["maxnreg"]})
+                            yield row_grad_kernel, row_grad_spec(m, MAX_D, e, l1, flags, untied, conv), label
