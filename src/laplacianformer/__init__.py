@@ -14,7 +14,7 @@ from .models import create_model, format_model_info, list_models, model_info  # 
 from .models.cuda_graph import cuda_graphed
 from .ops import laplace_kernel, laplace_kernel_matmul, laplacian_attention, newton_schulz_pinv, regularised_inverse
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "create_model",

@@ -56,6 +56,8 @@ from .models.laplacianformer import (
     LaplacianFormer, checkpoint_filter_fn, create_model, default_cfgs, set_weights_config_reader,
 )
 from .models.registry import list_models
+from .layers.token_mixer import saved_attn_kwargs
+from .ops.settings import SETTINGS_VERSION
 
 __all__ = [
     "save_pretrained",
@@ -133,7 +135,7 @@ def write_config(model: LaplacianFormer, path: str | os.PathLike, pretrained_cfg
     directory.mkdir(parents=True, exist_ok=True)
     cfg = _fit_cfg(pretrained_cfg if pretrained_cfg is not None else getattr(model, "pretrained_cfg", None), model)
     data = {"format": FORMAT, "architecture": "LaplacianFormer", "config": model.config,
-            "pretrained_cfg": _jsonable_cfg(cfg)}
+            "pretrained_cfg": _jsonable_cfg(cfg), "settings_version": SETTINGS_VERSION}
     tmp = directory / (CONFIG_NAME + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, directory / CONFIG_NAME)
@@ -167,7 +169,11 @@ def _parse_saved(text: str, where: Path) -> dict:
                          + old_layout(f"a {CONFIG_NAME} holding a run's training settings"))
     cfg = data.get("pretrained_cfg") or {}
     cfg = {k: (tuple(v) if k in _TUPLE_KEYS and isinstance(v, list) else v) for k, v in cfg.items()}
-    return dict(data, pretrained_cfg=cfg)
+    config = dict(data["config"])
+    if isinstance(config.get("attn_kwargs"), dict):  # a file of an older version: the defaults of its time
+        config["attn_kwargs"] = saved_attn_kwargs(config.get("attn", "laplacian"), config["attn_kwargs"],
+                                                  data.get("settings_version", 1))
+    return dict(data, config=config, pretrained_cfg=cfg)
 
 
 def _read_saved(path: str | os.PathLike) -> dict:

@@ -125,6 +125,18 @@ def test_confirmation_pairs_and_reports(tmp_path):
     assert "inline > sr_softmax" in (tmp_path / "confirmation.md").read_text()
 
 
+def test_confirmation_adds_the_best_scale_alone(tmp_path):
+    """The best output scale alone gets its own claims on test (the default scale's evidence, DESIGN §7.6)."""
+    labels = ["default", "scale_inv_n", "lam_0.5+inline+tied_keys", "gaussian_soft", "sr_softmax"]
+    accuracy.run_cells(labels, list(range(5)), protocol=_protocol(), out=tmp_path, runs=tmp_path, progress=False,
+                       train_fn=_fake_train)
+    conf = accuracy.write_reports(tmp_path)["confirmation"]
+    assert conf["chosen"] == "lam_0.5+inline+tied_keys" and conf["best_scale"] == "scale_inv_n"
+    claims = {p["claim"]: p for p in conf["pairs"]}
+    assert claims["scale_inv_n > default"]["n"] == 5 and "scale_inv_n > sr_softmax" in claims
+    assert conf["configurations"]["scale_inv_n"]["n"] == 5 and conf["complete"]
+
+
 def test_quick_cell_trains_on_the_split_and_scores_test(tmp_path):
     """One real quick cell (3 steps): evaluated on the held-out split, then its final weights on the test set;
     run again with ``resume`` it continues from its checkpoint instead of starting over."""

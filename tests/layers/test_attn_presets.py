@@ -28,7 +28,8 @@ def test_model_preset_sets_every_layer_and_explicit_kwargs_win():
     layers = [m for m in model.modules() if isinstance(m, LaplacianAttention)]
     assert layers and all(m.tie_qk and m.settings.norm == "inline" and m.settings.lam == 0.5 for m in layers)
     assert all(m.settings.iters == 10 for m in layers)
-    assert model.config["attn_kwargs"] == {**ATTN_PRESETS["tuned"], "iters": 10}
+    # the resolved output scale is stored (DESIGN §7.7): the inline norm has none ("one")
+    assert model.config["attn_kwargs"] == {**ATTN_PRESETS["tuned"], "iters": 10, "norm_scale": "one"}
     override = create_model("laplacianformer_micro", attn_preset="tuned", attn_kwargs={"lam": 2.0}, **SMALL)
     assert all(m.settings.lam == 2.0 for m in override.modules() if isinstance(m, LaplacianAttention))
     # the saved config rebuilds the same model without the preset's name

@@ -123,7 +123,8 @@ def test_save_load_round_trip_is_identical(tmp_path):
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
     loaded = laplacianformer.from_pretrained(tmp_path / "m").eval()
     assert read_config(tmp_path / "m") == json.loads(json.dumps(model.config))
-    assert loaded.config["attn_kwargs"] == {"lam": 2.0, "landmarks": (3, 3)} and loaded.config["stem_stride"] == 2
+    assert loaded.config["attn_kwargs"] == {"lam": 2.0, "landmarks": (3, 3), "norm_scale": "inv_n"}
+    assert loaded.config["stem_stride"] == 2
     with torch.no_grad():
         assert torch.equal(loaded(x), model(x))
     assert list(model.state_dict()) == list(loaded.state_dict())

@@ -40,6 +40,8 @@ from ..checkpoint import (
     CheckpointError, TrainingState, load_checkpoint, load_training_state, read_metadata, save_training_state, save_weights,
 )
 from ..hub import CHECKPOINT_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME
+from ..layers.token_mixer import saved_attn_kwargs
+from ..ops.settings import SETTINGS_VERSION
 from ..train.config import AMP_MODES
 from ..train.distributed import barrier, broadcast_object, cleanup, init_device, resolve_device
 from ..train.engine import param_groups
@@ -130,14 +132,24 @@ class DetectConfig:
         return self
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields, and ``settings_version``: the defaults they were written under (``ops.settings``)."""
+        return {**asdict(self), "settings_version": SETTINGS_VERSION}
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "config") -> "DetectConfig":
+        """A config from a dict; one without ``settings_version`` (version 0.1) keeps the backbone attention
+        defaults of its time (``layers.token_mixer.saved_attn_kwargs``)."""
+        d = dict(d)
+        version = d.pop("settings_version", 1)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"{where}: unknown settings {unknown}")
+        backbone = d.get("backbone_kwargs")
+        if isinstance(backbone, dict) and isinstance(backbone.get("attn_kwargs", {}), dict):
+            kwargs = saved_attn_kwargs(backbone.get("attn", "laplacian"), backbone.get("attn_kwargs", {}), version)
+            if kwargs:
+                d["backbone_kwargs"] = {**backbone, "attn_kwargs": kwargs}
         return cls(**d)
 
     def save(self, path: Path) -> None:

@@ -39,7 +39,7 @@ from .common import environment, jsonable as _jsonable, read_json, run_command, 
 from .evidence import ablation_of, finalise, markdown, plot, sibling_pool, summarise
 from ..train.geometry import MIN_TOKENS_PER_LANDMARK, check_geometry, geometry
 from .protocol import (
-    PROTOCOL, PROTOCOL_NAME, QUICK, QUICK_NAME, protocol_diff, protocol_record, recipe, same_protocol,
+    PROTOCOL, PROTOCOL_NAME, QUICK, QUICK_NAME, cell_attn_kwargs, protocol_diff, protocol_record, recipe, same_protocol,
 )
 
 DEFAULT_SEEDS = 3
@@ -82,7 +82,7 @@ def canonical_attention(attn: str, attn_kwargs: dict, head_dim: int | None) -> d
               **inspect.signature(LaplacianAttention.__init__).parameters}
     defaults = {**DEFAULTS, **{k: params[k].default for k in LAPLACIAN_MODULE_KWARGS}}
     full = {k: defaults[k] for k in LAPLACIAN_ATTN_KWARGS}
-    full.update(attn_kwargs)
+    full.update(cell_attn_kwargs(attn, attn_kwargs))
     if head_dim is not None:
         from ..ops import default_bandwidth
 

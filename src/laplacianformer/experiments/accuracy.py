@@ -15,7 +15,8 @@ checkpoint, ``save_every_steps``):
     select   every candidate (``CANDIDATES`` and the ``--combine a+b[+c]`` combinations), seeds 0..S-1
              -> OUT/selection.json (validation top-1 per seed, mean, n; ranking; the choice)
     confirm  the choice (best mean validation top-1 among candidates with >= 3 seeds, or ``--choose``), the
-             paper default, the Gaussian at SOFT's bandwidth and SR-softmax, seeds 0..4
+             best output scale alone (``best_scale``: the evidence of the default scale, §7.6), the paper
+             default, the Gaussian at SOFT's bandwidth and SR-softmax, seeds 0..4
              -> OUT/confirmation.json (test top-1 per seed; per pair mean Δ, paired 95 % CI, verdict)
     report   rewrite both files (and their Markdown) from OUT/cells.json
     variants the detection runs the complete selection asks for (the choice and the best scale fix alone):
@@ -51,6 +52,9 @@ CONFIRM_SEEDS = 5
 MIN_SELECT_SEEDS = 3
 
 DEFAULT = "default"
+UNSCALED = "(paper default, unscaled: norm_scale='one')"
+"""How the tables name an empty ``attn_kwargs``: cells train under version 1's defaults
+(``protocol.CELL_SETTINGS_VERSION``), whatever the library's default output scale is now (DESIGN §7.6)."""
 # label -> (attn, attn_kwargs): the candidates of the selection (one setting changed from the paper default)
 CANDIDATES: dict[str, tuple[str, dict]] = {
     DEFAULT: ("laplacian", {}),
@@ -203,37 +207,49 @@ def detection_variants(sel: dict) -> dict[str, dict]:
     if not sel.get("complete") or sel.get("chosen") is None:
         return {}
     cands = sel["candidates"]
-    scales = [lb for lb in sel["ranking"] if lb in CANDIDATES and lb.startswith(SCALE_PREFIX)]  # alone
-    labels = dict.fromkeys([sel["chosen"], *scales[:1]])
+    labels = dict.fromkeys([sel["chosen"], *filter(None, [best_scale(sel)])])
     return {lb: {"attn": cands[lb]["attn"], "attn_kwargs": cands[lb]["attn_kwargs"]} for lb in labels}
+
+
+def best_scale(sel: dict) -> str | None:
+    """The best output-scale fix alone (the first ``scale_*`` candidate of the ranking), or None: the
+    candidate that decides the default output scale (docs/DESIGN.md §4.6, §7.6)."""
+    scales = [lb for lb in sel.get("ranking", []) if lb in CANDIDATES and lb.startswith(SCALE_PREFIX)]
+    return scales[0] if scales else None
 
 
 CLAIMS = (  # (a, b, side): the claim "a beats b" (+1) checked on the test set
     ("{chosen}", DEFAULT, 1), ("{chosen}", "gaussian_soft", 1), ("{chosen}", "sr_softmax", 1),
     (DEFAULT, "gaussian_soft", 1), (DEFAULT, "sr_softmax", 1),
 )
+SCALE_CLAIMS = (("{scale}", DEFAULT, 1), ("{scale}", "sr_softmax", 1))
+"""The claims of the best output scale alone (``best_scale``), when its cells have test scores: the evidence
+of the default output scale (docs/DESIGN.md §7.6)."""
 
 
-def confirmation(record: dict, chosen: str) -> dict:
-    """confirmation.json from the cells: test top-1 per seed of the chosen configuration, the paper default
-    and the baselines; per claim the paired mean Δ (a − b), its 95 % CI and the verdict (``stats.verdict``)."""
+def confirmation(record: dict, chosen: str, scale: str | None = None) -> dict:
+    """confirmation.json from the cells: test top-1 per seed of the chosen configuration, the best output scale
+    alone (``scale``, when it has test scores), the paper default and the baselines; per claim the paired
+    mean Δ (a − b), its 95 % CI and the verdict (``stats.verdict``)."""
+    if scale is not None and not _per_seed(record, scale, "test_top1"):
+        scale = None
     configs = {}
-    for lb in dict.fromkeys((chosen, DEFAULT, *BASELINES)):
+    for lb in dict.fromkeys((chosen, *filter(None, [scale]), DEFAULT, *BASELINES)):
         attn, kwargs = combination(lb)
         vals = _per_seed(record, lb, "test_top1")
         d = describe(list(vals.values()))
         configs[lb] = {"attn": attn, "attn_kwargs": _jsonable(kwargs),
                        "test_top1": {str(s): v for s, v in sorted(vals.items())}, "n": d.n, "mean": d.mean, "std": d.std}
     pairs = []
-    for a, b, side in CLAIMS:
-        a = a.format(chosen=chosen)
+    for a, b, side in CLAIMS + (SCALE_CLAIMS if scale is not None and scale != chosen else ()):
+        a = a.format(chosen=chosen, scale=scale)
         if a == b:
             continue
         ci = paired(_per_seed(record, a, "test_top1"), _per_seed(record, b, "test_top1"))
         pairs.append({"a": a, "b": b, "claim": f"{a} > {b}", "n": ci.n, "mean": ci.mean, "ci95": ci.ci,
                       "halfwidth": ci.halfwidth, "verdict": verdict(ci, side)})
     return {"protocol": record["protocol"], "validation_split": record.get("validation_split"), "chosen": chosen,
-            "configurations": configs, "pairs": pairs,
+            "best_scale": scale, "configurations": configs, "pairs": pairs,
             "complete": all(c["n"] >= CONFIRM_SEEDS for c in configs.values())}
 
 
@@ -250,7 +266,7 @@ def selection_markdown(sel: dict) -> str:
     for rank, lb in enumerate(sel["ranking"] + [lb for lb in sel["candidates"] if lb not in sel["ranking"]], 1):
         c = sel["candidates"][lb]
         vs = c.get("vs_default") or {}
-        rows.append([rank if lb in sel["ranking"] else "–", lb, c["attn_kwargs"] or "(paper default)", c["n"],
+        rows.append([rank if lb in sel["ranking"] else "–", lb, c["attn_kwargs"] or UNSCALED, c["n"],
                      _pts(c["mean"]), _pts(c["std"]), "–" if lb == DEFAULT else f"{100 * vs['mean']:+.2f}" if vs.get("mean") is not None else "–",
                      _ci(vs.get("ci95"))])
     split = sel.get("validation_split") or {}
@@ -270,7 +286,8 @@ def claims_markdown(conf: dict) -> str:
 
 
 def confirmation_markdown(conf: dict) -> str:
-    rows = [[lb, c["attn"], c["attn_kwargs"] or "–", c["n"], _pts(c["mean"]), _pts(c["std"])]
+    rows = [[lb, c["attn"], c["attn_kwargs"] or (UNSCALED if c["attn"] == "laplacian" else "–"), c["n"],
+             _pts(c["mean"]), _pts(c["std"])]
             for lb, c in conf["configurations"].items()]
     table = markdown_table(["configuration", "attn", "settings", "seeds", "test top-1 %", "std"], rows)
     return (f"Confirmation on the test set (chosen on validation: **{conf['chosen']}**"
@@ -316,7 +333,7 @@ def write_reports(out: Path, chosen: str | None = None) -> dict:
     done = {"selection": sel}
     chosen = chosen or sel["chosen"]
     if chosen is not None and any(c["label"] in BASELINES for c in record["cells"].values()):
-        conf = confirmation(record, chosen)
+        conf = confirmation(record, chosen, best_scale(sel))
         write_json(out / "confirmation.json", conf)
         (out / "confirmation.md").write_text(confirmation_markdown(conf) + "\n")
         _plot(out / "confirmation.png", [(lb, c["test_top1"]) for lb, c in conf["configurations"].items()],
@@ -370,7 +387,7 @@ def _stage(args) -> int:
         chosen = args.choose or (sel or {}).get("chosen")
         if chosen is None:
             raise ValueError(f"choose: no selection yet in {out / 'selection.json'}; run 'select' or pass --choose")
-        labels = list(dict.fromkeys((chosen, DEFAULT, *BASELINES)))
+        labels = list(dict.fromkeys((chosen, *filter(None, [best_scale(sel or {})]), DEFAULT, *BASELINES)))
         seeds = args.seeds or (1 if args.quick else CONFIRM_SEEDS)
     for lb in labels:
         combination(lb)
@@ -388,7 +405,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.stage == "list":
         for lb, (attn, kw) in {**CANDIDATES, **BASELINES}.items():
-            print(f"{lb:18s} {attn:9s} {kw or '(paper default)'}{'   [confirmation only]' if lb in BASELINES else ''}")
+            print(f"{lb:18s} {attn:9s} {kw or UNSCALED}{'   [confirmation only]' if lb in BASELINES else ''}")
         return 0
     return run_command("accuracy", lambda: _stage(args))
 

@@ -213,7 +213,7 @@ def landmark_matrices_from(records: list[dict]) -> dict[str, torch.Tensor]:
 
 # the normalisation variants of the gain-against-tokens table (docs/DESIGN.md §4.4, §4.6): label -> settings
 GAIN_VARIANTS = {
-    "injective": {"norm": "injective"},
+    "injective": {"norm": "injective", "norm_scale": "one"},
     "injective /√N": {"norm": "injective", "norm_scale": "inv_sqrt_n"},
     "injective /N": {"norm": "injective", "norm_scale": "inv_n"},
     "inline": {"norm": "inline"},

@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from .protocol import cell_attn_kwargs
+
 KEEP = ("top1", "top5", "loss", "images_per_s", "params", "wall_time_s", "train_time_s", "steps",
         "epochs_completed", "history", "peak_memory_mb", "run_dir", "interrupted", "eval_split")
 
@@ -29,6 +31,7 @@ def run_cell(config: dict) -> dict:
     from .common import jsonable as _jsonable
 
     config = dict(config)
+    config["attn_kwargs"] = cell_attn_kwargs(config.get("attn", "laplacian"), config.get("attn_kwargs") or {})
     resume, final_test = bool(config.pop("resume", False)), bool(config.pop("final_test", False))
     out = config.get("out")
     if resume and out and (Path(out) / CHECKPOINT_NAME).is_file():

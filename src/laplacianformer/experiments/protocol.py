@@ -40,6 +40,19 @@ QUICK: dict[str, Any] = {**PROTOCOL, "train_subset": 128, "test_subset": 64, "ep
                          "batch_size": 16}
 DATASET_SIZES = {"fashion-mnist": (60_000, 10_000)}
 CELL_FIELDS = ("attn", "attn_kwargs", "seed", "out", "progress")  # set per cell, not part of the recipe
+CELL_SETTINGS_VERSION = 1
+"""The operator defaults every experiment cell trains under (``ops.settings.SETTINGS_VERSION`` 1: the injective
+map unscaled, ``norm_scale="one"``, where a cell does not name a scale): the recorded cells were trained so,
+and a label such as "default" keeps one meaning whatever the library's default becomes
+(``cell_attn_kwargs``)."""
+
+
+def cell_attn_kwargs(attn: str, attn_kwargs: dict) -> dict:
+    """A cell's ``attn_kwargs`` as it trains them: the defaults of ``CELL_SETTINGS_VERSION`` for what it does
+    not name."""
+    from ..layers.token_mixer import saved_attn_kwargs
+
+    return saved_attn_kwargs(attn, attn_kwargs, CELL_SETTINGS_VERSION)
 
 
 def recipe(overrides: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..ops.settings import WHITENED_OUTPUT_SCALE
 from .ablations import ABLATIONS
 from .accuracy import claims_markdown
 from .common import markdown_table, read_json
@@ -120,7 +121,12 @@ def readme_claims(accuracy: Path) -> str:
             f"(protocol {conf['protocol']['name']}), scored on the test set: Δ top-1 in points "
             f"({'/'.join(map(str, sorted(seeds)))} paired seeds{'' if conf['complete'] else ', incomplete'}; "
             f"chosen on validation: `{conf['chosen']}` = `attn_preset=\"tuned\"`; "
-            f"`results/accuracy/confirmation.json`):")
+            f"`results/accuracy/confirmation.json`). `default` is the paper's unscaled map (`norm_scale=\"one\"`, "
+            f"the library default up to 0.1)"
+            + (f"; `{conf['best_scale']}` is the best output scale alone"
+               + (", the library default since 0.2 (DESIGN §7.6)"
+                  if conf["best_scale"] == f"scale_{WHITENED_OUTPUT_SCALE}" else "")
+               if conf.get("best_scale") else "") + ":")
     return f"{head}\n\n{claims_markdown(conf)}\n"
 
 

@@ -18,12 +18,12 @@ from collections.abc import Callable, Mapping
 
 from torch import nn
 
-from ..ops.settings import OPERATOR_SETTINGS
+from ..ops.settings import DEFAULTS, OPERATOR_SETTINGS, SETTINGS_VERSION, default_norm_scale
 from .laplacian_attention import LaplacianAttention
 from .spatial_reduction_attention import SpatialReductionAttention
 
 __all__ = ["ATTENTIONS", "ATTN_PRESETS", "LAPLACIAN_ATTN_KWARGS", "LAPLACIAN_MODULE_KWARGS", "SOFTMAX_ATTN_KWARGS", "check_token_mixer", "get_token_mixer",
-           "preset_kwargs"]
+           "preset_kwargs", "saved_attn_kwargs", "with_output_scale"]
 
 ATTENTIONS = ("laplacian", "gaussian", "softmax")
 # ``attn_kwargs`` keys each kind accepts (forwarded to the module's constructor, which checks the values):
@@ -56,6 +56,24 @@ def preset_kwargs(attn: str, attn_preset: str | None, attn_kwargs: Mapping | Non
     if attn_kwargs is not None and not isinstance(attn_kwargs, Mapping):
         raise TypeError(f"attn_kwargs: expected a dict, got {type(attn_kwargs).__name__}")
     return {**ATTN_PRESETS[attn_preset], **(attn_kwargs or {})}
+
+
+def with_output_scale(attn: str, kwargs: dict) -> dict:
+    """``kwargs`` of a laplacian/gaussian mixer with ``norm_scale`` resolved where not given
+    (``ops.settings.default_norm_scale`` of its norm), so a model's saved config names the scale it was built
+    with and reads the same under any later default; softmax kwargs as they are."""
+    if attn == "softmax" or "norm_scale" in kwargs:
+        return kwargs
+    return {**kwargs, "norm_scale": default_norm_scale(kwargs.get("norm", DEFAULTS["norm"]))}
+
+
+def saved_attn_kwargs(attn: str, kwargs: Mapping | None, version: int) -> dict | None:
+    """The ``attn_kwargs`` of a saved configuration written under the defaults of ``version``
+    (``ops.settings.SETTINGS_VERSION``): a version-1 file (before 0.2) that does not name ``norm_scale`` was
+    built with "one", its default then, and gets it; later files as they are."""
+    if kwargs is None or attn == "softmax" or version >= SETTINGS_VERSION or "norm_scale" in kwargs:
+        return None if kwargs is None else dict(kwargs)
+    return {**kwargs, "norm_scale": "one"}
 
 
 def check_token_mixer(attn: str, attn_kwargs: Mapping | None = None) -> dict:
@@ -92,7 +110,7 @@ def get_token_mixer(attn: str = "laplacian", attn_kwargs: Mapping | None = None,
     ``sr_ratio`` (softmax) and ``landmarks`` (laplacian/gaussian). ``make.attn`` and ``make.attn_kwargs``
     hold the validated name and kwargs.
     """
-    kwargs = check_token_mixer(attn, preset_kwargs(attn, attn_preset, attn_kwargs))
+    kwargs = with_output_scale(attn, check_token_mixer(attn, preset_kwargs(attn, attn_preset, attn_kwargs)))
 
     def make(
         dim: int, num_heads: int, *, sr_ratio: int = 1, landmarks=(7, 7), qkv_bias: bool = True,

@@ -63,7 +63,7 @@ def laplacian_attention(
     norm_eps: float = 1e-6,
     kernel: str = "laplacian",
     ns_backward: str = "implicit",
-    norm_scale: str = "one",
+    norm_scale: str | None = None,
     norm_gain: torch.Tensor | None = None,
     check_finite_inputs: bool = False,
     return_stats: bool = False,
@@ -96,9 +96,10 @@ def laplacian_attention(
             "injective" and "injective_nomean" (with 0 a key whose similarity column is constant, e.g. all-equal tokens, gives 0/0).
         kernel: "laplacian" exp(-||x-y||_1/lam) or "gaussian" exp(-||x-y||²/lam).
         ns_backward: "implicit" (default) or "unrolled" gradient of the Newton–Schulz solver.
-        norm_scale: "one" (default, the map of §4.1) | "inv_sqrt_n" | "inv_n": the whitened part of the
+        norm_scale: "one" (the unscaled map of §4.1) | "inv_sqrt_n" | "inv_n": the whitened part of the
             injective map times N^-½ or N^-1 (N the valid keys), the 1/N row kept (docs/DESIGN.md §4.6);
-            norm="injective" / "injective_nomean" only.
+            norm="injective" / "injective_nomean" only. None (default): "inv_n" for those norms, chosen on
+            evidence (§7.6; "one" up to version 0.1), "one" for the others.
         norm_gain: (H,) per-head factor on the whitened part on top of ``norm_scale`` (the module's learned
             gain), or None.
         check_finite_inputs: raise ValueError when q, k or v holds NaN/Inf.
@@ -199,8 +200,9 @@ def attention_with_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Ten
 
     Why one call: the core then hands the conv to the streaming output pass (ops/streaming), which adds it to
     each tile it writes into the (B, N, C) buffer, so CUDA inference makes no launch for the weight's
-    channels-last copy, the conv or the add. Wherever the passes do not serve (the CPU, autograd, float64,
-    half inputs, an output scale of §4.6, the exact kernel, a forced ``steps``), the result is the layer's
+    channels-last copy, the conv or the add (half-precision tokens included: the passes read them as they
+    are). Wherever the passes do not serve (the CPU, autograd, float64, a learned gain of §4.6, the exact
+    kernel, a forced ``steps``), the result is the layer's
     unfused computation by the same aten calls in the same order (``value_conv.add_value_conv``): the
     operator, the conv of the tokens, the heads added into it."""
     check_float_tensor("v_tok", v_tok, ndim=3)
@@ -233,8 +235,9 @@ def attention_from_qkv(qkv: torch.Tensor, settings: AttentionSettings, *, heads:
 
     Why one call: the op ``fused_training`` (ops/streaming/training.py) then runs the core and the conv in
     fused passes, forward and backward, and returns the gradient of the projection as one (B, N, P·C) tensor
-    (docs/KERNELS.md, "The fused backward"). Wherever it does not serve (the CPU, half precision, a §4.6
-    scale or gain, the exact kernel, a 1-D sequence, a forced ``steps``), the heads come from the operator on
+    (docs/KERNELS.md, "The fused backward"; half precision and autocast included, and §4.6's ``norm_scale``).
+    Wherever it does not serve (the CPU, float64, a learned gain, the exact kernel, a 1-D sequence, a forced
+    ``steps``), the heads come from the operator on
     q, k, v views of qkv and the conv is added out of place, as the layer does."""
     check_float_tensor("qkv", qkv, ndim=3)
     b, n, width = qkv.shape

@@ -33,7 +33,8 @@ from .validation import (
     check_positive_int,
 )
 
-__all__ = ["AttentionSettings", "OPERATOR_SETTINGS", "default_bandwidth", "settings_from"]
+__all__ = ["AttentionSettings", "OPERATOR_SETTINGS", "SETTINGS_VERSION", "WHITENED_OUTPUT_SCALE", "default_bandwidth",
+           "default_norm_scale", "settings_from"]
 
 NS_BACKWARDS = ("implicit", "unrolled")
 
@@ -51,6 +52,24 @@ def default_bandwidth(kernel: str, head_dim: int, lam: float | None = None, qk_s
     if qk_scale is None:
         qk_scale = head_dim ** -0.5 if kernel == "laplacian" else 1.0
     return check_positive("lam", lam), check_positive("qk_scale", qk_scale)
+
+
+WHITENED_OUTPUT_SCALE = "inv_n"
+"""The output scale of the whitened norms when ``norm_scale`` is not given (docs/DESIGN.md §4.6, decided in
+§7.6 on validation, test and detection evidence): the whitened part divided by N. The one place of that
+choice; ``norm_scale="one"`` is the unscaled map (the default up to version 0.1, under which every result
+recorded before the change was trained; ``SETTINGS_VERSION``)."""
+
+SETTINGS_VERSION = 2
+"""The version of the defaults a saved configuration was written under: 1 (no ``settings_version`` entry;
+up to 0.1): ``norm_scale`` "one" when not given; 2: ``WHITENED_OUTPUT_SCALE``. Readers of saved files fill
+what a version-1 file left out with the defaults of its time (``layers.token_mixer.saved_attn_kwargs``)."""
+
+
+def default_norm_scale(norm: str) -> str:
+    """``norm_scale`` when not given: ``WHITENED_OUTPUT_SCALE`` for the whitened norms, "one" (no scale) for the
+    others."""
+    return WHITENED_OUTPUT_SCALE if norm in WHITENED_NORMS else "one"
 
 
 def validate(s: "AttentionSettings") -> tuple[float, float]:
@@ -82,8 +101,8 @@ class AttentionSettings:
     head_dim: d, on which the defaults of lam and qk_scale depend. kernel: "laplacian" | "gaussian" (§1,
     §1.4). lam, qk_scale: None is the kernel's default (``default_bandwidth``); held resolved. landmarks:
     a grid (lh, lw), an int or None (exact), resolved per call by ``resolve_landmarks`` (§2.2). norm: the
-    normalisation (§4.1, §4.4); norm_scale: "one" | "inv_sqrt_n" | "inv_n" (§4.6); norm_eps: the whitening
-    ε. solver, iters, ns_eps, ns_backward: the regularised inverse (§3).
+    normalisation (§4.1, §4.4); norm_scale: "one" | "inv_sqrt_n" | "inv_n" (§4.6), None the norm's default
+    (``default_norm_scale``: "inv_n" for the whitened norms), held resolved; norm_eps: the whitening ε. solver, iters, ns_eps, ns_backward: the regularised inverse (§3).
     """
 
     head_dim: int
@@ -92,7 +111,7 @@ class AttentionSettings:
     qk_scale: float | None = None
     landmarks: object = (7, 7)
     norm: str = "injective"
-    norm_scale: str = "one"
+    norm_scale: str | None = None
     norm_eps: float = 1e-6
     solver: str = "newton_schulz"
     iters: int = 20
@@ -100,6 +119,8 @@ class AttentionSettings:
     ns_backward: str = "implicit"
 
     def __post_init__(self) -> None:
+        if self.norm_scale is None:
+            object.__setattr__(self, "norm_scale", default_norm_scale(self.norm))
         lam, qk_scale = validate(self)
         resolved = dict(lam=lam, qk_scale=qk_scale, landmarks=check_landmarks(self.landmarks),
                         ns_eps=float(self.ns_eps), norm_eps=float(self.norm_eps))

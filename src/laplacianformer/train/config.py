@@ -20,7 +20,8 @@ from typing import Any
 
 from ..checkpoint import CheckpointError
 from ..hub import CONFIG_NAME, TRAIN_CONFIG_NAME, old_layout
-from ..layers.token_mixer import check_token_mixer, preset_kwargs
+from ..layers.token_mixer import check_token_mixer, preset_kwargs, saved_attn_kwargs
+from ..ops.settings import SETTINGS_VERSION
 
 AMP_MODES = ("off", "bf16", "fp16")
 
@@ -127,12 +128,19 @@ class TrainConfig:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields, and ``settings_version``: the defaults they were written under (``ops.settings``)."""
+        return {**dataclasses.asdict(self), "settings_version": SETTINGS_VERSION}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        """Builds a config from a dict, ignoring unknown keys (configs from newer versions still load)."""
+        """Builds a config from a dict, ignoring unknown keys (configs from newer versions still load). A dict
+        without ``settings_version`` (a run of version 0.1 or a hand-written file) keeps the defaults of
+        version 1 for what it does not name (``layers.token_mixer.saved_attn_kwargs``)."""
         names = {f.name for f in dataclasses.fields(cls)}
+        d = dict(d)
+        if isinstance(d.get("attn_kwargs"), dict):
+            d["attn_kwargs"] = saved_attn_kwargs(d.get("attn", "laplacian"), d["attn_kwargs"],
+                                                 d.get("settings_version", 1))
         return cls(**{k: v for k, v in d.items() if k in names})
 
     def save(self, path: str | Path) -> None:

@@ -87,7 +87,11 @@ def scale_whitened(out: torch.Tensor, v: torch.Tensor, norm_scale: str = "one", 
     if key_padding_mask is None:
         n = v.shape[-2]
         v_bar = v.mean(-2, keepdim=True)
-        alpha = float(n) ** -power
+        if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():  # N an op:
+            # the graph serves every size
+            alpha = v.new_ones(v.shape[:-1]).sum(-1, keepdim=True).unsqueeze(-1).pow(-power)
+        else:
+            alpha = float(n) ** -power
         valid = None
     else:
         valid, count = _valid(key_padding_mask, v.dtype)
