@@ -338,6 +338,7 @@ def _flag_error(e: Exception) -> str:
 
 def cmd_train(args) -> int:
     from .train import TrainConfig, Trainer
+    from .train.config import saved_config
     from .train.engine import read_resume
 
     fields = set(TrainConfig.__dataclass_fields__)
@@ -356,6 +357,7 @@ def cmd_train(args) -> int:
             raise UserError(f"--config: {path}: not valid JSON ({e.msg})") from None
         if not isinstance(base, dict) or "format" in base:
             raise UserError(f"--config: {path}: not a training configuration (a run's train_config.json)")
+        base = saved_config(base)
     else:
         base = TrainConfig().to_dict()
     config = TrainConfig.from_dict({**base, **given})

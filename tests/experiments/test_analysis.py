@@ -104,7 +104,7 @@ def test_output_gain_matches_the_operator_and_orders_the_variants():
     assert [r["name"] for r in res] == ["a1", "a2"]
     assert set(res[0]["gain"]) == {"injective", "inline", "rowsum", "none", "injective_nomean"}
     r = recs[0]
-    settings = {**r["settings"], "qk_scale": 1.0, "norm": "inline"}
+    settings = {**r["settings"], "qk_scale": 1.0, "norm": "inline", "norm_scale": "one"}
     out = laplacian_attention(r["q"], r["k"], r["v"], hw=r["hw"], landmarks=r["landmarks"], **settings)
     assert res[0]["gain"]["inline"] == pytest.approx(float(out.square().mean().sqrt() / r["v"].square().mean().sqrt()))
     exact = res[1]["gain"]

@@ -15,7 +15,7 @@ from laplacianformer import create_model, laplacian_attention
 from laplacianformer.experiments.protocol import cell_attn_kwargs
 from laplacianformer.layers.token_mixer import saved_attn_kwargs
 from laplacianformer.ops.settings import SETTINGS_VERSION, WHITENED_OUTPUT_SCALE, AttentionSettings
-from laplacianformer.train.config import TrainConfig
+from laplacianformer.train.config import TrainConfig, saved_config
 
 
 def test_the_whitened_norms_default_to_the_chosen_scale():
@@ -57,14 +57,17 @@ def test_a_version_1_model_file_loads_unscaled(tmp_path):
         assert torch.equal(loaded(x), model(x))
 
 
-def test_run_configs_of_version_1_keep_the_unscaled_map():
-    old = TrainConfig.from_dict({"attn": "laplacian", "attn_kwargs": {"lam": 2.0}})
+def test_run_configs_of_version_1_keep_the_unscaled_map(tmp_path):
+    old = TrainConfig.from_dict(saved_config({"attn": "laplacian", "attn_kwargs": {"lam": 2.0}}))
     assert old.attn_kwargs == {"lam": 2.0, "norm_scale": "one"}
     new = TrainConfig(attn_kwargs={"lam": 2.0})
-    saved = new.to_dict()
-    assert saved["settings_version"] == SETTINGS_VERSION
-    assert TrainConfig.from_dict(saved).attn_kwargs == {"lam": 2.0}  # the library default, now "inv_n"
-    assert TrainConfig.from_dict({"attn": "softmax", "attn_kwargs": {}}).attn_kwargs == {}
+    assert "settings_version" not in new.to_dict()  # the fields (recipes compare them)
+    assert new.to_saved()["settings_version"] == SETTINGS_VERSION
+    new.save(tmp_path / "train_config.json")
+    assert TrainConfig.load(tmp_path / "train_config.json").attn_kwargs == {"lam": 2.0}  # the default: inv_n
+    (tmp_path / "old.json").write_text(json.dumps({"attn": "laplacian", "attn_kwargs": {}}))
+    assert TrainConfig.load(tmp_path / "old.json").attn_kwargs == {"norm_scale": "one"}
+    assert saved_config({"attn": "softmax", "attn_kwargs": {}})["attn_kwargs"] == {}
 
 
 def test_detection_configs_of_version_1_keep_the_unscaled_map():

@@ -32,7 +32,8 @@ def materialised_nystrom(q, k, hw, grid, lam, kernel, ns_eps):
 def test_linear_cost_normalisation_equals_materialised_formula(norm, kernel):
     q, k, v = qkv(n=35, d=6, dv=5)
     hw, grid = (5, 7), (3, 4)
-    out = laplacian_attention(q, k, v, hw=hw, landmarks=grid, lam=4.0, qk_scale=1.0, norm=norm, solver="exact", kernel=kernel)
+    out = laplacian_attention(q, k, v, hw=hw, landmarks=grid, lam=4.0, qk_scale=1.0, norm=norm, solver="exact", kernel=kernel,
+                              norm_scale="one")  # the map of §4.1 as materialised
     g = materialised_nystrom(q, k, hw, grid, 4.0, kernel, 0.01)
     ref = normalize_dense(g, v, norm)
     torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-10)
@@ -170,7 +171,8 @@ def test_qk_scale_equals_scaling_the_inputs(kernel, qk_scale):
     out = laplacian_attention(q, k, v, hw=hw, landmarks=grid, lam=4.0, qk_scale=qk_scale, solver="exact", kernel=kernel)
     ref = laplacian_attention(q * s, k * s, v, hw=hw, landmarks=grid, lam=4.0, qk_scale=1.0, solver="exact", kernel=kernel)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
-    dense = laplacian_attention(q, k, v, hw=hw, landmarks=None, lam=4.0, qk_scale=qk_scale, kernel=kernel)
+    dense = laplacian_attention(q, k, v, hw=hw, landmarks=None, lam=4.0, qk_scale=qk_scale, kernel=kernel,
+                                norm_scale="one")  # the unscaled formula below
     torch.testing.assert_close(dense, normalize_dense(laplace_kernel_naive(q * s, k * s, 4.0, kernel), v, "injective"))
 
 

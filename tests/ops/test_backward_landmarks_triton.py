@@ -6,9 +6,12 @@ specification, ``ops/streaming/backward_reference.py``, in float64.
   reference's (the landmark solve's L, W, W⁺ in float64), their sums cut into 3 random partials per group that
   add up to them (then cast to float32, as the row passes leave them); with a 3×3 depthwise conv, dweight and
   dbias equal the reference's (``query_grad_pass`` with ``ValueConv``), the kernel summing the per-batch
-  partials over the batch;
+  partials over the batch; with the output scale α of the whitened norms (``limits.output_alpha``, p = ½ and 1:
+  pass A's dM carries it, q_const reads M = α W⁺ M') it equals ``landmark_grad(..., alpha=)``;
 - ``pool_grad_triton`` (pass E) equals ``pool_grad`` on grids with overlapping bins (10×7 -> 4×3), exact
   ones, the identity pooling and 16×16 -> 7×7, dq a strided view of a token-layout buffer, more than one split;
+  a float16 / bfloat16 dq is read, added to in float32 and rounded once (the reference on its values in float64,
+  to the half dtype's rounding);
 - both are bitwise deterministic, every launch is among ``aot_specialisations`` (the AOT check's list), and
   sizes they do not serve are ValueErrors naming the argument.
 
@@ -26,7 +29,7 @@ import torch
 from laplacianformer.ops.settings import AttentionSettings
 from laplacianformer.ops.streaming import backward_reference as br
 from laplacianformer.ops.streaming.landmarks import landmark_solve_reference
-from laplacianformer.ops.streaming.limits import FLAGS
+from laplacianformer.ops.streaming.limits import FLAGS, output_alpha
 from laplacianformer.ops.value_conv import ValueConv
 
 TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -63,8 +66,9 @@ def _conv_partials(grad, qs, vv, tokens, st, hw, weight, bias, bandwidth, kernel
     return torch.cat(rows)
 
 
-def _pass_c_case(gen, norm, kernel, hw, grid, b, h, d, e, tied, conv):
-    """(inputs of ``landmark_grad_triton``, the reference's outputs) from fresh float64 q, k, v, G."""
+def _pass_c_case(gen, norm, kernel, hw, grid, b, h, d, e, tied, conv, alpha=1.0):
+    """(inputs of ``landmark_grad_triton``, the reference's outputs) from fresh float64 q, k, v, G; ``alpha`` the
+    output scale of passes A and C."""
     n = hw[0] * hw[1]
     s = AttentionSettings(head_dim=d, norm=norm, kernel=kernel)
     qs = torch.randn(b, n, h, d, generator=gen, dtype=torch.float64).transpose(1, 2)
@@ -79,11 +83,11 @@ def _pass_c_case(gen, norm, kernel, hw, grid, b, h, d, e, tied, conv):
         weight = torch.randn(h * e, 1, 3, 3, generator=gen, dtype=torch.float64)
         bias = torch.randn(h * e, generator=gen, dtype=torch.float64)
         value_conv = ValueConv(tokens, hw, weight, bias)
-    a = br.query_grad_pass(grad, qs, vv, st, s.bandwidth, kernel, norm, value_conv)
+    a = br.query_grad_pass(grad, qs, vv, st, s.bandwidth, kernel, norm, value_conv, alpha)
     bk = None
     if FLAGS[norm]["whiten"]:
         bk = br.key_grad_pass(ks, vv, st, st.w_inv.transpose(-1, -2) @ a["dm"], s.bandwidth, kernel, s.norm_eps)
-    want = br.landmark_grad(st, a, bk, n, s.bandwidth, kernel, norm)
+    want = br.landmark_grad(st, a, bk, n, s.bandwidth, kernel, norm, alpha)
     want.update(dweight=a["dweight"], dbias=a["dbias"])
     groups = b * h
     parts = dict(pdm=_partials(gen, a["dm"], groups), pg=_partials(gen, a["g_sum"], groups),
@@ -198,6 +202,57 @@ def test_pool_grad_1d_without_partials(seeded):
 
 @pytest.mark.triton
 @needs_triton
+@pytest.mark.parametrize("case,power", [(PASS_C_CASES[2], 0.5), (("injective", "gaussian", (8, 8), (4, 4), 1, 2, 16,
+                                                                 8, False, True), 1.0)],
+                         ids=["injective_nomean-m6-p0.5", "injective-m16-p1"])
+def test_landmark_grad_with_output_scale(seeded, case, power):
+    """α = N^-p: pass C equals ``landmark_grad(..., alpha=)`` on pass A's α-scaled dM (q_const reads M = α W⁺ M');
+    a float16 conv weight is accepted (only its shape is read), dweight and dbias float32."""
+    from laplacianformer.ops.streaming.backward_landmarks_triton import landmark_grad_triton
+
+    _, gen = seeded
+    n = case[2][0] * case[2][1]
+    alpha = output_alpha(case[0], power, float(n))
+    assert alpha < 1.0
+    args, want = _pass_c_case(gen, *case, alpha=alpha)
+    got = landmark_grad_triton(*args[:-1], args[-1].half(), alpha=alpha)
+    errors = {}
+    for key in PASS_C_KEYS:
+        assert got[key].dtype == torch.float32, key
+        if want[key].any():
+            errors[key] = _rel(got[key], want[key])
+    assert "q_const" in errors or not FLAGS[case[0]]["centre_q"]
+    assert all(err < 1e-4 for err in errors.values()), errors
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)], ids=["fp16", "bf16"])
+def test_pool_grad_half_dq(seeded, dtype, tol):
+    """A float16 / bfloat16 dq (a strided view of a (B, N, H, d + 3) buffer) is read, added to in float32 and
+    stored once in its dtype: the reference on its values in float64 to the dtype's rounding of each element
+    (unit roundoff u: 2⁻¹¹, 2⁻⁸; 2⁻⁷ for bfloat16 under the interpreter, whose float32 -> bfloat16 cast
+    truncates where the GPU's rounds to nearest even), and within ``tol`` of the largest; the columns beside it
+    untouched."""
+    from laplacianformer.ops.streaming.backward_landmarks_triton import pool_grad_triton
+
+    _, gen = seeded
+    hw, grid, b, h, d = POOL_CASES[0]
+    _, d_marks_w, pdl = _pool_case(gen, *POOL_CASES[0])
+    buf = torch.randn(b, hw[0] * hw[1], h, d + 3, generator=gen).to(DEVICE, dtype)
+    dq, beside = buf.transpose(1, 2)[..., :d], buf[..., d:].clone()
+    f64 = lambda t: t.cpu().double()  # noqa: E731
+    d_marks = f64(d_marks_w) + f64(pdl).sum(1).reshape(d_marks_w.shape)
+    want = br.pool_grad(f64(dq), d_marks, torch.zeros(dq.shape, dtype=torch.float64), hw, grid)
+    pool_grad_triton(dq, d_marks_w, pdl, hw, grid)
+    assert dq.dtype == dtype and torch.equal(buf[..., d:], beside)
+    assert _rel(dq, want) < tol
+    unit = 2.0 ** -11 if dtype == torch.float16 else 2.0 ** (-8 if torch.cuda.is_available() else -7)
+    assert ((f64(dq) - want).abs() <= unit * want.abs() + 1e-5 * want.abs().max()).all()
+
+
+@pytest.mark.triton
+@needs_triton
 def test_determinism(seeded):
     """Two calls of each launcher give the same bits (the partials summed in split order, no atomics)."""
     from laplacianformer.ops.streaming.backward_landmarks_triton import landmark_grad_triton, pool_grad_triton
@@ -222,6 +277,7 @@ def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     from laplacianformer.ops.streaming import backward_landmarks_triton as bl
 
     enumerated = record_launches.enumerated(bl.aot_specialisations())
+    half = record_launches.enumerated(spec for spec in bl.aot_specialisations() if spec[1].get("DQ") == "*fp16")
     launched = record_launches(bl, "landmark_grad_kernel", "pool_grad_kernel")
     _, gen = seeded
     for case in (PASS_C_CASES[0], PASS_C_CASES[7]):
@@ -229,6 +285,9 @@ def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
         bl.landmark_grad_triton(*args)
     bl.pool_grad_triton(*_pool_case(gen, *POOL_CASES[1]), *POOL_CASES[1][:2])
     assert len(launched) == 3 and set(launched) <= enumerated, set(launched) - enumerated
+    dq, d_marks_w, pdl = _pool_case(gen, *POOL_CASES[0])
+    bl.pool_grad_triton(dq.half(), d_marks_w, pdl, *POOL_CASES[0][:2])  # a float16 dq: the *fp16 specialisation
+    assert len(launched) == 4 and launched[3] in half, launched[3]
     assert any(("CONV", "True") in meta for name, meta, *_ in launched if name == "landmark_grad_kernel")
     for _, _, warps, _, maxnreg in launched:  # the block's registers fit the register file (65536)
         assert 32 * warps * maxnreg <= 65536 + 32 * warps
@@ -250,6 +309,10 @@ def test_refusals_name_the_argument(seeded):
         landmark_grad_triton(st, dict(a, pdw=None), b, *args[3:])
     with pytest.raises(ValueError, match="st: dtype torch.float64"):
         landmark_grad_triton(br.ForwardState(*(x.double() for x in st)), a, b, *args[3:])
+    with pytest.raises(ValueError, match=r"st.marks: expected float32"):
+        landmark_grad_triton(st._replace(marks=st.marks.half()), a, b, *args[3:])
+    with pytest.raises(ValueError, match=r"landmark_grad_triton: alpha=0.5: norm 'none' has no whitened part"):
+        landmark_grad_triton(st, a, None, *args[3:6], "none", alpha=0.5)
     big = br.ForwardState(*(torch.zeros(1, 1, 65, 65) if x.shape[-2:] == (6, 6) else x for x in st))
     big = big._replace(marks=torch.zeros(1, 1, 65, 16))
     with pytest.raises(ValueError, match="m=65 landmarks"):
@@ -259,7 +322,7 @@ def test_refusals_name_the_argument(seeded):
         pool_grad_triton(dq, d_marks_w, pdl, (5, 5), (2, 3))
     with pytest.raises(ValueError, match="pool_grad_triton: d_marks_w: expected shape"):
         pool_grad_triton(dq, d_marks_w, pdl, (6, 5), (3, 3))
-    with pytest.raises(ValueError, match="dq: expected a float32"):
+    with pytest.raises(ValueError, match="dq: expected a float32, float16 or bfloat16"):
         pool_grad_triton(dq.double(), d_marks_w, pdl, (6, 5), (2, 3))
 
 

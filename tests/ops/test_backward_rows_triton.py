@@ -5,7 +5,11 @@ The inputs: random float32 q, k, v and G in token layout (B, N, H·d), read as (
 several (batch, head) groups); the landmarks, W and W⁺ from ``landmark_solve_reference`` and the forward state
 from ``backward_reference.forward_state``, both in float64; pass C's dict from the float64 reference
 ``landmark_grad`` on the reference passes A and B. The kernel gets them cast to float32 and writes dq, dk, dv into
-head views of one (B, N, ·) buffer (filled with NaN first: every row is written, nothing else is). Marked
+head views of one (B, N, ·) buffer (filled with NaN first: every row is written, nothing else is). float16 and
+bfloat16 inputs (q, k, v, G and the conv weight) are read as such and dq, dk, dv written in their dtype: against
+the reference on the same half values in float64, to about the output dtype's half-ulp (pdl, float32, to the
+float32 tolerance). The output scale α of the whitened norms (``limits.output_alpha``, p = ½ and 1) enters as
+M = α W⁺ M' (``row_grad_pass(..., alpha=)``, passes A and C of the reference run with the same α). Marked
 ``triton``: CUDA, or TRITON_INTERPRET=1, which ``test_triton_suite_under_interpreter`` sets in a subprocess.
 """
 
@@ -19,7 +23,7 @@ import torch
 from laplacianformer.ops.settings import AttentionSettings
 from laplacianformer.ops.streaming import backward_reference as ref
 from laplacianformer.ops.streaming.landmarks import landmark_solve_reference
-from laplacianformer.ops.streaming.limits import FLAGS, splits_for
+from laplacianformer.ops.streaming.limits import FLAGS, output_alpha, splits_for
 from laplacianformer.ops.value_conv import ValueConv
 
 TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -34,61 +38,70 @@ def _heads(tokens: torch.Tensor, h: int) -> torch.Tensor:
     return tokens.view(b, n, h, width // h).transpose(1, 2)
 
 
-def _case(gen, norm, tied, kernel, conv, b, h, hw, grid, d, e):
+def _case(gen, norm, tied, kernel, conv, b, h, hw, grid, d, e, dtype=torch.float32, alpha=1.0):
     """Float64 inputs and the reference: (inputs, conv64, want, settings). hw (gh, gw) or an int N (1-D),
-    grid the landmark grid (lh, lw) or m (1-D); conv "2d" (the (gh, gw) grid), "1d" (hw None) or None."""
+    grid the landmark grid (lh, lw) or m (1-D); conv "2d" (the (gh, gw) grid), "1d" (hw None) or None. q, k, v,
+    G and the conv weight hold values of ``dtype`` (rounded to it), the reference runs passes A, C and D with the
+    output scale ``alpha``."""
     n = hw[0] * hw[1] if isinstance(hw, tuple) else hw
     f64 = dict(generator=gen, dtype=torch.float64)
-    q = _heads(torch.randn(b, n, h * d, **f64), h)
-    k = q if tied else _heads(torch.randn(b, n, h * d, **f64), h)
-    v_tok = torch.randn(b, n, h * e, **f64)
-    v, grad = _heads(v_tok, h), _heads(torch.randn(b, n, h * e, **f64), h)
+    rand = lambda *shape: torch.randn(*shape, **f64).to(dtype).double()  # noqa: E731
+    q = _heads(rand(b, n, h * d), h)
+    k = q if tied else _heads(rand(b, n, h * d), h)
+    v_tok = rand(b, n, h * e)
+    v, grad = _heads(v_tok, h), _heads(rand(b, n, h * e), h)
     s = AttentionSettings(head_dim=d, kernel=kernel)
     marks, w, w_inv = landmark_solve_reference(q, hw if isinstance(hw, tuple) else None, grid, s.bandwidth, kernel,
                                                eps=0.01, iters=30)
+    # the kernel reads float32 landmarks: the reference on their values (with half q, k a coordinate of k can lie
+    # between a float64 landmark and its float32 rounding, and L1's sign(k − l) flip there)
+    marks = marks.float().double()
     st = ref.forward_state(q, k, v, marks, w, w_inv, s.bandwidth, kernel, norm, EPS)
     conv64 = None
     if conv is not None:
-        weight = torch.randn(h * e, 1, 3, 3, **f64)
+        weight = rand(h * e, 1, 3, 3)
         conv64 = ValueConv(v_tok, hw if conv == "2d" else None, weight, None)
-    a = ref.query_grad_pass(grad, q, v, st, s.bandwidth, kernel, norm)
+    a = ref.query_grad_pass(grad, q, v, st, s.bandwidth, kernel, norm, alpha=alpha)
     bpass = None
     if FLAGS[norm]["whiten"]:
         bpass = ref.key_grad_pass(k, v, st, st.w_inv.transpose(-1, -2) @ a["dm"], s.bandwidth, kernel, EPS)
-    c = ref.landmark_grad(st, a, bpass, n, s.bandwidth, kernel, norm)
-    want = ref.row_grad_pass(grad, q, k, v, st, c, s.bandwidth, kernel, norm, EPS, conv64)
+    c = ref.landmark_grad(st, a, bpass, n, s.bandwidth, kernel, norm, alpha)
+    want = ref.row_grad_pass(grad, q, k, v, st, c, s.bandwidth, kernel, norm, EPS, conv64, alpha)
     return (grad, q, k, v, st, c), conv64, want, s
 
 
-def _to32(t):
-    """A float32 copy on DEVICE keeping a head view's token layout (a (B, H, N, c) view of (B, N, H·c))."""
+def _to32(t, dtype=torch.float32):
+    """A copy of ``dtype`` (float32: the state and pass C's dict) on DEVICE keeping a head view's token layout
+    (a (B, H, N, c) view of (B, N, H·c))."""
     if t is None:
         return None
     if t.dim() == 4 and t.stride(1) < t.stride(2):  # a head view: copy its token buffer
         b, h, n, c = t.shape
-        return _heads(t.transpose(1, 2).reshape(b, n, h * c).to(DEVICE, torch.float32), h)
-    return t.to(DEVICE, torch.float32).contiguous()
+        return _heads(t.transpose(1, 2).reshape(b, n, h * c).to(DEVICE, dtype), h)
+    return t.to(DEVICE, dtype).contiguous()
 
 
-def _run(inputs, conv64, s, kernel, norm, tied):
-    """The kernel on the float32 inputs, dq, dk, dv head views of one NaN-filled (B, N, ·) buffer: (dq, dk, dv,
-    pdl, the buffer's untouched dk part when tied)."""
+def _run(inputs, conv64, s, kernel, norm, tied, dtype=torch.float32, alpha=1.0):
+    """The kernel on the inputs cast to ``dtype`` (the conv weight too; the state and pass C's dict float32), dq,
+    dk, dv head views of one NaN-filled (B, N, ·) buffer of ``dtype``: (dq, dk, dv, pdl, the buffer's untouched dk
+    part when tied)."""
     from laplacianformer.ops.streaming.backward_rows_triton import row_grad_triton
 
     grad, q, k, v, st, c = inputs
     b, h, n, d = q.shape
     e = v.shape[-1]
-    q32 = _to32(q)
-    k32 = q32 if tied else _to32(k)
+    q32 = _to32(q, dtype)
+    k32 = q32 if tied else _to32(k, dtype)
     st32 = ref.ForwardState(*(_to32(t) for t in st))
     c32 = {key: _to32(val) for key, val in c.items()}
-    conv32 = None if conv64 is None else conv64._replace(tokens=_to32(conv64.tokens), weight=_to32(conv64.weight))
-    buf = torch.full((b, n, 2 * h * d + h * e), float("nan"), device=DEVICE)
+    conv32 = None if conv64 is None else conv64._replace(tokens=_to32(conv64.tokens, dtype),
+                                                         weight=_to32(conv64.weight, dtype))
+    buf = torch.full((b, n, 2 * h * d + h * e), float("nan"), device=DEVICE, dtype=dtype)
     dq = _heads(buf[..., :h * d], h)
     dk = _heads(buf[..., h * d:2 * h * d], h)
     dv = _heads(buf[..., 2 * h * d:], h)
-    pdl = row_grad_triton(_to32(grad), q32, k32, _to32(v), st32, c32, s.bandwidth, kernel, norm, EPS, conv32,
-                          dq, None if tied else dk, dv)
+    pdl = row_grad_triton(_to32(grad, dtype), q32, k32, _to32(v, dtype), st32, c32, s.bandwidth, kernel, norm, EPS,
+                          conv32, dq, None if tied else dk, dv, alpha=alpha)
     return dq, None if tied else dk, dv, pdl, buf[..., h * d:2 * h * d] if tied else None
 
 
@@ -122,19 +135,24 @@ def _id(case):
     return f"{norm}-{'tied' if tied else 'untied'}-{kernel}-conv{conv}-m{m}-d{d}-e{e}"
 
 
-def _check(case, gen):
+HALF_TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+"""The tolerance of dq, dk, dv written in each dtype (about its half-ulp; pdl stays float32: 1e-4)."""
+
+
+def _check(case, gen, dtype=torch.float32, alpha=1.0):
     norm, tied, kernel = case[:3]
-    inputs, conv64, want, s = _case(gen, *case)
-    dq, dk, dv, pdl, untouched = _run(inputs, conv64, s, kernel, norm, tied)
+    inputs, conv64, want, s = _case(gen, *case, dtype=dtype, alpha=alpha)
+    dq, dk, dv, pdl, untouched = _run(inputs, conv64, s, kernel, norm, tied, dtype, alpha)
     b, h, n, d = dq.shape
     assert pdl.shape[0] == b * h and pdl.shape[2:] == want["d_marks"].shape[-2:] and pdl.is_contiguous()
-    _close(dq, want["dq"], "dq")
-    _close(dv, want["dv"], "dv")
+    assert dq.dtype == dv.dtype == dtype and pdl.dtype == torch.float32
+    _close(dq, want["dq"], "dq", HALF_TOL[dtype])
+    _close(dv, want["dv"], "dv", HALF_TOL[dtype])
     _close(pdl.sum(1).view(want["d_marks"].shape), want["d_marks"], "d_marks")
     if tied:
         assert want["dk"] is None and torch.isnan(untouched).all(), "K = Q: the dk part of the buffer was written"
     else:
-        _close(dk, want["dk"], "dk")
+        _close(dk, want["dk"], "dk", HALF_TOL[dtype])
     return pdl
 
 
@@ -166,6 +184,35 @@ def test_several_tiles_per_split(seeded, monkeypatch, case):
     assert pdl.shape[1] == 2
 
 
+# (dtype, case): a whitened norm with K ≠ Q and the conv, a plain one with K = Q, each in float16 and bfloat16
+HALF_CASES = [(dtype, case) for dtype in (torch.float16, torch.bfloat16)
+              for case in (("injective", False, "laplacian", "2d", 1, 2, (10, 7), (4, 4), 16, 16),
+                           ("inline", True, "gaussian", None, 1, 2, (10, 7), (2, 3), 16, 8))]
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("dtype,case", HALF_CASES, ids=lambda x: str(x)[6:] if isinstance(x, torch.dtype) else _id(x))
+def test_half_inputs_and_outputs(seeded, dtype, case):
+    """float16 / bfloat16 G, q, k, v and conv weight read as such, dq, dk, dv written in their dtype: the float64
+    reference on the same half values, to about the output dtype's half-ulp (``HALF_TOL``)."""
+    _, gen = seeded
+    _check(case, gen, dtype)
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("case,power", [(CASES[0], 0.5), (CASES[3], 1.0)], ids=lambda x: f"p{x}"
+                         if isinstance(x, float) else _id(x))
+def test_output_scale_alpha(seeded, case, power):
+    """α = N^-p (p = ½ and 1, injective and injective_nomean, with the conv): the reference's passes A, C, D with
+    the same α (M = α W⁺ M' in dC_q)."""
+    _, gen = seeded
+    alpha = output_alpha(case[0], power, 70.0)
+    assert alpha < 1.0
+    _check(case, gen, alpha=alpha)
+
+
 @pytest.mark.triton
 @needs_triton
 def test_deterministic(seeded):
@@ -187,6 +234,7 @@ def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     from laplacianformer.ops.streaming import backward_rows_triton as module
 
     enumerated = record_launches.enumerated(module.aot_specialisations())
+    half = record_launches.enumerated(spec for spec in module.aot_specialisations() if spec[1]["DQ"] == "*bf16")
     launched = record_launches(module, "row_grad_kernel")
     _, gen = seeded
     for case in [("injective", False, "laplacian", "2d", 1, 1, (5, 8), (2, 3), 8, 24),
@@ -194,6 +242,10 @@ def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
         inputs, conv64, _, s = _case(gen, *case)
         _run(inputs, conv64, s, case[2], case[0], case[1])
     assert len(launched) == 2 and set(launched) <= enumerated, set(launched) - enumerated
+    case = ("injective_nomean", True, "gaussian", "1d", 1, 1, 40, 6, 8, 8)  # bfloat16: the *bf16 specialisation
+    inputs, conv64, _, s = _case(gen, *case, dtype=torch.bfloat16)
+    _run(inputs, conv64, s, case[2], case[0], case[1], torch.bfloat16, alpha=0.5)
+    assert len(launched) == 3 and launched[2] in half, launched[2]
 
 
 def test_refusals(seeded):
@@ -213,6 +265,10 @@ def test_refusals(seeded):
     cases = [
         (args(norm="softmax"), "norm 'softmax' has no streaming form"),
         (args(qs=q.double(), ks=q.double()), "dtype torch.float64"),
+        (args(grad=grad.half()), r"grad: expected float32 \(qs's dtype\)"),
+        (args(qs=q.bfloat16(), ks=k.bfloat16(), grad=grad.bfloat16(), vv=v.bfloat16()),
+         r"dq: expected bfloat16 \(the inputs' dtype\)"),
+        (args(alpha=0.5), r"alpha=0.5: norm 'inline' has no whitened part"),
         (args(kernel="cosine"), "kernel 'cosine'"),
         (args(dk=None), "dk: expected None exactly when ks is qs"),
         (args(dq=out((1, 1, 40, 9))), r"dq: expected a \(1, 1, 40, 8\) output"),

@@ -8,7 +8,10 @@ over the splits equal dM, Σ G and db (pass A) and dS', Σ dk̃ (pass B, fed pas
 both kernels, K = Q and K ≠ Q, m in {4, 6, 16, 49}, N not a multiple of 32, splits of several tiles, d and e not
 powers of two; the conv weight's partials equal the reference's DWConv weight gradient (a 2-D grid that is not
 square, a 1-D sequence); two runs are bitwise equal; every launch is among ``aot_specialisations``; sizes the
-kernels do not serve are refused with the argument named.
+kernels do not serve are refused with the argument named. float16 and bfloat16 q, k, v, G (and conv tokens and
+weight) are read as such: against the reference on the same half values upcast to float64, the float32 partials
+keep the float32 tolerance. The output scale α of the whitened norms (``limits.output_alpha``, p = ½ and 1)
+scales pass A's dM (and through it pass B); α = 1 is bitwise the call without it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 from laplacianformer.ops.settings import AttentionSettings
 from laplacianformer.ops.streaming import backward_reference as ref
 from laplacianformer.ops.streaming.landmarks import landmark_solve_reference
-from laplacianformer.ops.streaming.limits import FLAGS, splits_for
+from laplacianformer.ops.streaming.limits import FLAGS, output_alpha, splits_for
 from laplacianformer.ops.value_conv import ValueConv
 
 TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -32,19 +35,21 @@ TOL = 1e-4
 needs_triton = pytest.mark.skipif(not TRITON_HERE, reason="needs CUDA or TRITON_INTERPRET=1")
 
 
-def _heads(gen, b, n, h, width):
-    """A fresh float32 (B, H, N, width) head view of a (B, N, H·width) token buffer (strided, last dim contiguous)."""
-    return torch.randn(b, n, h * width, generator=gen).to(DEVICE).view(b, n, h, width).transpose(1, 2)
+def _heads(gen, b, n, h, width, dtype=torch.float32):
+    """A fresh (B, H, N, width) head view of a (B, N, H·width) token buffer of ``dtype`` (strided, last dim
+    contiguous)."""
+    return torch.randn(b, n, h * width, generator=gen).to(DEVICE, dtype).view(b, n, h, width).transpose(1, 2)
 
 
-def _case(gen, norm, kernel, tied, b, h, hw, grid, d, e):
-    """Inputs and states: (float32 (grad, qs, ks, vv), float32 state, float64 (grad, qs, ks, vv), float64 state,
-    settings). N = gh·gw (hw a (gh, gw) grid) or hw[1] with hw = (1, N) for a 1-D sequence pooled to grid = m."""
+def _case(gen, norm, kernel, tied, b, h, hw, grid, d, e, dtype=torch.float32):
+    """Inputs and states: ((grad, qs, ks, vv) of ``dtype``, float32 state, float64 (grad, qs, ks, vv) (the same
+    values), float64 state, settings). N = gh·gw (hw a (gh, gw) grid) or hw[1] with hw = (1, N) for a 1-D sequence
+    pooled to grid = m."""
     n = hw[0] * hw[1]
-    qs = _heads(gen, b, n, h, d)
-    ks = qs if tied else _heads(gen, b, n, h, d)
-    vv = _heads(gen, b, n, h, e)
-    grad = _heads(gen, b, n, h, e)
+    qs = _heads(gen, b, n, h, d, dtype)
+    ks = qs if tied else _heads(gen, b, n, h, d, dtype)
+    vv = _heads(gen, b, n, h, e, dtype)
+    grad = _heads(gen, b, n, h, e, dtype)
     s = AttentionSettings(head_dim=d, kernel=kernel, norm=norm, landmarks=grid)
     f64 = lambda t: t.cpu().double()  # noqa: E731
     q64 = f64(qs)
@@ -143,11 +148,12 @@ def test_key_pass_takes_dm_in_any_number_of_splits(seeded):
         assert _err(_split_sum(got["pdkt"], 1, 2), want["dkt_sum"]) < TOL
 
 
-def _conv_case(gen, hw, n, b, h, e, bias):
-    """V as the head view of (B, N, H·e) tokens and its ValueConv, float32 and float64."""
-    tokens = torch.randn(b, n, h * e, generator=gen).to(DEVICE)
-    weight = torch.randn(h * e, 1, 3, 3, generator=gen).to(DEVICE)
-    conv_bias = torch.randn(h * e, generator=gen).to(DEVICE) if bias else None
+def _conv_case(gen, hw, n, b, h, e, bias, dtype=torch.float32):
+    """V as the head view of (B, N, H·e) tokens and its ValueConv (tokens, weight and bias of ``dtype``), and the
+    same values in float64."""
+    tokens = torch.randn(b, n, h * e, generator=gen).to(DEVICE, dtype)
+    weight = torch.randn(h * e, 1, 3, 3, generator=gen).to(DEVICE, dtype)
+    conv_bias = torch.randn(h * e, generator=gen).to(DEVICE, dtype) if bias else None
     vv = tokens.view(b, n, h, e).transpose(1, 2)
     t64 = tokens.cpu().double()
     conv64 = ValueConv(t64, hw, weight.cpu().double(), None if conv_bias is None else conv_bias.cpu().double())
@@ -214,6 +220,7 @@ def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     from laplacianformer.ops.streaming import backward_stats_triton as bw
 
     enumerated = record_launches.enumerated(bw.aot_specialisations())
+    half = record_launches.enumerated(spec for spec in bw.aot_specialisations() if spec[1]["V"] == "*bf16")
     launched = record_launches(bw, "query_grad_kernel", "key_grad_kernel")
     _, gen = seeded
     for case in [("injective", "laplacian", False, 1, 1, (8, 5), (7, 7), 16, 24),
@@ -227,6 +234,12 @@ def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     bw.query_grad_triton(grad, qs, vv, st32, s.bandwidth, "laplacian", "inline", conv)
     assert len(launched) == 4 and set(launched) <= enumerated, set(launched) - enumerated
     assert any(("CONV", "True") in meta for name, meta, *_ in launched if name == "query_grad_kernel")
+    # bfloat16 data: both kernels' launches among the specialisations whose data pointers are typed *bf16
+    case = ("injective_nomean", "gaussian", False, 1, 1, (8, 5), (2, 2), 16, 8)
+    (grad, qs, ks, vv), st32, *_rest, s = _case(gen, *case, dtype=torch.bfloat16)
+    a = bw.query_grad_triton(grad, qs, vv, st32, s.bandwidth, "gaussian", case[0], alpha=0.5)
+    bw.key_grad_triton(ks, vv, st32, a["pdm"], s.bandwidth, "gaussian", s.norm_eps)
+    assert len(launched) == 6 and set(launched[4:]) <= half, set(launched[4:]) - half
 
 
 @pytest.mark.triton
@@ -242,6 +255,16 @@ def test_sizes_not_served_are_refused(seeded):
         query_grad_triton(grad, qs, vv, st32, *args, "bogus")
     with pytest.raises(ValueError, match="query_grad_triton: grad must be float32"):
         query_grad_triton(grad[..., :4], qs, vv, st32, *args, "injective")
+    with pytest.raises(ValueError, match=r"query_grad_triton: grad must be float32 .*qs's dtype"):
+        query_grad_triton(grad.half(), qs, vv, st32, *args, "injective")
+    with pytest.raises(ValueError, match="query_grad_triton: vv must be bfloat16"):
+        query_grad_triton(grad.bfloat16(), qs.bfloat16(), vv, st32, *args, "injective")
+    with pytest.raises(ValueError, match="key_grad_triton: vv must be float16"):
+        key_grad_triton(ks.half(), vv, st32, torch.zeros(1, 2, 4, 8, device=DEVICE), *args, s.norm_eps)
+    with pytest.raises(ValueError, match=r"query_grad_triton: alpha=0.5: norm 'inline' has no whitened part"):
+        query_grad_triton(grad, qs, vv, st32, *args, "inline", alpha=0.5)
+    with pytest.raises(ValueError, match=r"query_grad_triton: alpha=nan"):
+        query_grad_triton(grad, qs, vv, st32, *args, "injective", alpha=float("nan"))
     with pytest.raises(ValueError, match="dtype torch.float64"):
         query_grad_triton(grad.double(), qs.double(), vv.double(), st32, *args, "injective")
     with pytest.raises(ValueError, match="st.w_inv must be float32"):
@@ -254,6 +277,83 @@ def test_sizes_not_served_are_refused(seeded):
         key_grad_triton(ks, vv, st32, pdm[..., :3], *args, s.norm_eps)
     with pytest.raises(ValueError, match="d=129"):
         key_grad_triton(torch.zeros(1, 1, 40, 129, device=DEVICE), vv, st32, pdm, *args, s.norm_eps)
+
+
+# (dtype, norm, kernel, tied, conv): K ≠ Q with a whitened norm (pass B) and the conv, K = Q with rowsum (db's loop)
+HALF_CASES = [(dtype, *case) for dtype in (torch.float16, torch.bfloat16)
+              for case in (("injective", "laplacian", False, True), ("rowsum", "gaussian", True, False))]
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("case", HALF_CASES, ids=lambda c: f"{str(c[0])[6:]}-{c[1]}-{'tied' if c[3] else 'untied'}"
+                         f"{'-conv' if c[4] else ''}")
+def test_half_inputs_equal_the_reference_on_their_values(seeded, case):
+    """float16 / bfloat16 G, q, k, v (and the conv's tokens and weight) read as such: the partials (float32)
+    equal the float64 reference on the same half values to the float32 tolerance (no rounding to half anywhere:
+    the products and sums run in float32)."""
+    from laplacianformer.ops.streaming.backward_stats_triton import key_grad_triton, query_grad_triton
+
+    _, gen = seeded
+    dtype, norm, kernel, tied, with_conv = case
+    b, h, hw, grid, d, e = 1, 2, (10, 7), (2, 3), 16, 8
+    (grad, qs, ks, vv), st32, (g64, q64, k64, v64), st64, s = _case(gen, norm, kernel, tied, b, h, hw, grid, d, e,
+                                                                   dtype)
+    conv = conv64 = None
+    if with_conv:  # V the head view of the conv's half tokens, the state from those values
+        vv, conv, v64, conv64 = _conv_case(gen, hw, 70, b, h, e, bias=True, dtype=dtype)
+        st64 = ref.forward_state(q64, k64, v64, st64.marks, st64.w, st64.w_inv, s.bandwidth, kernel, norm,
+                                 s.norm_eps)
+        st32 = ref.ForwardState(*(t.float().contiguous().to(DEVICE) for t in st64))
+    assert all(t.dtype == dtype for t in (grad, qs, ks, vv))
+    a = query_grad_triton(grad, qs, vv, st32, s.bandwidth, kernel, norm, conv)
+    want = ref.query_grad_pass(g64, q64, v64, st64, s.bandwidth, kernel, norm, conv64)
+    assert all(t is None or t.dtype == torch.float32 for t in a.values())
+    assert _err(_split_sum(a["pdm"], b, h), want["dm"]) < TOL
+    assert _err(_split_sum(a["pg"], b, h), want["g_sum"]) < TOL
+    if FLAGS[norm]["rowsum"]:
+        assert _err(_split_sum(a["pdb"], b, h), want["db"]) < TOL
+    if with_conv:
+        dweight = a["pdw"].reshape(b, h, -1, 9, e).sum((0, 2)).permute(0, 2, 1).reshape(h * e, 1, 3, 3)
+        assert _err(dweight, want["dweight"]) < TOL
+    if FLAGS[norm]["whiten"]:
+        key = key_grad_triton(ks, vv, st32, a["pdm"], s.bandwidth, kernel, s.norm_eps)
+        want_b = ref.key_grad_pass(k64, v64, st64, st64.w_inv.transpose(-1, -2) @ want["dm"], s.bandwidth, kernel,
+                                   s.norm_eps)
+        assert _err(_split_sum(key["pdsp"], b, h), want_b["dsp"]) < TOL
+        assert _err(_split_sum(key["pdkt"], b, h), want_b["dkt_sum"]) < TOL
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("norm,power", [("injective", 0.5), ("injective_nomean", 1.0)])
+def test_output_scale_alpha(seeded, norm, power):
+    """α = N^-p (p = ½, 1): pass A's dM is α Σ cᵀ dt (``query_grad_pass(..., alpha=)``), the conv's and Σ G's
+    partials unchanged; pass B fed it gives the reference's dS' and Σ dk̃ of that dM. α = 1 (p = 0) is bitwise the
+    call without ``alpha``."""
+    from laplacianformer.ops.streaming.backward_stats_triton import key_grad_triton, query_grad_triton
+
+    _, gen = seeded
+    b, h, hw, grid, d, e = 1, 2, (10, 7), (2, 3), 16, 8
+    (grad, qs, ks, _), _, (g64, q64, k64, _), st64, s = _case(gen, norm, "laplacian", False, b, h, hw, grid, d, e)
+    vv, conv, v64, conv64 = _conv_case(gen, hw, 70, b, h, e, bias=True)
+    st64 = ref.forward_state(q64, k64, v64, st64.marks, st64.w, st64.w_inv, s.bandwidth, "laplacian", norm, s.norm_eps)
+    st32 = ref.ForwardState(*(t.float().contiguous().to(DEVICE) for t in st64))
+    alpha = output_alpha(norm, power, 70.0)
+    assert alpha < 1.0 and output_alpha(norm, 0.0, 70.0) == 1.0
+    a = query_grad_triton(grad, qs, vv, st32, s.bandwidth, "laplacian", norm, conv, alpha=alpha)
+    want = ref.query_grad_pass(g64, q64, v64, st64, s.bandwidth, "laplacian", norm, conv64, alpha=alpha)
+    assert _err(_split_sum(a["pdm"], b, h), want["dm"]) < TOL
+    one = query_grad_triton(grad, qs, vv, st32, s.bandwidth, "laplacian", norm, conv, alpha=1.0)
+    plain = query_grad_triton(grad, qs, vv, st32, s.bandwidth, "laplacian", norm, conv)
+    for name in ("pg", "pdw"):
+        assert torch.equal(a[name], plain[name]), name
+    assert all(torch.equal(one[name], plain[name]) for name in ("pdm", "pg", "pdw"))
+    key = key_grad_triton(ks, vv, st32, a["pdm"], s.bandwidth, "laplacian", s.norm_eps)
+    want_b = ref.key_grad_pass(k64, v64, st64, st64.w_inv.transpose(-1, -2) @ want["dm"], s.bandwidth, "laplacian",
+                               s.norm_eps)
+    assert _err(_split_sum(key["pdsp"], b, h), want_b["dsp"]) < TOL
+    assert _err(_split_sum(key["pdkt"], b, h), want_b["dkt_sum"]) < TOL
 
 
 def test_triton_suite_under_interpreter(triton_interpreter):

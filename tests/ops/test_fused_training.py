@@ -12,6 +12,7 @@ projection, forward and backward in fused passes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -65,9 +66,43 @@ def test_torch_backend_equals_the_unfused_path(seeded, norm, tied, with_conv):
         assert _rel(g, w) < 1e-9
 
 
+@pytest.mark.parametrize("norm", ["injective", "injective_nomean"])
+@pytest.mark.parametrize("norm_scale", ["inv_sqrt_n", "inv_n"])
+def test_torch_backend_with_the_output_scale_equals_the_unfused_path(seeded, norm, norm_scale):
+    """The §4.6 scale α = N^-p runs inside the fused passes (M = α W⁺ M', dM = α cᵀ G), the same values and
+    gradients as the unfused path's post-op."""
+    _, gen = seeded
+    qkv, weight, bias = _case(gen, False, True)
+    s = AttentionSettings(head_dim=8, norm=norm, landmarks=(3, 2), norm_scale=norm_scale)
+    got, got_grads = _run("torch", qkv, weight, bias, s, 2, False, (7, 5))
+    want, want_grads = _run("steps", qkv, weight, bias, s, 2, False, (7, 5))
+    assert _rel(got, want) < 1e-9
+    for g, w in zip(got_grads, want_grads):
+        assert _rel(g, w) < 1e-9
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("autocast", [False, True], ids=["plain", "autocast"])
+def test_torch_backend_reads_half_precision(seeded, dtype, autocast):
+    """Half qkv (and under CPU autocast): the torch backend computes in float32 from the half values, as the
+    unfused path does (docs/DESIGN.md §1.3); output and gradients in qkv's dtype, equal up to half rounding."""
+    _, gen = seeded
+    qkv, weight, bias = _case(gen, True, True)
+    s = AttentionSettings(head_dim=8, landmarks=(3, 2), norm_scale="inv_n")
+    qkv = qkv.to(dtype)
+    weight, bias = (weight.float(), bias.float()) if autocast else (weight.to(dtype), bias.to(dtype))  # .half()
+    with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+        got, got_grads = _run("torch", qkv, weight, bias, s, 2, True, (7, 5))
+        want, want_grads = _run("steps", qkv, weight, bias, s, 2, True, (7, 5))
+    assert got.dtype == dtype and got_grads[0].dtype == dtype and got_grads[1].dtype == weight.dtype
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    assert _rel(got, want) < tol
+    for g, w in zip(got_grads, want_grads):
+        assert _rel(g, w) < 2 * tol
+
+
 @pytest.mark.parametrize("why, change", [
     ("1-D", dict(hw=None)),
-    ("norm_scale", dict(norm_scale="inv_n")),
     ("solver", dict(solver="cg")),
 ])
 def test_refusals_run_the_unfused_path(seeded, why, change):
@@ -102,6 +137,12 @@ TRITON_CASES = [
     ("rowsum", False, True, "gaussian", 1, 2, 8, (10, 7), (2, 3)),
     ("none", True, False, "laplacian", 1, 1, 16, (8, 12), (3, 3)),
 ]
+# (dtype, norm_scale, case): half-precision qkv read as such, and the §4.6 output scale inside the passes
+TRITON_VARIANT_CASES = [
+    (torch.float32, "inv_n", TRITON_CASES[0]),
+    (torch.bfloat16, "inv_n", TRITON_CASES[0]),
+    (torch.float16, "one", TRITON_CASES[3]),
+]
 
 
 def _triton_case(gen, norm, tied, with_conv, kernel, b, heads, d, hw, grid):
@@ -129,6 +170,35 @@ def test_triton_equals_the_float64_passes(seeded, case):
         assert _rel(dqkv[..., cols], dqkv_want[..., cols]) < 2e-4, part
     for g, w in zip(got_grads[1:], want_grads[1:]):
         assert _rel(g.cpu(), w) < 2e-4
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("variant", TRITON_VARIANT_CASES,
+                         ids=lambda c: f"{str(c[0]).removeprefix('torch.')}-{c[1]}-{c[2][0]}")
+def test_triton_variants_equal_the_float64_passes(seeded, variant):
+    """Half-precision qkv read as they are (output and dq, dk, dv in their dtype, sums in float32) and the §4.6
+    output scale inside the passes, against the float64 passes on the same (rounded) values."""
+    dtype, norm_scale, case = variant
+    _, gen = seeded
+    qkv, weight, bias, s = _triton_case(gen, *case)
+    s = dataclasses.replace(s, norm_scale=norm_scale)
+    heads, tied, hw = case[5], case[1], case[7]
+    qkv = qkv.to(dtype).double()  # the values the kernels read
+    cast = lambda t: None if t is None else t.to(dtype).to(DEVICE)  # noqa: E731
+    got, got_grads = _run("triton", cast(qkv), None if weight is None else weight.float().to(DEVICE),
+                          None if bias is None else bias.float().to(DEVICE), s, heads, tied, hw)
+    want, want_grads = _run("torch", qkv, weight, bias, s, heads, tied, hw)
+    assert got.dtype == dtype and got_grads[0].dtype == dtype
+    tol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    assert _rel(got.cpu(), want) < tol
+    dqkv, dqkv_want = got_grads[0].cpu(), want_grads[0]
+    c = dqkv.shape[-1] // (2 if tied else 3)
+    for part in range(dqkv.shape[-1] // c):
+        cols = slice(part * c, (part + 1) * c)
+        assert _rel(dqkv[..., cols], dqkv_want[..., cols]) < 2 * tol, part
+    for g, w in zip(got_grads[1:], want_grads[1:]):
+        assert _rel(g.cpu(), w) < 2 * tol
 
 
 @pytest.mark.triton

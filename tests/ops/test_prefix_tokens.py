@@ -47,7 +47,7 @@ def test_nystrom_with_prefix_equals_dense_formula(seeded, norm, prefix, hw, land
     _, gen = seeded
     q, k, v = draw(gen, n=prefix + 24)
     out = laplacian_attention(q, k, v, hw=hw, num_prefix_tokens=prefix, landmarks=landmarks, norm=norm,
-                              solver="exact")
+                              solver="exact", norm_scale="one")  # the unscaled formula of the reference
     ref = dense_reference(q, k, v, prefix, hw, landmarks, norm, scale=q.shape[-1] ** -0.5)
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-11)
 
@@ -58,7 +58,7 @@ def test_tied_keys_and_converged_newton_schulz(seeded, kernel):
     _, gen = seeded
     q, _, v = draw(gen, n=1 + 24)
     out = laplacian_attention(q, q, v, hw=(4, 6), num_prefix_tokens=1, landmarks=(2, 2), kernel=kernel, lam=4.0,
-                              qk_scale=0.5, iters=60)
+                              qk_scale=0.5, iters=60, norm_scale="one")
     ref = dense_reference(q, q, v, 1, (4, 6), (2, 2), "injective", kernel=kernel, scale=0.5)
     torch.testing.assert_close(out, ref, rtol=1e-7, atol=1e-9)
 

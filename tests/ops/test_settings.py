@@ -98,7 +98,7 @@ def test_one_list_of_operator_keywords():
     params = inspect.signature(laplacian_attention).parameters
     assert {name: params[name].default for name in OPERATOR_SETTINGS} == DEFAULTS
     assert set(LAPLACIAN_ATTN_KWARGS) == (set(OPERATOR_SETTINGS) - {"kernel"}) | set(LAPLACIAN_MODULE_KWARGS)
-    assert AttentionSettings(8, lam=2.0).options() == {**DEFAULTS, "lam": 2.0, "qk_scale": 8 ** -0.5}
+    assert AttentionSettings(8, lam=2.0).options() == {**DEFAULTS, "lam": 2.0, "qk_scale": 8 ** -0.5, "norm_scale": "inv_n"}
     with pytest.raises(TypeError, match="LaplacianAttention: unexpected keyword argument\\(s\\) \\['lamda'\\]"):
         LaplacianAttention(16, 2, lamda=2.0)
 

@@ -25,7 +25,7 @@ from laplacianformer.ops.dispatch import BackendRefused
 from laplacianformer.ops.pooling import pool_landmarks
 from laplacianformer.ops.settings import AttentionSettings
 from laplacianformer.ops.streaming import STREAMED_NORMS, STREAMING, streaming_nystrom, streaming_nystrom_reference
-from laplacianformer.ops.streaming.limits import splits_for
+from laplacianformer.ops.streaming.limits import scale_power, splits_for
 from laplacianformer.ops.value_conv import ValueConv, add_value_conv, value_conv_heads
 
 TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -76,6 +76,46 @@ def test_reference_equals_the_core_on_a_grid(seeded, kernel, norm_scale):
     with use(streaming="torch"):
         got = laplacian_attention(q, k, v, **kwargs)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("norm_scale", ["inv_sqrt_n", "inv_n"])
+def test_reference_with_the_output_scale_and_a_mask_equals_the_core(seeded, norm_scale):
+    """The §4.6 scale inside the passes takes each sequence's own valid-key count (α = n^-p per sequence)."""
+    _, gen = seeded
+    q, k, v = _qkv(gen, 2, 2, 75, 16, 8, False)
+    kwargs = dict(landmarks=16, norm_scale=norm_scale, key_padding_mask=_mask(2, 75))
+    with use(streaming="steps"):
+        want = laplacian_attention(q, k, v, **kwargs)
+    with use(streaming="torch"):
+        got = laplacian_attention(q, k, v, **kwargs)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_inputs_reach_the_fused_ops_uncast(seeded, monkeypatch, dtype):
+    """Half q, k, v without a mask go to the landmark solve and the passes as they are (no float32 copies; the
+    ops compute in float32 inside), with the layer's DWConv(V) fused; the result equals the cast path's."""
+    import laplacianformer.ops.nystrom as core
+    from laplacianformer.ops.attention import attention_with_value_conv
+
+    _, gen = seeded
+    tokens = torch.randn(2, 48, 32, generator=gen, dtype=torch.float64).to(dtype)
+    q = torch.randn(2, 2, 48, 16, generator=gen, dtype=torch.float64).to(dtype)
+    weight, bias = (torch.randn(32, 1, 3, 3, generator=gen) / 3).to(dtype), torch.randn(32, generator=gen).to(dtype)
+    s = AttentionSettings(head_dim=16, landmarks=(3, 2), norm_scale="inv_n")
+    kwargs = dict(hw=(8, 6), weight=weight, bias=bias)
+    with use(streaming="steps", landmark_solve="steps"):
+        want = attention_with_value_conv(q, q, tokens, s, **kwargs)
+
+    def no_cast(*_args):
+        raise AssertionError("the half inputs were cast")
+
+    monkeypatch.setattr(core, "padded_inputs", no_cast)
+    with use(streaming="torch", landmark_solve="torch"):
+        got = attention_with_value_conv(q, q, tokens, s, **kwargs)
+    assert got.dtype == dtype
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    assert ((got.double() - want.double()).abs().max() / want.double().abs().max()).item() < tol
 
 
 def _conv(gen, tokens, hw, bias=True):
@@ -229,7 +269,7 @@ def test_conv_refusals(seeded, monkeypatch):
             with use(streaming=backend), pytest.raises(ValueError, match="DWConv\\(V\\) not fused: .*" + reason):
                 streaming_nystrom(q, q, v, marks, w_inv, s, mask, c)
     half = conv._replace(weight=conv.weight.double())
-    with use(streaming="triton"), pytest.raises(ValueError, match="weight is not torch.float32"):
+    with use(streaming="triton"), pytest.raises(ValueError, match="weight is torch.float64: the fused DWConv reads a float32, float16 or bfloat16"):
         streaming_nystrom(q, q, vv, marks, w_inv, s, None, half)
     for backend in ("triton", "torch"):
         with use(streaming=backend):
@@ -300,7 +340,8 @@ def test_triton_equals_reference(seeded, case):
     f64 = lambda t: None if t is None else t.cpu().double()  # noqa: E731
     q64 = f64(qs)
     want = streaming_nystrom_reference(q64, q64 if case[1] else f64(ks), f64(vv), f64(marks), f64(w_inv), s.bandwidth,
-                                       s.kernel, s.norm, s.norm_eps, None if mask is None else mask.cpu())
+                                       s.kernel, s.norm, s.norm_eps, None if mask is None else mask.cpu(),
+                                       scale_power=scale_power(s.norm, s.norm_scale))  # the default's §4.6 scale
     assert got.shape == want.shape and got.dtype == torch.float32
     assert got.transpose(1, 2).is_contiguous()  # written in token layout: the layer's head merge is a view
     err = ((got.cpu().double() - want).abs().max() / want.abs().max()).item()
@@ -331,7 +372,7 @@ def test_triton_conv_equals_reference(seeded, case, hw):
     q64 = f64(qs)
     conv64 = ValueConv(f64(tokens), hw, f64(conv.weight), f64(conv.bias))
     want = streaming_nystrom_reference(q64, q64, f64(vv), f64(marks), f64(w_inv), s.bandwidth, s.kernel, s.norm,
-                                       s.norm_eps, None, conv64)
+                                       s.norm_eps, None, conv64, scale_power(s.norm, s.norm_scale))
     err = ((got.cpu().double() - want).abs().max() / want.abs().max()).item()
     assert err < 1e-5, f"max error {err:.2e} relative to the largest output"
 
@@ -346,7 +387,8 @@ def test_triton_gaussian_and_determinism(seeded):
     assert torch.equal(runs[0], runs[1])  # fixed splits summed in a fixed order: bit-identical
     q64 = qs.cpu().double()
     want = streaming_nystrom_reference(q64, q64, vv.cpu().double(), marks.cpu().double(), w_inv.cpu().double(),
-                                       s.bandwidth, s.kernel, s.norm, s.norm_eps, mask.cpu())
+                                       s.bandwidth, s.kernel, s.norm, s.norm_eps, mask.cpu(),
+                                       scale_power=scale_power(s.norm, s.norm_scale))
     err = ((runs[0].cpu().double() - want).abs().max() / want.abs().max()).item()
     assert err < 1e-5, f"max error {err:.2e}"
 

@@ -36,7 +36,7 @@ from ..ops.attention import pool_landmarks
 from ..ops.kernel import laplace_kernel
 from ..ops.newton_schulz import regularised_inverse
 from ..ops import configure
-from ..ops.normalization import normalize_nystrom
+from ..ops.normalization import normalize_nystrom, scale_whitened
 
 
 class LayerOnGrid(torch.nn.Module):
@@ -160,8 +160,10 @@ def laplacian_pieces(model: str, stage: int, shape: dict, batch: int, device: st
             w, solver="newton_schulz", iters=opts["iters"], eps=opts["ns_eps"]))
         c_k = timed("C_k = k(K, L)", laplace_kernel, k, marks, lam)
         c_q = timed("C_q = k(Q, L)", laplace_kernel, q, marks, lam)
+        v_heads = layer._heads(v_tok)
         heads = timed("injective normalisation", lambda: normalize_nystrom(
-            c_q, c_k, layer._heads(v_tok), "injective", 1e-6, w_inv=w_inv))
+            c_q, c_k, v_heads, "injective", 1e-6, w_inv=w_inv))
+        heads = timed("output scale (§4.6)", scale_whitened, heads, v_heads, opts["norm_scale"])
         out = timed("DWConv(V)", layer._value_conv, v_tok, hw)
         b, n, c = x.shape
         timed("head merge", lambda: out.view(b, n, layer.num_heads, layer.head_dim).transpose(1, 2).add_(heads))

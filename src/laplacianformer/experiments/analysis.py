@@ -257,7 +257,8 @@ def synthetic_gain(tokens: int, variants: dict = GAIN_VARIANTS, heads: int = 2, 
 @torch.no_grad()
 def output_gain(records: list[dict], norms=NORMS) -> list[dict]:
     """Per attention module and normalisation variant (DESIGN.md §4): RMS of the attention core's output
-    Σ_j z_ij v_j over the RMS of V, on the module's own q, k, v and settings with only ``norm`` changed.
+    Σ_j z_ij v_j over the RMS of V, on the module's own q, k, v and settings with only ``norm`` changed, each
+    map unscaled (``norm_scale="one"``; the scales of §4.6 are ``variant_gain``'s).
 
     An average of the values (rowsum) keeps the gain at or below 1, the centred rows of inline add small
     corrections to v̄, while the injective map gives every key's column unit spread over the queries, so
@@ -266,6 +267,7 @@ def output_gain(records: list[dict], norms=NORMS) -> list[dict]:
     for r in records:
         settings = {k: v for k, v in r["settings"].items() if k != "norm"}
         settings["qk_scale"] = 1.0  # the captured q and k are already scaled
+        settings["norm_scale"] = "one"
         q, k, v = (r[name].double() for name in ("q", "k", "v"))
         v_rms = float(v.square().mean().sqrt())
         gains = {}

@@ -5,14 +5,18 @@
         else L = landmarks of the grid tokens after the ``prefix`` first ones (§2.1, §2.7) and ``nystrom``
         over all N tokens; the output scale of §4.6. The op ``landmark_solve`` (ops/streaming/landmarks.py:
         L, W and W⁺ in one launch, CUDA inference on a 2-D grid) runs instead of the pooling and the
-        inverse steps when it serves. With ``conv`` (the layer's DWConv(V), §4.5, ``ops/value_conv.py``)
-        the output is heads + DWConv(V), a (B, H, N, e) view of the (B, N, C) sum.
-    nystrom(qs, ks, vv, marks, settings, mask, steps, inverse, conv) -> (out, W, W⁺)
+        inverse steps when it serves. Half-precision inputs without a mask or prefix tokens go to the two
+        fused ops as they are (they read them in their dtype, §1.3's float32 inside); any refusal casts them
+        and runs the usual path. With ``conv`` (the layer's DWConv(V), §4.5, ``ops/value_conv.py``) the
+        output is heads + DWConv(V), a (B, H, N, e) view of the (B, N, C) sum.
+    nystrom(qs, ks, vv, marks, settings, mask, steps, inverse, conv, norm_gain, scaled) -> (out, W, W⁺)
         W = k(L, L), W⁺ = (W + eps·I)^{-1} (§3), or ``inverse`` = (W, W⁺) given; C_k = k(K, L), padded keys 0;
         norm "none": out = k(Q, L) (W⁺ C_kᵀ V); else out = Z(C_q W⁺ C_kᵀ) V (§4), C_q = C_k when K is Q;
-        with the plain steps, the op ``streaming`` (ops/streaming: the same output in fused passes over the
-        rows, CUDA inference) runs instead of the C_k, C_q and normalisation steps when it serves, and
-        fuses ``conv`` into its output pass; after the steps the conv is added as the layer adds it.
+        ``scaled``: then the output scale of §4.6 (a caller that scales outside, the lean recompute, says
+        False); with the plain steps and no learned gain, the op ``streaming`` (ops/streaming: the same
+        scaled output in fused passes over the rows, CUDA inference) runs instead of the C_k, C_q,
+        normalisation and scale steps when it serves, and fuses ``conv`` into its output pass; after the
+        steps the conv is added (after the scale) as the layer adds it.
 
 ``Steps`` runs each step with autograd (the plain operator). The lean recompute (``ops/recompute.py``,
 §5.5) passes steps that run the same backends without autograd and keep what its backward needs: it decides
@@ -93,14 +97,15 @@ PLAIN = Steps()
 
 
 def nystrom(qs, ks, vv, marks, s: AttentionSettings, mask=None, steps: Steps = PLAIN, inverse=None,
-            conv: ValueConv | None = None):
+            conv: ValueConv | None = None, norm_gain=None, scaled: bool = True):
     """The Nyström path (module docstring) on padded compute-dtype factors qs, ks (B, H, N, d), vv (B, H, N, e)
     and landmarks (B, H, m, d); ks is qs when K = Q. ``inverse``: (W, W⁺) (B, H, m, m) each, already computed
-    with the landmarks (the fused landmark solve), else ``steps.inverse``. ``conv`` (plain steps only): the
-    output includes DWConv(V) (fused into the streaming output pass, else added after the steps; vv is then
-    the head view of its tokens). Returns (out (B, H, N, e), W, W⁺)."""
+    with the landmarks (the fused landmark solve), else ``steps.inverse``. ``scaled``: the output scale of
+    §4.6 (``norm_gain`` (H,) or None) applied. ``conv`` (plain steps only): the output includes DWConv(V)
+    (fused into the streaming output pass, else added after the steps; vv is then the head view of its
+    tokens). Returns (out (B, H, N, e), W, W⁺)."""
     w, w_inv = steps.inverse(marks, s) if inverse is None else inverse
-    if steps is PLAIN:  # the fused passes of ops/streaming (CUDA inference), or None: the steps below
+    if steps is PLAIN and scaled and norm_gain is None:  # the fused passes (CUDA inference), or None: the steps
         out = streaming_nystrom(qs, ks, vv, marks, w_inv, s, mask, conv)
         if out is not None:
             return out, w, w_inv
@@ -110,6 +115,8 @@ def nystrom(qs, ks, vv, marks, s: AttentionSettings, mask=None, steps: Steps = P
     else:
         c_q = c_k if ks is qs else steps.kernel(qs, marks, s, "q")
         out = steps.normalize(c_q, c_k, vv, w_inv, s, mask)
+    if scaled:
+        out = scale_output(out, vv, s, norm_gain, mask)
     return (out if conv is None else add_value_conv(out, conv)), w, w_inv
 
 
@@ -121,13 +128,18 @@ def scale_output(out, vv, s: AttentionSettings, norm_gain=None, mask=None) -> to
     return scale_whitened(out, vv, s.norm_scale, norm_gain, mask)
 
 
-def _output_is_nystrom(s: AttentionSettings, v, norm_gain, mask, prefix: int) -> bool:
-    """Whether the core's output is the Nyström output as it is, in v's dtype and layout: no output scale
-    (§4.6), v already in the compute dtype (no cast, no autocast), no padding and no prefix tokens (the
-    layer's DWConv(V) then convolves the V the core reads, so the streaming output pass may add it)."""
-    scaled = s.norm in WHITENED_NORMS and (s.norm_scale != "one" or norm_gain is not None)
-    return (not scaled and mask is None and prefix == 0 and compute_dtype(v.dtype) == v.dtype
-            and not torch.is_autocast_enabled(v.device.type))
+def _half_passes(q, k, v, s: AttentionSettings, hw, grid, mask, norm_gain, prefix: int, conv):
+    """Half-precision q, k, v as they are to the fused ops (their Triton backends read float16/bfloat16 and sum
+    in float32, docs/DESIGN.md §1.3): (out, (L, W, W⁺)) when both serve, (None, (L, W, W⁺)) when only the
+    landmark solve does (its float32 results stand for the cast inputs'), (None, None) otherwise. Asked only
+    without a mask or prefix tokens (the core's padding and pooling steps are its own) and without a learned
+    gain; a call that needs a gradient is none of theirs (they return None)."""
+    if q.dtype not in (torch.float16, torch.bfloat16) or mask is not None or prefix or norm_gain is not None:
+        return None, None
+    solved = landmark_solve(q, k, v, hw, grid, s, None, 0)
+    if solved is None:
+        return None, None
+    return streaming_nystrom(q, k, v, solved[0], solved[2], s, None, conv), solved
 
 
 def attention_core(q, k, v, s: AttentionSettings, hw, grid, mask=None, norm_gain=None, return_stats: bool = False,
@@ -136,29 +148,43 @@ def attention_core(q, k, v, s: AttentionSettings, hw, grid, mask=None, norm_gain
     (None: exact kernel), pooled from the tokens after the first ``prefix`` (hw: their grid). Returns
     (B, H, N, e) in v's dtype, and with ``return_stats`` a dict with the solver residual ||I - P W⁺||_F per
     (B, H) and the landmark count. ``conv``: the layer's DWConv(V) (v the head view of its tokens), included
-    in the output (a (B, H, N, e) view of the (B, N, C) sum): given to ``nystrom`` (the streaming output pass
-    fuses it) when nothing follows the Nyström output, else added after the core as the layer adds it."""
+    in the output (a (B, H, N, e) view of the (B, N, C) sum): given to the Nyström path (the streaming output
+    pass fuses it; the steps add it after the scale) without padding or prefix tokens, else added after the
+    core as the layer adds it."""
     out_dtype = v.dtype
-    inner = conv if conv is not None and grid is not None and _output_is_nystrom(s, v, norm_gain, mask, prefix) \
-        else None
+    inner = conv if conv is not None and grid is not None and mask is None and prefix == 0 else None
+    included = False  # whether ``out`` already holds the conv
+    autocast = torch.is_autocast_enabled(q.device.type)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        qs, ks, vv = padded_inputs(q, k, v, compute_dtype(q.dtype), mask)
         stats = {}
         if grid is None:
+            qs, ks, vv = padded_inputs(q, k, v, compute_dtype(q.dtype), mask)
             g = laplace_kernel(qs, ks, s.bandwidth, s.kernel)
-            out = normalize_dense(g, vv, s.norm, s.norm_eps, key_padding_mask=mask)
+            out = scale_output(normalize_dense(g, vv, s.norm, s.norm_eps, key_padding_mask=mask), vv, s, norm_gain,
+                               mask)
         else:
-            solved = landmark_solve(qs, ks, vv, hw, grid, s, mask, prefix)  # L, W, W⁺ in one launch, or None
-            if solved is None:
-                marks, inverse = grid_landmarks(qs, hw, grid, mask, prefix), None
+            out, solved = _half_passes(q, k, v, s, hw, grid, mask, norm_gain, prefix, inner)
+            included = out is not None and inner is not None
+            if out is None:
+                qs, ks, vv = padded_inputs(q, k, v, compute_dtype(q.dtype), mask)
+                if solved is None:
+                    solved = landmark_solve(qs, ks, vv, hw, grid, s, mask, prefix)  # L, W, W⁺ in one launch, or None
+                if solved is None:
+                    marks, inverse = grid_landmarks(qs, hw, grid, mask, prefix), None
+                else:
+                    marks, inverse = solved[0], solved[1:]
+                # the conv joins the Nyström output only where no cast follows it (else the layer's order: the
+                # heads cast to v's dtype, then added into the conv)
+                here = inner if vv.dtype == out_dtype and not autocast else None
+                out, w, w_inv = nystrom(qs, ks, vv, marks, s, mask, inverse=inverse, conv=here, norm_gain=norm_gain)
+                included = here is not None
             else:
-                marks, inverse = solved[0], solved[1:]
-            out, w, w_inv = nystrom(qs, ks, vv, marks, s, mask, inverse=inverse, conv=inner)
+                marks, w, w_inv = solved
             if return_stats:
                 with torch.no_grad():
                     stats["residual"] = pinv_residual(regularise(w, s.ns_eps), w_inv)
                     stats["landmarks"] = marks.shape[-2]
-        out = scale_output(out, vv, s, norm_gain, mask).to(out_dtype)
-    if conv is not None and inner is None:
+        out = out.to(out_dtype)
+    if conv is not None and not included:
         out = add_value_conv(out, conv)
     return (out, stats) if return_stats else out

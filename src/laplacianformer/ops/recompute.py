@@ -121,7 +121,7 @@ class _LeanAttention(torch.autograd.Function):
         qs, ks, vv = _factors(x, v, (q_weight, q_bias, k_weight, k_bias), mask, call)
         marks = grid_landmarks(qs, call.hw, call.grid, mask, call.prefix)
         steps = _Keeping()
-        out, _, w_inv = nystrom(qs, ks, vv, marks, call.settings, mask, steps)
+        out, _, w_inv = nystrom(qs, ks, vv, marks, call.settings, mask, steps, scaled=False)  # scaled in _lean
         ctx.save_for_backward(x, v, q_weight, q_bias, k_weight, k_bias, mask, marks, w_inv, *steps.saved)
         ctx.call = call
         ctx.backends = (steps.backends.get("q", steps.backends["k"]), steps.backends["k"], steps.norm_backend)

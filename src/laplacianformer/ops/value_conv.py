@@ -59,8 +59,12 @@ def check_value_conv(tokens: torch.Tensor, hw, weight: torch.Tensor, bias: torch
 
 
 def value_conv(conv: ValueConv) -> torch.Tensor:
-    """DWConv(V) (B, N, C) in token layout, by the aten calls of the layer's path (module docstring)."""
+    """DWConv(V) (B, N, C) in token layout, by the aten calls of the layer's path (module docstring). A weight
+    of another dtype than the tokens' (``check_value_conv`` allows it under autocast only) is cast to theirs,
+    as autocast casts a conv's weight, so the result is the same inside a region that turned autocast off."""
     tokens, hw, weight, bias = conv
+    if weight.dtype != tokens.dtype:
+        weight, bias = weight.to(tokens.dtype), None if bias is None else bias.to(tokens.dtype)
     b, n, c = tokens.shape
     if hw is None:
         y = F.conv2d(tokens.transpose(1, 2).unsqueeze(2), weight[:, :, 1:2, :], bias, padding=(0, 1), groups=c)

@@ -128,27 +128,37 @@ class TrainConfig:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields, and ``settings_version``: the defaults they were written under (``ops.settings``)."""
-        return {**dataclasses.asdict(self), "settings_version": SETTINGS_VERSION}
+        return dataclasses.asdict(self)
+
+    def to_saved(self) -> dict[str, Any]:
+        """The fields as a file or checkpoint stores them: with ``settings_version``, the operator defaults
+        they were written under (``ops.settings.SETTINGS_VERSION``; read back by ``saved_config``)."""
+        return {**self.to_dict(), "settings_version": SETTINGS_VERSION}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        """Builds a config from a dict, ignoring unknown keys (configs from newer versions still load). A dict
-        without ``settings_version`` (a run of version 0.1 or a hand-written file) keeps the defaults of
-        version 1 for what it does not name (``layers.token_mixer.saved_attn_kwargs``)."""
+        """Builds a config from a dict, ignoring unknown keys (configs from newer versions still load)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        d = dict(d)
-        if isinstance(d.get("attn_kwargs"), dict):
-            d["attn_kwargs"] = saved_attn_kwargs(d.get("attn", "laplacian"), d["attn_kwargs"],
-                                                 d.get("settings_version", 1))
         return cls(**{k: v for k, v in d.items() if k in names})
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        Path(path).write_text(json.dumps(self.to_saved(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "TrainConfig":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        return cls.from_dict(saved_config(json.loads(Path(path).read_text())))
+
+
+def saved_config(d: dict[str, Any]) -> dict[str, Any]:
+    """A stored config dict (``to_saved``: a run's train_config.json, a checkpoint's config) as this version
+    reads it: one without ``settings_version`` (written by 0.1) keeps the defaults of its time for what it
+    does not name (``layers.token_mixer.saved_attn_kwargs``: an unscaled injective map); the version key
+    dropped."""
+    d = dict(d)
+    version = d.pop("settings_version", 1)
+    if isinstance(d.get("attn_kwargs"), dict):
+        d["attn_kwargs"] = saved_attn_kwargs(d.get("attn", "laplacian"), d["attn_kwargs"], version)
+    return d
 
 
 def resolve_data(data: str) -> str:

@@ -44,7 +44,7 @@ from ..hub import (
 from ..models import create_model
 from .augment import mix_batch, normalize, rand_augment, random_crop_flip
 from .batches import epoch_indices, iterate, steps_per_epoch
-from .config import TrainConfig, resolve_data
+from .config import TrainConfig, resolve_data, saved_config
 from .distributed import barrier, broadcast_object, cleanup, init_device, resolve_device
 from .ema import ModelEma
 from .evaluate import autocast_context, evaluate
@@ -140,11 +140,11 @@ class Trainer:
         if resume is not None:
             ckpt_path, self.resume_state = resume if isinstance(resume, ResumePoint) else read_resume(resume)
             resume_dir = ckpt_path.parent
+            saved = saved_config(self.resume_state["config"])
             if config is None:
-                config = TrainConfig.from_dict(self.resume_state["config"])
+                config = TrainConfig.from_dict(saved)
             if config.out is None:
                 config.out = str(ckpt_path.parent)
-            saved = self.resume_state["config"]
             for key in ("model", "attn", "attn_kwargs", "attn_preset", "model_kwargs", "img_size", "data"):
                 old, new = saved.get(key), getattr(config, key)
                 if key == "data" and isinstance(old, str) and isinstance(new, str):
@@ -209,7 +209,7 @@ class Trainer:
     def state_dict(self) -> dict:
         return {
             "format": TRAIN_FORMAT,
-            "config": self.config.to_dict(),
+            "config": self.config.to_saved(),
             "classes": [str(c) for c in self.classes],
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -281,7 +281,7 @@ class Trainer:
             state = self.state_dict()
             model = state.pop("model")
             cfg = self.config
-            meta = {"model": cfg.model, "attn": cfg.attn, "train_config": json.dumps(cfg.to_dict()),
+            meta = {"model": cfg.model, "attn": cfg.attn, "train_config": json.dumps(cfg.to_saved()),
                     "classes": json.dumps(state["classes"])}
             save_training_state(self.run_dir / CHECKPOINT_NAME, model, state, format=TRAIN_FORMAT, metadata=meta)
         barrier(self.dist)
@@ -504,7 +504,7 @@ class Trainer:
             result.update(top1=ev["top1"], top5=ev["top5"], loss=ev["loss"], per_class=ev["per_class"],
                           confusion=ev["confusion"], eval_n=ev["n"])
         if self.dist.is_main and interrupted is None:
-            meta = {"model": cfg.model, "attn": cfg.attn, "train_config": json.dumps(cfg.to_dict()),
+            meta = {"model": cfg.model, "attn": cfg.attn, "train_config": json.dumps(cfg.to_saved()),
                     "classes": json.dumps(result["classes"])}
             save_weights(self.model.state_dict(), self.run_dir / WEIGHTS_NAME, meta)
             if self.ema is not None:
@@ -540,7 +540,7 @@ def train(config: TrainConfig | None = None, *, resume: str | Path | ResumePoint
         if config is not None:
             base = config.to_dict()
         elif resume is not None:
-            base = resume.state["config"]
+            base = saved_config(resume.state["config"])
         else:
             base = TrainConfig().to_dict()
         unknown = set(overrides) - set(base)

@@ -25,7 +25,7 @@ from ..hub import (
 )
 from ..models.laplacianformer import LaplacianFormer, default_cfgs
 from ..models.registry import list_models
-from .config import TrainConfig, read_train_config, resolve_data
+from .config import TrainConfig, read_train_config, resolve_data, saved_config
 from .engine import build_model, resolve_device
 from .evaluate import evaluate
 from .plots import plot_confusion
@@ -96,12 +96,12 @@ def load_for_eval(path: str | Path, *, ema: bool = False, verify: bool = True, m
             if not obj.get("ema"):
                 raise CheckpointError(f"checkpoint: {file}: the run kept no EMA weights (trained without --ema)")
             state = obj["ema"]["shadow"]
-        return TrainConfig.from_dict(obj["config"]), state, file
+        return TrainConfig.from_dict(saved_config(obj["config"])), state, file
     wf = read_weights(p, ema=ema, verify=verify)
     if not _has_train_config(p):
         return _config_of_file(wf, model, data), wf.state, p
     saved = read_metadata(p).get("train_config") if p.suffix == ".safetensors" else None
-    config = TrainConfig.from_dict(json.loads(saved)) if saved else read_train_config(p.parent)
+    config = TrainConfig.from_dict(saved_config(json.loads(saved))) if saved else read_train_config(p.parent)
     return config, wf.state, p
 
 

@@ -16,9 +16,12 @@ tries them:
 
 A call that may need a gradient never reaches the registry (``streaming_nystrom`` returns None: the step
 path has the backward). Both pass backends refuse graph tracing or a dispatch mode (which must see the
-ops), m > 64, d or e > 128, and (``triton``) another dtype than float32; they serve CUDA-graph stream
-capture (the passes make no host synchronisation). The output scale of §4.6 (``norm_scale``) stays the
-core's post-op after this output.
+ops), m > 64, d or e > 128, and (``triton``) another dtype than float32, float16 or bfloat16
+(``limits.LOAD_DTYPES``: half q, k, v are read as they are, summed in float32, the output written in v's
+dtype; ``torch`` computes the same in float32); they serve CUDA-graph stream capture (the passes make no
+host synchronisation). The output includes the settings' output scale of §4.6 (``norm_scale``: the
+whitened part times α = n^-p, n each sequence's valid keys, computed on the device); a learned gain is the
+caller's post-op (``nystrom`` does not ask the op then).
 
 ``conv`` (an ``ops.value_conv.ValueConv``, or None): the layer's DWConv(V) (docs/DESIGN.md §4.5), which the
 output pass then adds to each tile it writes, so the result is "heads + DWConv(V)" (the Triton output a view
@@ -41,7 +44,7 @@ from .. import _runtime
 from ..dispatch import Backend, Op
 from ..settings import AttentionSettings
 from .gates import cuda_only_auto_refusal, needs_grad as _needs_grad, step_path, triton_device
-from .limits import FLAGS, conv_unfit, unfit
+from .limits import FLAGS, conv_unfit, scale_power, unfit
 from .reference import streaming_nystrom_reference
 
 __all__ = ["STREAMING", "STREAMED_NORMS", "streaming_nystrom", "streaming_nystrom_reference", "triton_device"]
@@ -51,11 +54,12 @@ STREAMED_NORMS = tuple(FLAGS)
 
 def streaming_nystrom(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks: torch.Tensor,
                       w_inv: torch.Tensor, s: AttentionSettings, mask: torch.Tensor | None = None, conv=None):
-    """Z(C_q W⁺ C_kᵀ) V (norm "none": C_q W⁺ C_kᵀ V), plus DWConv(V) with ``conv``, by the selected backend, or
-    None for the step path (which does not add the conv).
+    """Z(C_q W⁺ C_kᵀ) V (norm "none": C_q W⁺ C_kᵀ V) with the output scale of ``s.norm_scale`` (§4.6), plus
+    DWConv(V) with ``conv``, by the selected backend, or None for the step path (which neither scales nor adds
+    the conv).
 
-    qs, ks (B, H, N, d) (``ks is qs`` when K = Q), vv (B, H, N, e): the core's padded compute-dtype
-    factors; marks (B, H, m, d); w_inv (B, H, m, m); mask (B, N) bool (True = padding) or None; conv an
+    qs, ks (B, H, N, d) (``ks is qs`` when K = Q), vv (B, H, N, e): the core's padded factors (the compute
+    dtype, or half inputs as they are when no mask pads them); marks (B, H, m, d); w_inv (B, H, m, m); mask (B, N) bool (True = padding) or None; conv an
     ``ops.value_conv.ValueConv`` whose tokens are vv in token layout (B, N, H·e), or None.
 
     A call that may need a gradient returns None without asking the registry: the op is forward-only, so
@@ -90,6 +94,8 @@ def _triton_refusal(qs, ks, vv, marks, w_inv, s, mask, conv=None) -> str | None:
     why = _pass_refusal(qs, ks, vv, marks, w_inv, s, mask, conv)
     if why is not None:
         return why
+    if len({qs.dtype, ks.dtype, vv.dtype}) != 1:
+        return f"q, k, v in {qs.dtype}, {ks.dtype}, {vv.dtype}: the passes read one dtype"
     why = unfit(s.norm, marks.shape[-2], qs.shape[-1], vv.shape[-1], qs.dtype)
     if why is None and conv is not None:
         why = conv_unfit(conv, vv, mask, qs.dtype)
@@ -111,12 +117,21 @@ def _torch_auto_refusal(*_inputs) -> str | None:
 def _triton(qs, ks, vv, marks, w_inv, s, mask, conv=None):
     from .triton import streaming_triton
 
-    return streaming_triton(qs, ks, vv, marks, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps, mask, conv)
+    return streaming_triton(qs, ks, vv, marks, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps, mask, conv,
+                            scale_power=scale_power(s.norm, s.norm_scale))
 
 
 def _torch(qs, ks, vv, marks, w_inv, s, mask, conv=None):
-    return streaming_nystrom_reference(qs, ks, vv, marks, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps, mask,
-                                       conv)
+    out_dtype, half = vv.dtype, vv.dtype in (torch.float16, torch.bfloat16)
+    if half:  # the specification of the Triton passes' half reads: the same values, summed in float32
+        qs, ks, vv = qs.float(), (qs.float() if ks is qs else ks.float()), vv.float()
+        if conv is not None:
+            conv = conv._replace(weight=conv.weight.float(), bias=None if conv.bias is None else conv.bias.float())
+    out = streaming_nystrom_reference(qs, ks, vv, marks.to(qs.dtype), w_inv.to(qs.dtype), s.bandwidth, s.kernel,
+                                      s.norm, s.norm_eps, mask, conv,
+                                      scale_power(s.norm, s.norm_scale))
+    return out.to(out_dtype)
+
 
 
 STREAMING = Op("streaming", [

@@ -7,7 +7,9 @@ g = b·H + h; the row passes' partials (G, S, ·) are summed here in split order
   the state from its inputs, the intermediates dM, dS', T₁, T₂, dW⁺, W⁺ᵀ dW⁺ and G from a per-group float32
   scratch, written and read back across CTA barriers; whole (64, 64) operands in registers spilled). Walking e
   in chunks of ``BLOCK_E`` columns: dM = Σ_s pass A's partials (into the scratch), dW⁺ = dM M'ᵀ, Σ G and M' Σ G
-  (for the query side's constant −(1/n) W⁺ M' Σ G); then dM' = W⁺ᵀ dM (written) and dM' Σ v (the key side's
+  (for the query side's constant −(1/n) M Σ G, M = α W⁺ M', α the output scale of the whitened norms,
+  docs/DESIGN.md §4.6: a runtime argument, 1 otherwise; pass A's dM already carries α, so dM' and dW⁺ = dM M'ᵀ
+  with the unscaled M' need nothing more); then dM' = W⁺ᵀ dM (written) and dM' Σ v (the key side's
   −(1/n) Σ_j dk̃_j without whitening). Then, per the norm's flags: rowsum's db (dW⁺ += db (Σ C_k)ᵀ, key
   constant W⁺ᵀ db); whiten's dS' = Σ_s pass B's partials, T₁ = W⁺ dS'ᵀ, T₂ = W⁺ dS', dW⁺ += S T₁ + Sᵀ T₂ and
   the query covariance term (dS + dSᵀ)/n = (T₁ + T₂) W⁺ᵀ / n (dS = W⁺ dS' W⁺ᵀ), the key constant −(1/n) Σ dk̃
@@ -22,20 +24,31 @@ g = b·H + h; the row passes' partials (G, S, ·) are summed here in split order
   (gh, gw) token grid to the (lh, lw) landmark grid (bins of ``F.adaptive_avg_pool2d``: output bin a of an axis
   covers inputs floor(a·In/Out) .. ceil((a+1)·In/Out) − 1, so bins overlap when In/Out is no integer). Each
   row tile is A · (dL / area), A the 0/1 membership of the tile's tokens in the landmarks' bins (exact in TF32,
-  so the "tf32x3" product keeps float32 accuracy).
+  so the "tf32x3" product keeps float32 accuracy). dq is float32, float16 or bfloat16 (the qkv gradient's
+  dtype): each tile is loaded in that dtype, converted to float32, added to and stored once in its dtype.
 
-Float32, m <= 64, d, e <= 128 (``limits.unfit``). ``aot_specialisations`` lists every launch configuration of
-both launchers for ``benchmarks/triton_aot.py``.
+Pass C reads only float32 state and partials (the conv weight only for its shape, any float dtype); its
+outputs are float32. m <= 64, d, e <= 128 (``limits.unfit``). ``aot_specialisations`` lists every launch
+configuration of both launchers for ``benchmarks/triton_aot.py`` (pass E per dq dtype).
+
+**Register budget** (``python -m benchmarks.triton_aot --arch 80,90 --strict --module
+laplacianformer.ops.streaming.backward_landmarks_triton``): pass C at 8 warps and 255 registers, its m×m
+products from memory in k-chunks (``landmark_grad_spec`` says what spilled otherwise); with the conv at m = 64 it
+held 255 / 254 registers on sm_80 / sm_90, and with α (one runtime scalar, multiplying q_const's (m) vector
+once) 255 / 255, no spill. Pass E at 4 warps: 255 at most, no spill, with a float32, float16 or bfloat16 dq.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import triton
 import triton.language as tl
 
 from .._triton_common import distinct_launches, power_of_two_sizes, product_from_memory as _product
-from .limits import BLOCK_ROWS, FLAGS, MAX_D, MAX_M, splits_for, unfit
+from .backward_stats_triton import POINTER_TYPES, check_alpha
+from .limits import BLOCK_ROWS, FLAGS, LOAD_DTYPES, MAX_D, MAX_M, splits_for, unfit
 from .triton import MAXNREG, _p2
 
 
@@ -79,7 +92,7 @@ def _conv_param_grads(PDW, PG, DWEIGHT, DBIAS, h, B, H, E, SPLITS, BLOCK_E: tl.c
 @triton.jit
 def landmark_grad_kernel(WI, W, MARKS, COV, MP, KSUM, VSUM, PDM, PG, PDB, PDSP, PDKT, PDW, WORK,
                          DMP, QCOV, QCONST, KCONST, VCONST, DMARKS, DWEIGHT, DBIAS,
-                         B, H, M, D, E, SPLITS, n, scale,
+                         B, H, M, D, E, SPLITS, n, scale, alpha,
                          WHITEN: tl.constexpr, CENTRE_K: tl.constexpr, CENTRE_Q: tl.constexpr,
                          ADD_MEAN: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr, L1: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -89,7 +102,8 @@ def landmark_grad_kernel(WI, W, MARKS, COV, MP, KSUM, VSUM, PDM, PG, PDB, PDSP, 
     PDB (G, S, M), PDSP (G, S, M, M), PDKT (G, S, M), PDW (G, S, 9, E) (read only under their flags); WORK the
     group's float32 scratch (4 (BLOCK_M, BLOCK_M) slots, then dM (M, E)), phases separated by CTA barriers.
     Writes DMP = dM' (G, M, E), QCOV (G, M, M) (WHITEN), QCONST, KCONST (G, M), VCONST (G, E),
-    DMARKS (G, M, D), and with CONV for g < H, DWEIGHT (H·E, 1, 3, 3) and DBIAS (H·E,)."""
+    DMARKS (G, M, D), and with CONV for g < H, DWEIGHT (H·E, 1, 3, 3) and DBIAS (H·E,). alpha: the output scale α
+    (M = α W⁺ M' in q_const)."""
     g = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rows = rm < M
@@ -126,8 +140,8 @@ def landmark_grad_kernel(WI, W, MARKS, COV, MP, KSUM, VSUM, PDM, PG, PDB, PDSP, 
             _conv_param_grads(PDW, PG, DWEIGHT, DBIAS, g, B, H, E, SPLITS, BLOCK_E)
     q_const = tl.zeros((BLOCK_M,), dtype=tl.float32)
     k_const = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if CENTRE_Q:  # −(1/n) W⁺ M' Σ G
-        q_const = -tl.sum(tl.load(WIg + sq_offs, mask=square, other=0.0) * mp_g[None, :], axis=1) / n
+    if CENTRE_Q:  # −(1/n) M Σ G, M = α W⁺ M'
+        q_const = -(tl.sum(tl.load(WIg + sq_offs, mask=square, other=0.0) * mp_g[None, :], axis=1) * alpha) / n
     if ROWSUM:  # dW⁺ += db (Σ C_k)ᵀ; key constant W⁺ᵀ db
         db = _split_sum_vec(PDB, g, SPLITS, M, rm, rows, BLOCK_M)
         k_sum = tl.load(KSUM + g * M + rm, mask=rows, other=0.0)
@@ -192,7 +206,8 @@ def landmark_grad_kernel(WI, W, MARKS, COV, MP, KSUM, VSUM, PDM, PG, PDB, PDSP, 
 def pool_grad_kernel(DQ, sqb, sqh, sqn, DLW, PDL, H, N, M, D, GH, GW, LH, LW, rows_per_split, SPLITS_L,
                      BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """Pass E for the rows of split program_id(0) of group program_id(1): dq (strides sqb, sqh, sqn, columns
-    contiguous) += A · (dL / area), dL = DLW (G, M, D) + Σ_s PDL (G, SPLITS_L, M, D) per d chunk."""
+    contiguous; float32, float16 or bfloat16: read, added to in float32, stored once in its dtype) += A · (dL /
+    area), dL = DLW (G, M, D) + Σ_s PDL (G, SPLITS_L, M, D) per d chunk."""
     split, g = tl.program_id(0), tl.program_id(1)
     b, h = g // H, g % H
     DQg = DQ + b * sqb + h * sqh
@@ -226,9 +241,9 @@ def pool_grad_kernel(DQ, sqb, sqh, sqn, DLW, PDL, H, N, M, D, GH, GW, LH, LW, ro
             a = tl.where(member, 1.0, 0.0)
             ptrs = DQg + rn[:, None] * sqn + rd[None, :]
             inside = ok[:, None] & cols[None, :]
-            dq = tl.load(ptrs, mask=inside, other=0.0)
+            dq = tl.load(ptrs, mask=inside, other=0.0).to(tl.float32)
             dq = tl.dot(a, dl, dq, input_precision="tf32x3")
-            tl.store(ptrs, dq, mask=inside)
+            tl.store(ptrs, dq.to(DQ.dtype.element_ty), mask=inside)
 
 
 _OPTIONS = ("num_warps", "num_stages", "maxnreg")
@@ -287,12 +302,14 @@ def _check(name: str, x, shape: tuple) -> None:
 
 
 def landmark_grad_triton(st, a: dict, b: dict | None, n: int, bandwidth: float, kernel: str, norm: str,
-                         conv_weight: torch.Tensor | None = None) -> dict:
+                         conv_weight: torch.Tensor | None = None, alpha: float = 1.0) -> dict:
     """Pass C (``backward_reference.landmark_grad``) from the partials of passes A and B, one launch.
 
     st: the float32 ``ForwardState`` (B, H, ·); a: pass A's partials {"pdm" (G, S, m, e), "pg" (G, S, e), "pdb"
     (G, S, m) (rowsum, else None), "pdw" (G, S, 9, e) (with a conv, else None)}; b: pass B's {"pdsp" (G, S, m, m),
-    "pdkt" (G, S, m)} for the whitened norms, else None; n the row count; conv_weight (H·e, 1, 3, 3) or None.
+    "pdkt" (G, S, m)} for the whitened norms, else None; n the row count; conv_weight (H·e, 1, 3, 3) or None
+    (any float dtype: only its shape is read); ``alpha`` the output scale α of the whitened norms
+    (``limits.output_alpha``, 1 for the others: pass A's dM already carries it, q_const reads M = α W⁺ M').
     Returns {"d_mprime" (B, H, m, e), "q_cov" (B, H, m, m) (whiten, else None), "q_const", "k_const" (B, H, m),
     "v_const" (B, H, e), "d_marks" (B, H, m, d): dL through W, "dweight" (H·e, 1, 3, 3) and "dbias" (H·e,) (with
     conv_weight, else None)}, float32. ValueError naming the argument for what it does not serve."""
@@ -304,8 +321,10 @@ def landmark_grad_triton(st, a: dict, b: dict | None, n: int, bandwidth: float, 
     if kernel not in ("laplacian", "gaussian"):
         raise ValueError(f"landmark_grad_triton: kernel {kernel!r} is neither 'laplacian' nor 'gaussian'")
     flags, groups = FLAGS[norm], bsz * h
-    for name, x, shape in (("w", st.w, (bsz, h, m, m)), ("w_inv", st.w_inv, (bsz, h, m, m)),
-                           ("cov", st.cov, (bsz, h, m, m)), ("m_prime", st.m_prime, (bsz, h, m, e)),
+    alpha = check_alpha("landmark_grad_triton", norm, alpha)
+    for name, x, shape in (("marks", st.marks, (bsz, h, m, d)), ("w", st.w, (bsz, h, m, m)),
+                           ("w_inv", st.w_inv, (bsz, h, m, m)), ("cov", st.cov, (bsz, h, m, m)),
+                           ("m_prime", st.m_prime, (bsz, h, m, e)),
                            ("k_sum", st.k_sum, (bsz, h, m)), ("v_sum", st.v_sum, (bsz, h, e))):
         _check(f"landmark_grad_triton: st.{name}", x, shape)
     if not isinstance(a.get("pdm"), torch.Tensor) or a["pdm"].dim() != 4:
@@ -349,19 +368,22 @@ def landmark_grad_triton(st, a: dict, b: dict | None, n: int, bandwidth: float, 
     landmark_grad_kernel[(groups,)](wi, w, marks, cov, mp, k_sum, v_sum, pdm, pg, pdb, pdsp, pdkt, pdw, work,
                                     d_mprime, q_const if q_cov is None else q_cov, q_const, k_const, v_const, d_marks,
                                     pg if dweight is None else dweight, pg if dbias is None else dbias,
-                                    bsz, h, m, d, e, splits, float(n), -1.0 / float(bandwidth), **meta, **opts)
+                                    bsz, h, m, d, e, splits, float(n), -1.0 / float(bandwidth), alpha, **meta,
+                                    **opts)
     return dict(d_mprime=d_mprime, q_cov=q_cov, q_const=q_const, k_const=k_const, v_const=v_const, d_marks=d_marks,
                 dweight=dweight, dbias=dbias)
 
 
 def pool_grad_triton(dq: torch.Tensor, d_marks_w: torch.Tensor, pdl: torch.Tensor | None, hw, grid) -> None:
-    """Pass E (``backward_reference.pool_grad``) in place: dq (B, H, N, d) float32, any batch, head and row
-    strides with the last dim contiguous, += Pᵀ (d_marks_w + Σ_s pdl), d_marks_w (B, H, m, d), pdl (G, S, m, d)
-    (pass D's partials, summed in split order; None: none), P the adaptive average pooling of the (gh, gw) =
-    ``hw`` token grid to the (lh, lw) = ``grid`` landmark grid (hw None: a 1-D sequence, the (1, N) grid pooled
-    to (1, grid)). ValueError naming the argument for what it does not serve."""
-    if not isinstance(dq, torch.Tensor) or dq.dim() != 4 or dq.dtype != torch.float32 or dq.stride(-1) != 1:
-        raise ValueError("pool_grad_triton: dq: expected a float32 (B, H, N, d) tensor with a contiguous last dim")
+    """Pass E (``backward_reference.pool_grad``) in place: dq (B, H, N, d) float32, float16 or bfloat16 (read, added
+    to in float32, rounded to its dtype once), any batch, head and row strides with the last dim contiguous,
+    += Pᵀ (d_marks_w + Σ_s pdl), d_marks_w (B, H, m, d), pdl (G, S, m, d) (pass D's partials, summed in split
+    order; None: none), P the adaptive average pooling of the (gh, gw) = ``hw`` token grid to the (lh, lw) =
+    ``grid`` landmark grid (hw None: a 1-D sequence, the (1, N) grid pooled to (1, grid)). ValueError naming
+    the argument for what it does not serve."""
+    if not isinstance(dq, torch.Tensor) or dq.dim() != 4 or dq.dtype not in LOAD_DTYPES or dq.stride(-1) != 1:
+        raise ValueError("pool_grad_triton: dq: expected a float32, float16 or bfloat16 (B, H, N, d) tensor with a "
+                         "contiguous last dim")
     bsz, h, n, d = dq.shape
     (gh, gw), (lh, lw) = ((1, n), (1, grid)) if hw is None else (hw, grid)
     m = lh * lw
@@ -390,9 +412,11 @@ _INTS = {"B", "H", "M", "D", "E", "SPLITS", "sqb", "sqh", "sqn", "N", "GH", "GW"
          "SPLITS_L"}
 
 
-def _signature(kernel, constexprs: dict) -> dict:
-    """Runtime arguments -> Triton types: sizes and strides i32, n and scale fp32, every pointer fp32."""
-    return {name: "i32" if name in _INTS else "fp32" if name in ("n", "scale") else "*fp32"
+def _signature(kernel, constexprs: dict, dtype: str = "fp32") -> dict:
+    """Runtime arguments -> Triton types: sizes and strides i32, n, scale and alpha fp32, pass E's dq
+    ``POINTER_TYPES[dtype]``, every other pointer fp32."""
+    return {name: "i32" if name in _INTS else "fp32" if name in ("n", "scale", "alpha")
+            else POINTER_TYPES[dtype] if name == "DQ" else "*fp32"
             for name in kernel.arg_names if name not in constexprs}
 
 
@@ -410,11 +434,20 @@ def _launches(m: int, e: int):
     yield pool_grad_kernel, pool_grad_spec(m, e), f"bwd_pool_grad dtype=fp32 m={m} d={e}"
 
 
+def _half_launches(m: int, d: int, dtype: str):
+    """Pass E's launch with a half dq (pass C reads no data tensor: it has float32 launches only)."""
+    yield pool_grad_kernel, pool_grad_spec(m, d), f"bwd_pool_grad dtype={dtype} m={m} d={d}"
+
+
 def aot_specialisations(d_max: int = 128, m_max: int = 128):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) ``landmark_grad_triton`` and
     ``pool_grad_triton`` can produce for m <= min(m_max, 64) and d, e <= min(d_max, 128), from the same ``*_spec``
     functions (benchmarks/triton_aot.py): m, d and e as powers of two (the specs see them only through
-    ``next_power_of_2``), every norm's flags, L1 and squared L2, with and without the conv; identical
-    specialisations are yielded once, under the label of their first launch."""
+    ``next_power_of_2``), every norm's flags, L1 and squared L2, with and without the conv, and pass E for each dq
+    dtype (labels ``dtype=fp32|fp16|bf16``, DQ typed so); identical specialisations are yielded once per dtype,
+    under the label of their first launch."""
     sizes = [(m, e) for m in power_of_two_sizes(m_max, MAX_M) for e in power_of_two_sizes(d_max, MAX_D)]
-    return distinct_launches((launch for m, e in sizes for launch in _launches(m, e)), _signature)
+    yield from distinct_launches((launch for m, e in sizes for launch in _launches(m, e)), _signature)
+    for dtype in ("fp16", "bf16"):
+        yield from distinct_launches([launch for m, d in sizes for launch in _half_launches(m, d, dtype)],
+                                     partial(_signature, dtype=dtype))

@@ -6,14 +6,17 @@ C_q = k(Q, L), C_k = k(K, L) (one matrix when K = Q), and per ``limits.FLAGS[nor
 
     c̄, k̄ the column means of C_q, C_k; S = (C_q − c̄)ᵀ(C_q − c̄) / n; S' = W⁺ᵀ S W⁺
     k̃_j = C_kj − k̄ (centre_k) or C_kj;  s_j = k̃_j S' k̃_jᵀ, r_j = (max(s_j, 0) + ε)^-½ (whiten) or 1
-    M' = Σ_j r_j k̃_jᵀ v_j,  M = W⁺ M',  c_i = C_qi − c̄ (centre_q) or C_qi
+    M' = Σ_j r_j k̃_jᵀ v_j,  M = α W⁺ M',  c_i = C_qi − c̄ (centre_q) or C_qi
     out_i = c_i M + v̄ (add_mean) | (c_i M) / (c_i b), b = W⁺ Σ_j C_kj (rowsum)  [+ DWConv(V)_i]
 
-No padding mask and no prefix tokens (the fused training path serves neither; the steps do). n = N.
+with α = n^-p the output scale of §4.6 for the whitened norms (``limits.output_alpha``; 1 otherwise, and for
+p = 0, the paper's unscaled map). No padding mask and no prefix tokens (the fused training path serves
+neither; the steps do). n = N.
 
 The backward for dL/dout = G (B, H, N, e), in the order the kernels run it (per (batch, head) group):
 
-A. ``query_grad_pass`` (rows as queries): dM = Σ_i c_iᵀ dt_i (dt_i = G_i, or G_i / z_i with z_i = c_i b for
+A. ``query_grad_pass`` (rows as queries): dM = α Σ_i c_iᵀ dt_i (the gradient of W⁺M', which the state keeps
+   unscaled) (dt_i = G_i, or G_i / z_i with z_i = c_i b for
    rowsum, which also gives db = Σ_i dz_i c_i, dz_i = −G_i·out_i / z_i); Σ_i G_i (v̄ and the conv bias);
    with the conv, dweight_c,t = Σ_i G_ic v_(i+off_t),c.
 B. ``key_grad_pass`` (rows as keys; whiten only): with dM' = W⁺ᵀ dM and u_j = v_j dM'ᵀ,
@@ -38,7 +41,7 @@ import torch.nn.functional as F
 
 from ..pooling import pool_landmarks
 from ..value_conv import value_conv_heads
-from .limits import FLAGS
+from .limits import FLAGS, output_alpha
 from .reference import kernel_rows
 
 
@@ -97,18 +100,24 @@ def forward_state(qs, ks, vv, marks, w, w_inv, bandwidth: float, kernel: str, no
     return ForwardState(marks, w, w_inv, c_mean, k_mean, cov, sp, _t(k_t) @ vv, vv.sum(-2), c_k.sum(-2))
 
 
-def output_of(qs, st: ForwardState, bandwidth: float, kernel: str, norm: str) -> torch.Tensor:
-    """The Nyström output (B, H, N, e) from the state (no conv): the forward the backward differentiates."""
+def output_of(qs, st: ForwardState, bandwidth: float, kernel: str, norm: str, alpha: float = 1.0) -> torch.Tensor:
+    """The Nyström output (B, H, N, e) from the state (no conv): the forward the backward differentiates;
+    ``alpha`` the output scale α of the whitened part (``limits.output_alpha``)."""
     flags = FLAGS[norm]
     c = kernel_rows(qs, st.marks, bandwidth, kernel == "laplacian")
     if flags["centre_q"]:
         c = c - st.c_mean.unsqueeze(-2)
-    out = c @ (st.w_inv @ st.m_prime)
+    out = c @ _m_mat(st, alpha)
     if flags["add_mean"]:
         out = out + (st.v_sum / qs.shape[-2]).unsqueeze(-2)
     if flags["rowsum"]:
         out = out / (c @ (st.w_inv @ st.k_sum.unsqueeze(-1)))
     return out
+
+
+def _m_mat(st: ForwardState, alpha: float) -> torch.Tensor:
+    """M = α W⁺ M' (B, H, m, e): the product the output reads."""
+    return alpha * (st.w_inv @ st.m_prime)
 
 
 def _query_factor(qs, st: ForwardState, bandwidth, l1, flags) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,8 +134,9 @@ def _rowsum_terms(c, grad, st: ForwardState):
     return grad / z, -(grad * out).sum(-1, keepdim=True) / z
 
 
-def query_grad_pass(grad, qs, vv, st: ForwardState, bandwidth: float, kernel: str, norm: str, conv=None) -> dict:
-    """Pass A: {"dm": dM (B, H, m, e), "g_sum": Σ G (B, H, e), "db": db (B, H, m) (rowsum, else None),
+def query_grad_pass(grad, qs, vv, st: ForwardState, bandwidth: float, kernel: str, norm: str, conv=None,
+                    alpha: float = 1.0) -> dict:
+    """Pass A: {"dm": dM = α cᵀ dt (B, H, m, e), "g_sum": Σ G (B, H, e), "db": db (B, H, m) (rowsum, else None),
     "dweight": (C, 1, 3, 3), "dbias": (C,) (with ``conv``, else None)}. grad (B, H, N, e)."""
     flags = FLAGS[norm]
     _, c = _query_factor(qs, st, bandwidth, kernel == "laplacian", flags)
@@ -136,7 +146,7 @@ def query_grad_pass(grad, qs, vv, st: ForwardState, bandwidth: float, kernel: st
         db = (dz * c).sum(-2)
     else:
         dt = grad
-    out = dict(dm=_t(c) @ dt, g_sum=grad.sum(-2), db=db, dweight=None, dbias=None)
+    out = dict(dm=alpha * (_t(c) @ dt), g_sum=grad.sum(-2), db=db, dweight=None, dbias=None)
     if conv is not None:
         vv_ = vv.detach().requires_grad_(True)
         weight = conv.weight.detach().to(vv.dtype).requires_grad_(True)
@@ -167,13 +177,13 @@ def _key_row_grad(k_t, vv, st: ForwardState, d_mprime, eps: float):
 
 
 def landmark_grad(st: ForwardState, a: dict, b: dict | None, n: int, bandwidth: float, kernel: str,
-                  norm: str) -> dict:
+                  norm: str, alpha: float = 1.0) -> dict:
     """Pass C: from pass A's ``a`` and pass B's ``b`` (whiten, else None) -> {"d_mprime" (B, H, m, e), "q_cov"
     (B, H, m, m) or None, "q_const" (B, H, m), "k_const" (B, H, m), "v_const" (B, H, e), "d_marks" (B, H, m, d):
     dL through W}. The row pass D adds q_const + (C_q − c̄) q_cov to dC_q, k_const to dC_k, v_const to dv."""
     flags, l1 = FLAGS[norm], kernel == "laplacian"
     w_inv = st.w_inv
-    m_mat = w_inv @ st.m_prime
+    m_mat = _m_mat(st, alpha)
     d_mprime = _t(w_inv) @ a["dm"]
     dw_inv = a["dm"] @ _t(st.m_prime)
     zeros_m = st.c_mean.new_zeros(st.c_mean.shape)
@@ -199,12 +209,12 @@ def landmark_grad(st: ForwardState, a: dict, b: dict | None, n: int, bandwidth: 
 
 
 def row_grad_pass(grad, qs, ks, vv, st: ForwardState, c: dict, bandwidth: float, kernel: str, norm: str,
-                  eps: float, conv=None) -> dict:
+                  eps: float, conv=None, alpha: float = 1.0) -> dict:
     """Pass D: {"dq" (B, H, N, d) (K = Q: the whole gradient of the one factor), "dk" (B, H, N, d) or None (K = Q),
     "dv" (B, H, N, e), "d_marks" (B, H, m, d): the rows' part of dL} from pass C's ``c``."""
     flags, l1 = FLAGS[norm], kernel == "laplacian"
     c_q, cq = _query_factor(qs, st, bandwidth, l1, flags)
-    m_mat = st.w_inv @ st.m_prime
+    m_mat = _m_mat(st, alpha)
     if flags["rowsum"]:
         dt, dz = _rowsum_terms(cq, grad, st)
         dcq = dt @ _t(m_mat) + dz * _t(st.w_inv @ st.k_sum.unsqueeze(-1))
@@ -248,17 +258,18 @@ def pool_grad(dq: torch.Tensor, d_marks: torch.Tensor, qs: torch.Tensor, hw, gri
 
 
 def streaming_backward_reference(grad, qs, ks, vv, st: ForwardState, hw, grid, bandwidth: float, kernel: str,
-                                 norm: str, eps: float, conv=None) -> dict:
+                                 norm: str, eps: float, conv=None, scale_power: float = 0.0) -> dict:
     """Passes A–E: {"dq", "dk" (None when ``ks is qs``), "dv", "dweight", "dbias"} for dL/dout ``grad``
     (B, H, N, e) of the fused core's output (plus DWConv(V) with ``conv``, an ``ops.value_conv.ValueConv``
-    whose V is vv)."""
+    whose V is vv); scale_power p: the output scale α = N^-p of §4.6 (``limits.output_alpha``)."""
     flags = FLAGS[norm]
     n = qs.shape[-2]
-    a = query_grad_pass(grad, qs, vv, st, bandwidth, kernel, norm, conv)
+    alpha = output_alpha(norm, scale_power, float(n))
+    a = query_grad_pass(grad, qs, vv, st, bandwidth, kernel, norm, conv, alpha)
     b = None
     if flags["whiten"]:
         b = key_grad_pass(ks, vv, st, _t(st.w_inv) @ a["dm"], bandwidth, kernel, eps)
-    c = landmark_grad(st, a, b, n, bandwidth, kernel, norm)
-    d = row_grad_pass(grad, qs, ks, vv, st, c, bandwidth, kernel, norm, eps, conv)
+    c = landmark_grad(st, a, b, n, bandwidth, kernel, norm, alpha)
+    d = row_grad_pass(grad, qs, ks, vv, st, c, bandwidth, kernel, norm, eps, conv, alpha)
     dq = pool_grad(d["dq"], c["d_marks"] + d["d_marks"], qs, hw, grid)
     return dict(dq=dq, dk=d["dk"], dv=d["dv"], dweight=a["dweight"], dbias=a["dbias"])

@@ -5,8 +5,10 @@ specification is ``backward_reference.row_grad_pass`` (pass D there) with its he
 ``row_grad_kernel``, one launch, grid (splits, G): group g = b·H + h, its rows cut by ``limits.splits_for``,
 each program walking its split in tiles of ``BLOCK_ROWS`` rows, every row both a query and a key:
 
-- prologue: M = W⁺ M' (m, e) and pass C's dM' (m, e), S' + S'ᵀ and q_cov (m, m) (``whiten``), c̄, k̄,
-  q_const, k_const and b = W⁺ Σ C_k (``rowsum``) (m) into the program's work area (below);
+- prologue: M = α W⁺ M' (m, e) (α the output scale of the whitened norms, docs/DESIGN.md §4.6, a runtime
+  argument, 1 otherwise: applied once per (m, 16) chunk as M is stored, never per row) and pass C's dM'
+  (m, e), S' + S'ᵀ and q_cov (m, m) (``whiten``), c̄, k̄, q_const, k_const and b = W⁺ Σ C_k (``rowsum``) (m)
+  into the program's work area (below);
 - key side, per tile: C_k recomputed from k and the landmarks (C_q when K = Q), k̃ = C_k − k̄ (``centre_k``),
   u = v dM'ᵀ; with ``whiten`` P = k̃ (S' + S'ᵀ), s = ½ P·k̃ (= k̃ S' k̃ᵀ), r = (max(s, 0) + ε)^-½,
   ds = −½ r³ (k̃·u) [s ≥ 0], dk̃ = r u + ds P (else dk̃ = u, r = 1); dC_k = dk̃ + k_const;
@@ -52,12 +54,21 @@ within 128 registers per thread, spilled more):
   accumulator, took 475 instructions and 96 SHFL per chunk in a kernel of that loop alone, where this layout
   took 567 and 172, but twice the CTA barriers (22 against 10, at one CTA of 8 warps per SM): not adopted
   without a GPU to time both.
+- Half precision and α: the m = 64 conv specialisations sat at 255 registers before either (no spill). α
+  scales M once in the prologue, as each (m, 16) chunk of W⁺ M' is stored to the work area, so the tile loop
+  reads the scaled M and carries nothing more (scaling G Mᵀ per tile would add work to the loop with no register
+  to spare); half data is converted right after each load and dq, dk, dv per chunk before their stores. The
+  float32 specialisations keep 255 at most with no spill on sm_80 and sm_90 (those at m = 64 with the conv
+  unchanged at 255), and so do the float16 and bfloat16 ones (checked at m = 64).
 
 Products: the row products with M and dM' "tf32x3", the m × m ones IEEE float32 (never plain TF32). q, k, v
-and G are read in place through their (batch, head, row) strides (last dim contiguous); dq, dk, dv are
-written through theirs (head views of one (B, N, 3C) buffer serve). Float32, m <= 64, d, e <= 128, no padding
-mask, no prefix tokens (``limits.unfit``). ``aot_specialisations`` lists every launch configuration for
-``benchmarks/triton_aot.py``.
+and G are read in place through their (batch, head, row) strides (last dim contiguous), in their dtype
+(float32, float16 or bfloat16, one per call: ``limits.LOAD_DTYPES``) and converted to float32 right after each
+load, so every product and sum runs in float32; dq, dk, dv are written through theirs in the same dtype (head
+views of one (B, N, 3C) gradient buffer of the qkv dtype serve), rounded once per element. The state, pass C's
+outputs, the conv weight (cast to float32 by the launcher when it is not), the work area and pdl are float32.
+m <= 64, d, e <= 128, no padding mask, no prefix tokens (``limits.unfit``). ``aot_specialisations`` lists every
+launch configuration for ``benchmarks/triton_aot.py``, per data dtype.
 """
 
 from __future__ import annotations
@@ -67,6 +78,7 @@ import triton
 import triton.language as tl
 
 from .._triton_common import distinct_launches, power_of_two_sizes
+from .backward_stats_triton import POINTER_TYPES, check_alpha, dtype_name
 from .limits import FLAGS, MAX_D, MAX_M, splits_for, unfit
 from .triton import _square, config
 
@@ -107,8 +119,8 @@ def _rows_grad(a_t, Xg, sxn, DXg, sdxn, Lg, slab, rn, ok, rm, accumulate, M, D, 
                BLOCK_D: tl.constexpr):
     """The vjp of C = k(X, L) for the tile's rows ``rn`` from Aᵀ = scale · (dC ∘ C)ᵀ (BLOCK_M, BLOCK_N), in
     chunks of BLOCK_D features ((BLOCK_D, BLOCK_M, BLOCK_N) tiles): dx_i = Σ_l A_il sign(x_i − l_l) (squared
-    L2: 2 (x_i − l_l); sign(0) = 0) written to DXg (row stride sdxn), and −Σ_i A_il sign(x_i − l_l) added to
-    the (M, D) slab (its old value read when ``accumulate``, else taken as 0)."""
+    L2: 2 (x_i − l_l); sign(0) = 0) written to DXg (row stride sdxn) in its dtype, and −Σ_i A_il sign(x_i − l_l)
+    added to the (M, D) slab (its old value read when ``accumulate``, else taken as 0)."""
     if not L1:
         a_t = 2.0 * a_t
     for d0 in range(0, D, BLOCK_D):
@@ -119,7 +131,8 @@ def _rows_grad(a_t, Xg, sxn, DXg, sdxn, Lg, slab, rn, ok, rm, accumulate, M, D, 
             part = tl.where(diff > 0.0, a_t[None, :, :], tl.where(diff < 0.0, -a_t[None, :, :], 0.0))
         else:
             part = a_t[None, :, :] * diff
-        tl.store(DXg + rn[None, :] * sdxn + cols[:, None], tl.sum(part, axis=1), mask=in_d & ok[None, :])
+        tl.store(DXg + rn[None, :] * sdxn + cols[:, None], tl.sum(part, axis=1).to(DXg.dtype.element_ty),
+                 mask=in_d & ok[None, :])
         at = slab + rm[None, :] * D + cols[:, None]
         md = in_d & (rm[None, :] < M)
         tl.store(at, tl.load(at, mask=md & accumulate, other=0.0) - tl.sum(part, axis=2), mask=md)
@@ -149,13 +162,15 @@ def _conv_transpose_chunk_t(dv_t, Gg, sgn, CW, h, rn, ce, N, E, GH, GW):
 def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, svb, svh, svn,
                     L, WI, MP, KSUM, CMEAN, KMEAN, SP, DMP, QCOV, QCONST, KCONST, VCONST, CW, GH, GW,
                     DQ, sdqb, sdqh, sdqn, DK, sdkb, sdkh, sdkn, DV, sdvb, sdvh, sdvn, PDL, WORK,
-                    H, N, M, D, E, scale, eps, rows_per_split, SPLITS,
+                    H, N, M, D, E, scale, eps, alpha, rows_per_split, SPLITS,
                     WHITEN: tl.constexpr, CENTRE_Q: tl.constexpr, CENTRE_K: tl.constexpr, ROWSUM: tl.constexpr,
                     UNTIED: tl.constexpr, CONV: tl.constexpr, L1: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EC: tl.constexpr):
     """Pass D for the rows of split program_id(0) of group program_id(1) (module docstring): dq, dk (UNTIED)
     and dv written, the split's part of dL into its slab of PDL (G, SPLITS, M, D); WORK (G, SPLITS,
-    ``_work_size``) the programs' work areas. The row tiles are held transposed (landmarks × rows)."""
+    ``_work_size``) the programs' work areas. The row tiles are held transposed (landmarks × rows). GRAD, Q, K, V
+    read in their dtype (float32, float16 or bfloat16) and converted after each load; DQ, DK, DV written in theirs;
+    alpha the output scale α (M = α W⁺ M', scaled once in the prologue)."""
     split, g = tl.program_id(0), tl.program_id(1)
     b, h = g // H, g % H
     Gg, Qg, Kg, Vg = GRAD + b * sgb + h * sgh, Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
@@ -178,7 +193,7 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
         me = inm[:, None] & (e0 + rc[None, :] < E)
         at = rm[:, None] * BLOCK_E + e0 + rc[None, :]
         mp = tl.load(MP + g * M * E + rm[:, None] * E + e0 + rc[None, :], mask=me, other=0.0)
-        tl.store(m_own + at, tl.dot(w_inv, mp, input_precision="tf32x3"))
+        tl.store(m_own + at, tl.dot(w_inv, mp, input_precision="tf32x3") * alpha)  # M = α W⁺ M'
         tl.store(dmp_own + at, tl.load(DMP + g * M * E + rm[:, None] * E + e0 + rc[None, :], mask=me, other=0.0))
     if WHITEN:
         sq = rm[:, None] * BLOCK_M + rm[None, :]
@@ -234,7 +249,8 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
                 + tl.load(VCONST + g * E + ce, mask=cols, other=0.0)[:, None]
             if CONV:
                 dv_t = _conv_transpose_chunk_t(dv_t, Gg, sgn, CW, h, rn, ce, N, E, GH, GW)
-            tl.store(DVg + rn[None, :] * sdvn + ce[:, None], dv_t, mask=cols[:, None] & ok[None, :])
+            tl.store(DVg + rn[None, :] * sdvn + ce[:, None], dv_t.to(DVg.dtype.element_ty),
+                     mask=cols[:, None] & ok[None, :])
         # query side: dC_q = G Mᵀ (rowsum: / z − b (c·(G Mᵀ)) / z²) + q_const [+ (C_q − c̄) q_cov]
         if UNTIED:
             cq_t = _kernel_tile_dmn(Qg, sqn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
@@ -298,25 +314,28 @@ def _f32(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32).contiguous()
 
 
-def _check_out(name: str, t: torch.Tensor, shape: tuple, device) -> None:
+def _check_out(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype, device) -> None:
     if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
         got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
         raise ValueError(f"row_grad_triton: {name}: expected a {shape} output, got {got}")
-    if t.dtype != torch.float32 or t.device != device or t.stride(-1) != 1:
-        raise ValueError(f"row_grad_triton: {name}: expected float32 on {device} with a contiguous last dim, got "
-                         f"{t.dtype} on {t.device}, strides {t.stride()}")
+    if t.dtype != dtype or t.device != device or t.stride(-1) != 1:
+        raise ValueError(f"row_grad_triton: {name}: expected {dtype_name(dtype)} (the inputs' dtype) on {device} "
+                         f"with a contiguous last dim, got {t.dtype} on {t.device}, strides {t.stride()}")
 
 
 def row_grad_triton(grad: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, st, c: dict,
                     bandwidth: float, kernel: str, norm: str, eps: float, conv, dq: torch.Tensor,
-                    dk: torch.Tensor | None, dv: torch.Tensor) -> torch.Tensor:
+                    dk: torch.Tensor | None, dv: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     """Pass D (``backward_reference.row_grad_pass``) in one launch. grad (B, H, N, e), qs, ks (B, H, N, d)
-    (``ks is qs`` when K = Q), vv (B, H, N, e): float32 views with a contiguous last dim (others are copied);
+    (``ks is qs`` when K = Q), vv (B, H, N, e): float32, float16 or bfloat16 (one dtype, read as such, every sum in
+    float32) views with a contiguous last dim (others are copied);
     st the ``ForwardState`` (float32, contiguous (B, H, ·)); c pass C's dict (``landmark_grad``: "d_mprime",
     "q_cov" (None unless the norm whitens), "q_const", "k_const", "v_const"); conv an
-    ``ops.value_conv.ValueConv`` (its weight (H·e, 1, 3, 3) and hw; tokens unused) or None. Writes dq, dk
-    (None when ``ks is qs``: dq then gets the whole gradient of the one factor) (B, H, N, d) and dv (B, H, N, e),
-    preallocated float32 views with a contiguous last dim (any other strides), for every row. Returns pdl
+    ``ops.value_conv.ValueConv`` (its weight (H·e, 1, 3, 3), any float dtype, read as float32, and hw; tokens
+    unused) or None; ``alpha`` the output scale α of the whitened norms (``limits.output_alpha``, 1 for the others:
+    M = α W⁺ M'). Writes dq, dk (None when ``ks is qs``: dq then gets the whole gradient of the one factor)
+    (B, H, N, d) and dv (B, H, N, e), preallocated views in the inputs' dtype with a contiguous last dim (any
+    other strides), for every row. Returns pdl
     (G, splits, m, d) float32, G = B·H: per (group, split) the rows' part of dL, summed over the splits in
     order equal to row_grad_pass's "d_marks". ValueError naming the argument for what it does not serve."""
     if qs.dim() != 4 or vv.dim() != 4:
@@ -333,14 +352,16 @@ def row_grad_triton(grad: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor, vv: 
     if kernel not in ("laplacian", "gaussian"):
         raise ValueError(f"row_grad_triton: kernel {kernel!r}: expected 'laplacian' or 'gaussian'")
     for name, t, shape in (("grad", grad, (b, h, n, e)), ("ks", ks, (b, h, n, d)), ("vv", vv, (b, h, n, e))):
-        if tuple(t.shape) != shape or t.dtype != torch.float32:
-            raise ValueError(f"row_grad_triton: {name}: expected float32 {shape}, got {t.dtype} {tuple(t.shape)}")
+        if tuple(t.shape) != shape or t.dtype != qs.dtype:
+            raise ValueError(f"row_grad_triton: {name}: expected {dtype_name(qs.dtype)} (qs's dtype) {shape}, got "
+                             f"{t.dtype} {tuple(t.shape)}")
     if (dk is None) == untied:
         raise ValueError("row_grad_triton: dk: expected None exactly when ks is qs (K = Q)")
-    _check_out("dq", dq, (b, h, n, d), qs.device)
-    _check_out("dv", dv, (b, h, n, e), qs.device)
+    _check_out("dq", dq, (b, h, n, d), qs.dtype, qs.device)
+    _check_out("dv", dv, (b, h, n, e), qs.dtype, qs.device)
     if untied:
-        _check_out("dk", dk, (b, h, n, d), qs.device)
+        _check_out("dk", dk, (b, h, n, d), qs.dtype, qs.device)
+    alpha = check_alpha("row_grad_triton", norm, alpha)
     if flags["whiten"] and c.get("q_cov") is None:
         raise ValueError(f"row_grad_triton: c: norm {norm!r} whitens, c['q_cov'] is None")
     gh, gw = 1, n
@@ -372,7 +393,7 @@ def row_grad_triton(grad: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor, vv: 
         lm, wi, mp, ksum, cmean, kmean, sp, dmp, qcov, qconst, kconst, vconst, cw, gh, gw,
         dq, dq.stride(0), dq.stride(1), dq.stride(2), dk_, dk_.stride(0), dk_.stride(1), dk_.stride(2),
         dv, dv.stride(0), dv.stride(1), dv.stride(2), pdl, work,
-        h, n, m, d, e, -1.0 / float(bandwidth), float(eps), rows, splits, **meta, **opts)
+        h, n, m, d, e, -1.0 / float(bandwidth), float(eps), alpha, rows, splits, **meta, **opts)
     return pdl
 
 
@@ -381,9 +402,15 @@ _INTS = {"sgb", "sgh", "sgn", "sqb", "sqh", "sqn", "skb", "skh", "skn", "svb", "
          "rows_per_split", "SPLITS"}
 
 
-def _signature(constexprs: dict) -> dict:
-    """Runtime arguments -> Triton types: sizes and strides i32, scale and eps fp32, every pointer fp32."""
-    return {name: "i32" if name in _INTS else "fp32" if name in ("scale", "eps") else "*fp32"
+DATA = {"GRAD", "Q", "K", "V", "DQ", "DK", "DV"}
+"""The pointers of the data tensors (read: grad, q, k, v; written: dq, dk, dv), typed by the inputs' dtype."""
+
+
+def _signature(constexprs: dict, dtype: str = "fp32") -> dict:
+    """Runtime arguments -> Triton types: sizes and strides i32, scale, eps and alpha fp32, the data pointers
+    ``POINTER_TYPES[dtype]``, every other pointer (state, pass C's outputs, the conv weight, pdl, work) fp32."""
+    return {name: "i32" if name in _INTS else "fp32" if name in ("scale", "eps", "alpha")
+            else POINTER_TYPES[dtype] if name in DATA else "*fp32"
             for name in row_grad_kernel.arg_names if name not in constexprs}
 
 
@@ -391,19 +418,22 @@ def aot_specialisations(d_max: int = 128, m_max: int = 128):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) ``row_grad_triton`` can
     produce for m <= min(m_max, 64), e <= min(d_max, 128) and any d <= 128, from ``row_grad_spec`` (the
     launcher's): the norm flags × L1 / squared L2 × K = Q / K ≠ Q × conv or not × m, e as powers of two (the
-    spec depends on them only through ``next_power_of_2``, and not on d). Identical specialisations are
-    yielded once, under the label of their first launch."""
-    return distinct_launches(_launches(m_max, d_max), lambda kernel, meta: _signature(meta))
+    spec depends on them only through ``next_power_of_2``, and not on d) × the data dtype (float32, then float16
+    and bfloat16: labels ``dtype=fp32|fp16|bf16``, the data pointers typed so). Identical specialisations are
+    yielded once per dtype, under the label of their first launch."""
+    for dtype in POINTER_TYPES:
+        yield from distinct_launches(_launches(m_max, d_max, dtype), lambda kernel, meta, t=dtype: _signature(meta, t))
 
 
-def _launches(m_max: int, d_max: int):
-    """(kernel, spec, label) of every launch ``row_grad_triton`` can make (``aot_specialisations``)."""
+def _launches(m_max: int, d_max: int, dtype: str = "fp32"):
+    """(kernel, spec, label) of every launch ``row_grad_triton`` can make with data of ``dtype``
+    (``aot_specialisations``)."""
     for m in power_of_two_sizes(m_max, MAX_M):
         for e in power_of_two_sizes(d_max, MAX_D):
             for l1 in (True, False):
                 for norm, flags in FLAGS.items():
                     for untied in (False, True):
                         for conv in (False, True):
-                            label = (f"bwd_rows dtype=fp32 kind={'L1' if l1 else 'L2'} m={m} e={e} norm={norm} "
+                            label = (f"bwd_rows dtype={dtype} kind={'L1' if l1 else 'L2'} m={m} e={e} norm={norm} "
                                      f"inj={int(norm == 'injective')} untied={int(untied)} conv={int(conv)}")
                             yield row_grad_kernel, row_grad_spec(m, MAX_D, e, l1, flags, untied, conv), label

@@ -7,26 +7,30 @@ As in the forward passes (``triton.py``), C_q and C_k are recomputed from q, k a
 next pass sums in split order (deterministic, no atomics).
 
 - ``query_grad_kernel`` (pass A): per query tile c = C_q (− c̄ with ``CENTRE_Q``) and the output gradient G,
-  per split the partials of dM = Σ_i c_iᵀ dt_i (dt_i = G_i, or with ``ROWSUM`` G_i / z_i, z_i = c_i·b) and
-  Σ_i G_i. With ``ROWSUM`` the prologue forms b = W⁺ Σ C_k and M = W⁺ M' (the state's Σ C_k and M'), and a
-  second loop over the split's tiles (C_q recomputed) the partials of db = Σ_i dz_i c_i, dz_i =
+  per split the partials of dM = α Σ_i c_iᵀ dt_i (dt_i = G_i, or with ``ROWSUM`` G_i / z_i, z_i = c_i·b; α the
+  output scale of the whitened norms, docs/DESIGN.md §4.6, a runtime argument applied once to the split's sum,
+  1 otherwise) and Σ_i G_i. With ``ROWSUM`` the prologue forms b = W⁺ Σ C_k and M = W⁺ M' (the state's
+  Σ C_k and M'), and a second loop over the split's tiles (C_q recomputed) the partials of db = Σ_i dz_i c_i, dz_i =
   −(G_i·out_i) / z_i, out_i = (c_i M) / z_i, from cᵀ and M Gᵀ. With ``CONV`` (the layer's DWConv(V),
   docs/DESIGN.md §4.5) a last loop gives the depthwise weight's partials Σ_i G_ij v_(i + dy·GW + dx), j of
   the 9 taps t = (dy + 1)·3 + (dx + 1), V read through its row stride and masked at the (GH, GW) grid's
   borders (zero padding) as the forward output pass reads it.
 - ``key_grad_kernel`` (pass B, the whitened norms, k̄ centring always): the prologue sums A's partials of dM
-  in split order and forms dM' = W⁺ᵀ dM (IEEE) and S' + S'ᵀ; per key tile k̃ = C_k − k̄ (rows × landmarks),
-  a_j = k̃_j (S' + S'ᵀ) (IEEE), s_j = ½ a_j·k̃_j (= k̃_j S' k̃_jᵀ), r_j = (max(s_j, 0) + eps)^-½,
-  u_j = v_j dM'ᵀ, dr_j = k̃_j·u_j, ds_j = −½ r_j³ dr_j (0 where s_j < 0), dk̃_j = r_j u_j + ds_j a_j, and per
-  split the partials of dS' = Σ_j ds_j k̃_jᵀ k̃_j (IEEE) and Σ_j dk̃_j.
+  in split order and forms dM' = W⁺ᵀ dM (IEEE) and S' + S'ᵀ; per key tile first u_j = v_j dM'ᵀ, then
+  k̃ = C_k − k̄ (rows × landmarks), a_j = k̃_j (S' + S'ᵀ) (IEEE), s_j = ½ a_j·k̃_j (= k̃_j S' k̃_jᵀ),
+  r_j = (max(s_j, 0) + eps)^-½, dr_j = k̃_j·u_j, ds_j = −½ r_j³ dr_j (0 where s_j < 0), dk̃_j = r_j u_j +
+  ds_j a_j, and per split the partials of dS' = Σ_j ds_j k̃_jᵀ k̃_j (IEEE) and Σ_j dk̃_j.
 
 M (pass A, rowsum) and dM'ᵀ (pass B) are formed once per program in column chunks into a float32 scratch of
 the program's own (G, splits, ·), then read back per tile in ``CHUNK_E``-column chunks (after a CTA
 barrier): held whole in registers, these (m, e) operands of the row products spilled (below). grad, q, k, v
-are read in place through their (batch, head, row) strides (last dim contiguous). Products: the m×m ones,
-S' k̃ and the dS' sum IEEE float32, the rest "tf32x3" (never plain TF32), W⁺ M' as the forward output pass
-forms M. Float32, m <= 64, d, e <= 128 (``limits.unfit``), no padding mask and no prefix tokens (the fused
-training path has neither).
+are read in place through their (batch, head, row) strides (last dim contiguous), in their dtype (float32,
+float16 or bfloat16, one dtype per call, ``limits.LOAD_DTYPES``), converted to float32 right after each load:
+every product and sum runs in float32, and the state, the partials and the scratch are float32 whatever the
+inputs. Products: the m×m ones, S' k̃ and the dS' sum IEEE float32, the rest "tf32x3" (never plain TF32),
+W⁺ M' as the forward output pass forms M (the unscaled M: pass A's db reads the rowsum output, which α never
+scales). m <= 64, d, e <= 128 (``limits.unfit``), no padding mask and no prefix tokens (the fused training path
+has neither).
 
 **Register budget** (``python -m benchmarks.triton_aot --arch 80,90 --strict --module
 laplacianformer.ops.streaming.backward_stats_triton``): every specialisation at 8 warps and ``maxnreg`` 255
@@ -35,14 +39,22 @@ S' + S'ᵀ held in registers and the tile transposed (landmarks × rows), as the
 1460 / 1420; dM' from the scratch in 32-column chunks, transposed, 130–270 / 0–540 whatever the products'
 precisions; in row form (rows × landmarks) 88 / 80, 36 / 0 with the dS' sum IEEE, none with that and
 16-column chunks (the form kept). 16 warps spilled more (1232 / 772: 128 registers a thread, as a 512-thread
-block cannot have 255). Pass A with ``ROWSUM`` in one loop (c M next to cᵀ dt): 20–660 B in every
-arrangement tried (M in registers or from the scratch, row or transposed tiles, IEEE or tf32x3); db's own loop
-in row form still 12–240 B, transposed (cᵀ and M Gᵀ, both with an (m, ·) left operand) none. The conv's
-partials, a (16, e) register tile over the taps, have their own loop as well. ``aot_specialisations`` lists
-every launch configuration for ``benchmarks/triton_aot.py``.
+block cannot have 255). Pass A with ``ROWSUM`` in one loop (c M next to cᵀ dt): 20–660 B in every arrangement
+tried (M in registers or from the scratch, row or transposed tiles, IEEE or tf32x3); db's own loop in row form
+still 12–240 B, transposed (cᵀ and M Gᵀ, both with an (m, ·) left operand) none. The conv's partials, a (16, e)
+register tile over the taps, have their own loop as well. Half-precision data and α: pass B with u = v dM'ᵀ
+formed after k̃ and a (as it was for float32) spilled 4 bytes on sm_80 at m = 64 with float16 or bfloat16 v
+(float32: 255 registers, no spill); u is now formed first, before k̃ and a are live: 255 / 239–244 registers on
+sm_80 / sm_90, no spill in any dtype. Pass A with the α multiply (once, on the split's dM before its store) and
+half loads: no change (255 at most, no spill). ``aot_specialisations`` lists every launch configuration for
+``benchmarks/triton_aot.py``, per data dtype.
 """
 
 from __future__ import annotations
+
+import math
+from functools import partial
+from itertools import chain
 
 import torch
 import triton
@@ -64,13 +76,14 @@ def _split_rows(rn, row_end, N):
 
 @triton.jit
 def query_grad_kernel(GR, sgb, sgh, sgn, Q, sqb, sqh, sqn, V, svb, svh, svn, L, WI, CMEAN, MP, KSUM, WORK,
-                      PDM, PG, PDB, PDW, GH, GW, H, N, M, D, E, scale, rows_per_split, SPLITS,
+                      PDM, PG, PDB, PDW, GH, GW, H, N, M, D, E, scale, alpha, rows_per_split, SPLITS,
                       CENTRE_Q: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr, L1: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
                       BLOCK_EC: tl.constexpr, BLOCK_T: tl.constexpr):
     """Pass A of group program_id(1), split program_id(0): GR, Q, V (B, H, N, ·) strided, L (G, M, D), WI (G, M, M),
-    CMEAN, KSUM (G, M), MP = Σ M' (G, M, E) -> PDM (G, S, M, E), PG (G, S, E), PDB (G, S, M) (ROWSUM), PDW
-    (G, S, 9, E) (CONV). WORK (G, S, M, E): the program's copy of M (ROWSUM)."""
+    CMEAN, KSUM (G, M), MP = Σ M' (G, M, E) -> PDM (G, S, M, E) (α times the split's Σ cᵀ dt), PG (G, S, E), PDB
+    (G, S, M) (ROWSUM), PDW (G, S, 9, E) (CONV). WORK (G, S, M, E): the program's copy of M (ROWSUM). GR, Q, V
+    float32, float16 or bfloat16 (converted to float32 after each load)."""
     split, g = tl.program_id(0), tl.program_id(1)
     b, h = g // H, g % H
     Gg, Qg, Vg, Lg = GR + b * sgb + h * sgh, Q + b * sqb + h * sqh, V + b * svb + h * svh, L + g * M * D
@@ -110,7 +123,7 @@ def query_grad_kernel(GR, sgb, sgh, sgn, Q, sqb, sqh, sqn, V, svb, svh, svn, L, 
             dt = dt / tl.where(ok, tl.sum(c * b_vec[None, :], axis=1), 1.0)[:, None]
         dm += tl.dot(tl.trans(c), dt, input_precision="tf32x3")
     part = g * SPLITS + split
-    tl.store(PDM + part * M * E + rm[:, None] * E + re[None, :], dm, mask=landmarks[:, None] & cols[None, :])
+    tl.store(PDM + part * M * E + rm[:, None] * E + re[None, :], dm * alpha, mask=landmarks[:, None] & cols[None, :])
     tl.store(PG + part * E + re, g_sum, mask=cols)
     if ROWSUM:  # db in a loop of its own (C_q recomputed): next to dM's product, c M spilled on sm_80 and sm_90
         db = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -159,7 +172,7 @@ def key_grad_kernel(K, skb, skh, skn, V, svb, svh, svn, L, WI, KMEAN, SP, PDM, W
                     BLOCK_EC: tl.constexpr):
     """Pass B of group program_id(1), split program_id(0): K, V (B, H, N, ·) strided, L (G, M, D), WI, SP (G, M, M),
     KMEAN (G, M), PDM (G, DM_SPLITS, M, E) pass A's partials of dM -> PDSP (G, S, M, M), PDKT (G, S, M).
-    WORK (G, S, E, M): the program's copy of dM'ᵀ."""
+    WORK (G, S, E, M): the program's copy of dM'ᵀ. K, V float32, float16 or bfloat16 (converted after the load)."""
     split, g = tl.program_id(0), tl.program_id(1)
     b, h = g // H, g % H
     Kg, Vg, Lg = K + b * skb + h * skh, V + b * svb + h * svh, L + g * M * D
@@ -187,17 +200,18 @@ def key_grad_kernel(K, skb, skh, skn, V, svb, svh, svn, L, WI, KMEAN, SP, PDM, W
     for n0 in range(lo, row_end, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         ok = _split_rows(rn, row_end, N)
-        kt = _kernel_tile(Kg, skn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
-        kt = tl.where(ok[:, None] & landmarks[None, :], kt - k_mean[None, :], 0.0)  # k̃ (rows × landmarks)
-        a = tl.dot(kt, sp_sym, input_precision="ieee")  # k̃ (S' + S'ᵀ)
-        s_row = 0.5 * tl.sum(a * kt, axis=1)
-        r = 1.0 / tl.sqrt(tl.maximum(s_row, 0.0) + eps)
-        u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # v dM'ᵀ, over column chunks of v and dM'
+        # u = v dM'ᵀ over column chunks of v and dM', before k̃ and a are live (module docstring, "Register budget")
+        u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for e0 in range(0, E, BLOCK_EC):
             ce = e0 + rc
             dmp_t = tl.load(Dk + ce[:, None] * M + rm[None, :], mask=(ce[:, None] < E) & landmarks[None, :], other=0.0)
             v = tl.load(Vg + rn[:, None] * svn + ce[None, :], mask=ok[:, None] & (ce[None, :] < E), other=0.0)
             u = tl.dot(v.to(tl.float32), dmp_t, u, input_precision="tf32x3")
+        kt = _kernel_tile(Kg, skn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+        kt = tl.where(ok[:, None] & landmarks[None, :], kt - k_mean[None, :], 0.0)  # k̃ (rows × landmarks)
+        a = tl.dot(kt, sp_sym, input_precision="ieee")  # k̃ (S' + S'ᵀ)
+        s_row = 0.5 * tl.sum(a * kt, axis=1)
+        r = 1.0 / tl.sqrt(tl.maximum(s_row, 0.0) + eps)
         dr = tl.sum(kt * u, axis=1)
         ds = tl.where(ok & (s_row >= 0.0), -0.5 * r * r * r * dr, 0.0)
         dkt_sum += tl.sum(r[:, None] * u + ds[:, None] * a, axis=0)
@@ -246,14 +260,33 @@ def _groups(st, field: str, groups: int, *shape: int) -> torch.Tensor:
     return getattr(st, field).reshape(groups, *shape).contiguous()
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name of a dtype without "torch." (the launchers' messages)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def check_alpha(name: str, norm: str, alpha) -> float:
+    """α as a float, or ValueError naming ``alpha`` (shared by passes A, C and D): a finite positive number, and
+    1 for the norms without a whitened part (``limits.output_alpha`` gives them 1; the passes scale M = W⁺ M'
+    only, which for rowsum would not be the gradient of its scaled output)."""
+    alpha = float(alpha)
+    if not math.isfinite(alpha) or alpha <= 0.0:
+        raise ValueError(f"{name}: alpha={alpha}: expected a finite positive output scale")
+    if alpha != 1.0 and not FLAGS[norm]["whiten"]:
+        raise ValueError(f"{name}: alpha={alpha}: norm {norm!r} has no whitened part to scale (alpha must be 1)")
+    return alpha
+
+
 def query_grad_triton(grad: torch.Tensor, qs: torch.Tensor, vv: torch.Tensor, st, bandwidth: float, kernel: str,
-                      norm: str, conv=None) -> dict:
+                      norm: str, conv=None, alpha: float = 1.0) -> dict:
     """Pass A (``backward_reference.query_grad_pass``) per split: grad (B, H, N, e), qs (B, H, N, d), vv (B, H, N, e)
     (strided, last dim contiguous; with ``conv``, an ``ops.value_conv.ValueConv``, vv is the head view of its
-    tokens), st a float32 ``ForwardState``. Returns {"pdm": (G, S, m, e), "pg": (G, S, e), "pdb": (G, S, m) or
-    None (rowsum only), "pdw": (G, S, 9, e) or None (conv only)}, float32, G = B·H, S = ``splits_for(N, G)``'s
-    splits: summed over S, dM, Σ G, db and the conv weight's gradient (tap t = 3·ky + kx, channel h·e + j).
-    ValueError naming the argument for what it does not serve."""
+    tokens), all three float32, float16 or bfloat16 (one dtype; read as such, summed in float32), st a float32
+    ``ForwardState``; ``alpha`` the output scale α of the whitened norms (``limits.output_alpha``; 1 for the others).
+    Returns {"pdm": (G, S, m, e), "pg": (G, S, e), "pdb": (G, S, m) or None (rowsum only), "pdw": (G, S, 9, e) or
+    None (conv only)}, float32, G = B·H, S = ``splits_for(N, G)``'s splits: summed over S, dM = α Σ cᵀ dt, Σ G, db
+    and the conv weight's gradient (tap t = 3·ky + kx, channel h·e + j). ValueError naming the argument for what it
+    does not serve."""
     b, h, n, d = qs.shape
     e, m = vv.shape[-1], st.marks.shape[-2]
     why = unfit(norm, m, d, e, qs.dtype)
@@ -261,14 +294,16 @@ def query_grad_triton(grad: torch.Tensor, qs: torch.Tensor, vv: torch.Tensor, st
         why = conv_unfit(conv, vv, None, qs.dtype)
     if why is not None:
         raise ValueError(f"query_grad_triton: {why}")
-    if tuple(vv.shape) != (b, h, n, e) or vv.dtype != torch.float32:
-        raise ValueError(f"query_grad_triton: vv must be float32 (B, H, N, e) = ({b}, {h}, {n}, e), got "
-                         f"{vv.dtype} {tuple(vv.shape)}")
-    if tuple(grad.shape) != (b, h, n, e) or grad.dtype != torch.float32:
-        raise ValueError(f"query_grad_triton: grad must be float32 {(b, h, n, e)} (vv's shape), got {grad.dtype} "
-                         f"{tuple(grad.shape)}")
+    dtype = dtype_name(qs.dtype)
+    if tuple(vv.shape) != (b, h, n, e) or vv.dtype != qs.dtype:
+        raise ValueError(f"query_grad_triton: vv must be {dtype} (qs's dtype) (B, H, N, e) = ({b}, {h}, {n}, e), "
+                         f"got {vv.dtype} {tuple(vv.shape)}")
+    if tuple(grad.shape) != (b, h, n, e) or grad.dtype != qs.dtype:
+        raise ValueError(f"query_grad_triton: grad must be {dtype} {(b, h, n, e)} (qs's dtype, vv's shape), got "
+                         f"{grad.dtype} {tuple(grad.shape)}")
     if n == 0:
         raise ValueError("query_grad_triton: qs: empty input (N = 0)")
+    alpha = check_alpha("query_grad_triton", norm, alpha)
     groups = b * h
     _check_state("query_grad_triton", st, groups, m, d, e)
     flags, l1 = FLAGS[norm], kernel == "laplacian"
@@ -291,25 +326,26 @@ def query_grad_triton(grad: torch.Tensor, qs: torch.Tensor, vv: torch.Tensor, st
         gr, gr.stride(0), gr.stride(1), gr.stride(2), q, q.stride(0), q.stride(1), q.stride(2),
         v, v.stride(0), v.stride(1), v.stride(2), lm, wi, cmean, mp, ksum, work,
         pdm, pg, pg if pdb is None else pdb, pg if pdw is None else pdw,  # placeholders a flag leaves unwritten
-        gh, gw, h, n, m, d, e, -1.0 / float(bandwidth), rows, splits, **meta, **opts)
+        gh, gw, h, n, m, d, e, -1.0 / float(bandwidth), alpha, rows, splits, **meta, **opts)
     return dict(pdm=pdm, pg=pg, pdb=pdb, pdw=pdw)
 
 
 def key_grad_triton(ks: torch.Tensor, vv: torch.Tensor, st, pdm: torch.Tensor, bandwidth: float, kernel: str,
                     eps: float) -> dict:
     """Pass B (``backward_reference.key_grad_pass``, the whitened norms) per split: ks (B, H, N, d), vv (B, H, N, e)
-    (strided, last dim contiguous), st a float32 ``ForwardState`` (k̄ = st.k_mean, S' = st.sp, W⁺), pdm
-    (G, S_A, m, e) pass A's partials of dM (``query_grad_triton``'s "pdm"; summed in split order, any S_A). Returns
-    {"pdsp": (G, S, m, m), "pdkt": (G, S, m)} float32, S = ``splits_for(N, G)``'s splits: summed over S, dS' and
-    Σ_j dk̃_j. ValueError naming the argument for what it does not serve."""
+    (strided, last dim contiguous; float32, float16 or bfloat16, one dtype), st a float32 ``ForwardState``
+    (k̄ = st.k_mean, S' = st.sp, W⁺), pdm (G, S_A, m, e) pass A's partials of dM (``query_grad_triton``'s "pdm",
+    α included; summed in split order, any S_A). Returns {"pdsp": (G, S, m, m), "pdkt": (G, S, m)} float32,
+    S = ``splits_for(N, G)``'s splits: summed over S, dS' and Σ_j dk̃_j. ValueError naming the argument for
+    what it does not serve."""
     b, h, n, d = ks.shape
     e, m = vv.shape[-1], st.marks.shape[-2]
     why = unfit("injective", m, d, e, ks.dtype)
     if why is not None:
         raise ValueError(f"key_grad_triton: {why}")
-    if tuple(vv.shape) != (b, h, n, e) or vv.dtype != torch.float32:
-        raise ValueError(f"key_grad_triton: vv must be float32 (B, H, N, e) = ({b}, {h}, {n}, e), got "
-                         f"{vv.dtype} {tuple(vv.shape)}")
+    if tuple(vv.shape) != (b, h, n, e) or vv.dtype != ks.dtype:
+        raise ValueError(f"key_grad_triton: vv must be {dtype_name(ks.dtype)} (ks's dtype) (B, H, N, e) = ({b}, {h}, "
+                         f"{n}, e), got {vv.dtype} {tuple(vv.shape)}")
     if n == 0:
         raise ValueError("key_grad_triton: ks: empty input (N = 0)")
     groups = b * h
@@ -339,19 +375,25 @@ def key_grad_triton(ks: torch.Tensor, vv: torch.Tensor, st, pdm: torch.Tensor, b
 
 _INTS = {"sgb", "sgh", "sgn", "sqb", "sqh", "sqn", "skb", "skh", "skn", "svb", "svh", "svn", "GH", "GW", "H", "N",
          "M", "D", "E", "rows_per_split", "SPLITS", "DM_SPLITS"}
+DATA = {"GR", "Q", "K", "V"}
+"""The pointers of the data tensors (grad, q, k, v), typed by the inputs' dtype; every other pointer is float32."""
+POINTER_TYPES = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
+"""The AOT labels' dtype -> the data pointers' Triton type (``limits.LOAD_DTYPES``)."""
 
 
-def _signature(kernel, constexprs: dict) -> dict:
-    """Runtime arguments -> Triton types: sizes and strides i32, scale and eps fp32, every pointer fp32."""
-    return {name: "i32" if name in _INTS else "fp32" if name in ("scale", "eps") else "*fp32"
+def _signature(kernel, constexprs: dict, dtype: str = "fp32") -> dict:
+    """Runtime arguments -> Triton types: sizes and strides i32, scale, alpha and eps fp32, the data pointers
+    ``POINTER_TYPES[dtype]``, every other pointer (state, partials, scratch) fp32."""
+    return {name: "i32" if name in _INTS else "fp32" if name in ("scale", "alpha", "eps")
+            else POINTER_TYPES[dtype] if name in DATA else "*fp32"
             for name in kernel.arg_names if name not in constexprs}
 
 
-def _launches(m: int, e: int):
-    """(kernel, spec, label) of every launch of both launchers for these m, e (the specs do not depend on d:
-    ``config`` takes BLOCK_D from m)."""
+def _launches(m: int, e: int, dtype: str = "fp32"):
+    """(kernel, spec, label) of every launch of both launchers for these m, e and data dtype (the specs do not
+    depend on d: ``config`` takes BLOCK_D from m; nor on the dtype, which only types the data pointers)."""
     for l1 in (True, False):
-        kind = f"dtype=fp32 kind={'L1' if l1 else 'L2'}"
+        kind = f"dtype={dtype} kind={'L1' if l1 else 'L2'}"
         for norm, flags in FLAGS.items():
             inj = int(norm == "injective")
             for conv in (False, True):
@@ -364,7 +406,14 @@ def aot_specialisations(d_max: int = 128, m_max: int = 128):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) ``query_grad_triton`` and
     ``key_grad_triton`` can produce for m <= min(m_max, 64), e <= min(d_max, 128) and any d <= 128, from the
     same ``*_spec`` functions (benchmarks/triton_aot.py): m and e as powers of two (the specs depend on them
-    only through ``next_power_of_2``), every norm's flags, L1 and squared L2, the conv on and off; identical
-    specialisations once, under the label of their first launch."""
+    only through ``next_power_of_2``), every norm's flags, L1 and squared L2, the conv on and off, and each data
+    dtype (float32, then float16 and bfloat16: labels ``dtype=fp32|fp16|bf16``, the data pointers typed so);
+    identical specialisations once per dtype, under the label of their first launch."""
     sizes = [(m, e) for m in power_of_two_sizes(m_max, MAX_M) for e in power_of_two_sizes(d_max, MAX_D)]
-    return distinct_launches((launch for m, e in sizes for launch in _launches(m, e)), _signature)
+    return chain.from_iterable(distinct_launches(_sized_launches(sizes, dtype), partial(_signature, dtype=dtype))
+                               for dtype in POINTER_TYPES)
+
+
+def _sized_launches(sizes, dtype: str):
+    for m, e in sizes:
+        yield from _launches(m, e, dtype)

@@ -114,6 +114,8 @@ def _triton(qs, ks, vv, hw, grid, s, mask, prefix):
 
 
 def _torch(qs, ks, vv, hw, grid, s, mask, prefix):
+    if qs.dtype in (torch.float16, torch.bfloat16):  # as the Triton kernel reads half q: float32 inside
+        qs = qs.float()
     return landmark_solve_reference(qs, hw, grid, s.bandwidth, s.kernel, s.ns_eps, s.iters)
 
 

@@ -3,7 +3,8 @@ per (batch, head) group g = b·H + h, computing what ``nystrom()`` needs before 
 the specification is ``landmarks.landmark_solve_reference``.
 
 1. **Landmarks** L (m, d), docs/DESIGN.md §2.1: adaptive average pooling of the group's queries, read in
-   place through their (batch, head, token) strides (last dim contiguous) as a (gh, gw) token grid, to the
+   place through their (batch, head, token) strides (last dim contiguous), in their dtype (float32, float16
+   or bfloat16: converted to float32 right after the load), as a (gh, gw) token grid, to the
    (lh, lw) landmark grid, with the bins of ``pooling.adaptive_pool_matrix`` (row i of an axis of n inputs
    and ``out`` outputs averages floor(i·n/out) .. ceil((i+1)·n/out) − 1). Landmark row i's bin of token rows
    is one contiguous run of tokens, walked in tiles of BLOCK_T tokens: each tile adds A·x to the row's
@@ -19,9 +20,10 @@ the specification is ``landmarks.landmark_solve_reference``.
    ``newton_schulz_onchip_kernel`` (alpha = 1.8 / (max row abs sum)², ``iters`` steps, tf32x3 products on
    k-chunks read from the scratch, keep-best at the reference's checks as a register select).
 
-Float32 only, m <= 64, d <= 128 (``limits.solve_unfit``), forward only. The launch configuration is the
-on-chip solver's (``onchip_config``: BM, BM/8 warps) plus the pooling tile and the distance blocking
-(``config``); ``aot_specialisations`` lists every one for ``benchmarks/triton_aot.py``.
+q float32, float16 or bfloat16 (``limits.LOAD_DTYPES``), L, W and W⁺ float32 whatever q's dtype; m <= 64,
+d <= 128 (``limits.solve_unfit``), forward only. The launch configuration is the on-chip solver's
+(``onchip_config``: BM, BM/8 warps) plus the pooling tile and the distance blocking (``config``);
+``aot_specialisations`` lists every one, per q dtype, for ``benchmarks/triton_aot.py``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import triton.language as tl
 from ..kernel.triton import _blocked_rows, _distance
 from ..newton_schulz.triton import CHECK_EVERY, PRECISION, _onchip_block, onchip_config, onchip_iterate
 from .limits import MAX_D, MAX_M, solve_unfit
+from .triton import MAXNREG, TYPE_NAMES
 
 
 @triton.jit
@@ -99,30 +102,34 @@ def _p2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def config(m: int, d: int, lw: int) -> dict:
+def config(m: int, d: int, lw: int, dtype: torch.dtype = torch.float32) -> dict:
     """Launch configuration for m = lh·lw landmarks of head dim d: the on-chip solver's (BM, BLOCK_K, warps,
     stages), the pooling tile (BLOCK_T tokens × BLOCK_D = next power of two of d, at most 16 elements per
     thread, at most 32 tokens: 64-token tiles spilled 8–872 bytes on sm_80 at BM = 32 and 64 with
     BLOCK_D <= 64, benchmarks/triton_aot.py --strict; BLOCK_LW landmark columns) and the distance blocking
-    of BM."""
+    of BM. For a half-precision q (``dtype``) also ``maxnreg`` = ``MAXNREG``: without it ptxas held the BM = 32,
+    lw = 32, d = 128 kernel to 168 registers on sm_90 and spilled 32–40 bytes (244–250 registers with it; the
+    float32 kernel takes 178 unasked, and its launch stays as it was)."""
     cfg = onchip_config(m)
     block_d = _p2(d)
     block_t = max(16, min(32, 512 * cfg["num_warps"] // block_d))
-    return dict(cfg, BLOCK_T=block_t, BLOCK_LW=_p2(lw), BLOCK_D=block_d, KU=KU, **BLOCKING[cfg["BM"]])
+    cfg = dict(cfg, BLOCK_T=block_t, BLOCK_LW=_p2(lw), BLOCK_D=block_d, KU=KU, **BLOCKING[cfg["BM"]])
+    return cfg if dtype == torch.float32 else dict(cfg, maxnreg=MAXNREG)
 
 
-_OPTIONS = ("num_warps", "num_stages")
+_OPTIONS = ("num_warps", "num_stages", "maxnreg")
 
 
 def _launch(spec: dict) -> tuple[dict, dict]:
-    opts = {k: spec[k] for k in _OPTIONS}
+    opts = {k: spec[k] for k in _OPTIONS if k in spec}
     return {k: v for k, v in spec.items() if k not in opts}, opts
 
 
 def landmark_solve_triton(qs: torch.Tensor, hw, grid, bandwidth: float, kernel: str, eps: float, iters: int):
     """(L (B, H, m, d), W (B, H, m, m), W⁺ (B, H, m, m)) of ``landmarks.landmark_solve_reference`` (same
-    arguments) in one launch, float32. qs (B, H, N, d) float32, any strides (a last dim that is not
-    contiguous is copied). ValueError for what ``limits.solve_unfit`` refuses."""
+    arguments) in one launch, float32. qs (B, H, N, d) float32, float16 or bfloat16 (read in its dtype, every
+    sum in float32), any strides (a last dim that is not contiguous is copied). ValueError for what
+    ``limits.solve_unfit`` refuses."""
     b, h, n, d = qs.shape
     (gh, gw), (lh, lw) = hw, grid
     m = lh * lw
@@ -132,7 +139,7 @@ def landmark_solve_triton(qs: torch.Tensor, hw, grid, bandwidth: float, kernel: 
     if gh * gw != n:
         raise ValueError(f"landmark_solve_triton: hw={hw} is not a grid of the N={n} tokens")
     q = qs if qs.stride(-1) == 1 else qs.contiguous()
-    meta, opts = _launch(config(m, d, lw))
+    meta, opts = _launch(config(m, d, lw, q.dtype))
     f32 = dict(dtype=torch.float32, device=q.device)
     marks = torch.empty(b, h, m, d, **f32)
     w = torch.empty(b, h, m, m, **f32)
@@ -150,15 +157,20 @@ _SIGNATURE = {"Q": "*fp32", "sqb": "i32", "sqh": "i32", "sqn": "i32", "L": "*fp3
 
 
 def aot_specialisations(d_max: int = 128, m_max: int = 128):
-    """Every (kernel, signature, constexprs, num_warps, num_stages, label) ``landmark_solve_triton`` can
+    """Every (kernel, signature, constexprs, num_warps, num_stages, label[, options]) ``landmark_solve_triton`` can
     produce for m <= min(m_max, 64) and d <= min(d_max, 128), from ``config`` (benchmarks/triton_aot.py):
-    the block side BM and BLOCK_LW <= BM (lw <= m) and BLOCK_D as powers of two, L1 and squared L2."""
+    the block side BM and BLOCK_LW <= BM (lw <= m) and BLOCK_D as powers of two, L1 and squared L2, and q of
+    each dtype of ``limits.LOAD_DTYPES`` (float32 first, as before; Q typed ``*fp16|*bf16`` and the options
+    ``{"maxnreg": MAXNREG}`` for the half ones, labels ``dtype=``)."""
     dims = lambda top, cap: [x for x in (16, 32, 64, 128) if x <= _p2(min(top, cap))]  # noqa: E731
-    for bm in dims(m_max, MAX_M):
-        for blw in (x for x in (16, 32, 64) if x <= bm):
-            for bd in dims(d_max, MAX_D):
-                for l1 in (True, False):
-                    meta, opts = _launch(config(bm, bd, blw))
-                    meta = dict(meta, L1=l1, CHECK=CHECK_EVERY, PRECISION=PRECISION)
-                    yield (landmark_solve_kernel, dict(_SIGNATURE), meta, opts["num_warps"], opts["num_stages"],
-                           f"landmark_solve dtype=fp32 kind={'L1' if l1 else 'L2'} m={bm} lw={blw} d={bd}")
+    for dtype, name in TYPE_NAMES.items():
+        for bm in dims(m_max, MAX_M):
+            for blw in (x for x in (16, 32, 64) if x <= bm):
+                for bd in dims(d_max, MAX_D):
+                    for l1 in (True, False):
+                        meta, opts = _launch(config(bm, bd, blw, dtype))
+                        meta = dict(meta, L1=l1, CHECK=CHECK_EVERY, PRECISION=PRECISION)
+                        label = f"landmark_solve dtype={name} kind={'L1' if l1 else 'L2'} m={bm} lw={blw} d={bd}"
+                        spec = (landmark_solve_kernel, dict(_SIGNATURE, Q=f"*{name}"), meta, opts["num_warps"],
+                                opts["num_stages"], label)
+                        yield spec if "maxnreg" not in opts else spec + ({"maxnreg": opts["maxnreg"]},)

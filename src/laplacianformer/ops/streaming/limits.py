@@ -19,10 +19,16 @@ from __future__ import annotations
 
 import torch
 
+from ..normalization.reference import NORM_SCALE_POWERS
+
 MAX_M = 64
 """Largest landmark count m of the passes (their (rows, m) and (m, m) register tiles)."""
 MAX_D = 128
 """Largest head dim d (q, k and landmarks are read in chunks of d) and value dim e (held whole)."""
+LOAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+"""The dtypes the Triton passes read q, k, v (and the gradient) in, as they are: every sum and product runs in
+float32 and the landmarks, W⁺ and all statistics are float32 whatever the input (docs/DESIGN.md §1.3); the
+output (and dq, dk, dv) is written in the inputs' dtype."""
 
 FLAGS = {
     "injective": dict(whiten=True, centre_k=True, centre_q=True, add_mean=True, rowsum=False),
@@ -31,6 +37,24 @@ FLAGS = {
     "rowsum": dict(whiten=False, centre_k=False, centre_q=False, add_mean=False, rowsum=True),
     "none": dict(whiten=False, centre_k=False, centre_q=False, add_mean=False, rowsum=False),
 }
+
+
+
+def scale_power(norm: str, norm_scale: str) -> float:
+    """p of the output scale α = n^-p of docs/DESIGN.md §4.6 for ``norm_scale`` ("one" 0, "inv_sqrt_n" ½,
+    "inv_n" 1); 0 for the norms without a whitened part."""
+    return NORM_SCALE_POWERS[norm_scale] if FLAGS[norm]["whiten"] else 0.0
+
+
+def output_alpha(norm: str, scale_power: float, n):
+    """α = n^-p, the output scale of the whitened part (docs/DESIGN.md §4.6: Z_α V = v̄ + α (Z V − v̄)) for the
+    whitened norms, 1 for the others; n the valid keys (a number, or a tensor of per-sequence counts),
+    p = ``scale_power`` (0, ½, 1 for ``norm_scale`` "one", "inv_sqrt_n", "inv_n"). The passes apply it to
+    M = W⁺ M' (the only product the whitened part reaches the output through), so v̄ stays unscaled."""
+    if not FLAGS[norm]["whiten"] or scale_power == 0.0:
+        return 1.0
+    return n ** -scale_power if not isinstance(n, torch.Tensor) else n.pow(-scale_power)
+
 
 BLOCK_ROWS = 32
 """Rows of one tile (queries or keys) in every pass."""
@@ -60,9 +84,8 @@ def unfit(norm: str, m: int, d: int, e: int, dtype: torch.dtype | None = None) -
         return f"m={m} landmarks: the streaming passes take m <= {MAX_M} (register tiles)"
     if d > MAX_D or e > MAX_D:
         return f"d={d}, e={e}: the streaming passes take d, e <= {MAX_D}"
-    if dtype is not None and dtype != torch.float32:
-        return (f"dtype {dtype}: the streaming passes take the float32 compute dtype (half inputs reach the "
-                "core as float32; float64 runs the step path)")
+    if dtype is not None and dtype not in LOAD_DTYPES:
+        return f"dtype {dtype}: the streaming passes read float32, float16 or bfloat16 (float64 runs the step path)"
     return None
 
 
@@ -73,9 +96,9 @@ def solve_unfit(m: int, d: int, dtype: torch.dtype | None = None) -> str | None:
         return f"m={m} landmarks: the fused landmark solve takes m <= {MAX_M} (one on-chip block per matrix)"
     if d > MAX_D:
         return f"d={d}: the fused landmark solve takes d <= {MAX_D}"
-    if dtype is not None and dtype != torch.float32:
-        return (f"dtype {dtype}: the fused landmark solve takes the float32 compute dtype (half inputs reach the "
-                "core as float32; float64 runs the step path)")
+    if dtype is not None and dtype not in LOAD_DTYPES:
+        return (f"dtype {dtype}: the fused landmark solve reads float32, float16 or bfloat16 (float64 runs the "
+                "step path)")
     return None
 
 
@@ -84,7 +107,7 @@ def conv_unfit(conv, vv: torch.Tensor, mask: torch.Tensor | None, dtype: torch.d
     output of the passes over vv (B, H, N, e) (and, given ``dtype``, in the Triton kernel's dtype), or None.
 
     The pass reads the 9 grid neighbours of each row from vv through its row stride, so vv must be the head
-    view of ``conv.tokens`` (no copy: float32 tokens, no padding); a 1-D sequence is the (1, N) grid (its conv
+    view of ``conv.tokens`` (no copy: tokens read in their dtype, no padding); a 1-D sequence is the (1, N) grid (its conv
     along N is the middle row of the 3×3 weight: the other rows meet the zero padding only)."""
     b, h, n, e = vv.shape
     if mask is not None:
@@ -95,13 +118,13 @@ def conv_unfit(conv, vv: torch.Tensor, mask: torch.Tensor | None, dtype: torch.d
     tokens = conv.tokens
     if tuple(tokens.shape) != (b, n, h * e) or tokens.stride(-1) != 1 or tokens.data_ptr() != vv.data_ptr() \
             or vv.stride() != (tokens.stride(0), e * tokens.stride(2), tokens.stride(1), tokens.stride(2)):
-        return ("V of the passes is not the head view of the conv's tokens (a copy: half-precision or padded "
-                "tokens): DWConv(V) is added after the core")
+        return ("V of the passes is not the head view of the conv's tokens (a copy: padded or cast tokens): "
+                "DWConv(V) is added after the core")
     if tuple(conv.weight.shape) != (h * e, 1, 3, 3) or (conv.bias is not None and tuple(conv.bias.shape) != (h * e,)):
         return f"the conv is not a 3×3 depthwise conv of the H·e = {h * e} value channels"
     tensors = [conv.weight] + ([] if conv.bias is None else [conv.bias])
     if any(t.device != vv.device for t in tensors):
         return "the conv's weight is on another device than V"
-    if dtype is not None and any(t.dtype != dtype for t in tensors):
-        return f"the conv's weight is not {dtype}: the fused DWConv reads the weight in the passes' dtype"
+    if dtype is not None and any(not t.dtype.is_floating_point or t.dtype == torch.float64 for t in tensors):
+        return f"the conv's weight is {conv.weight.dtype}: the fused DWConv reads a float32, float16 or bfloat16 weight"
     return None

@@ -16,7 +16,7 @@ any device and dtype (float64 included). The rows of each (batch, head) group ar
    δ_s = p_s − c̄ (an exact identity), then S' = W⁺ᵀ S W⁺. Per key row, C_k recomputed, k̃ = C_k − k̄,
    s_j = k̃_j S' k̃_jᵀ, r_j = (max(s_j, 0) + eps)^-½ (1 without ``whiten``); per split the partials of
    M' = Σ_j r_j k̃_jᵀ v_j, Σ v and Σ C_k (``rowsum``).
-3. **output pass**: M = W⁺ Σ_s M'_s, v̄ = Σ v / n, b_Σ = W⁺ Σ C_k; per query row, C_q recomputed,
+3. **output pass**: M = α W⁺ Σ_s M'_s (α = n^-p, the §4.6 output scale of the whitened norms, else 1), v̄ = Σ v / n, b_Σ = W⁺ Σ C_k; per query row, C_q recomputed,
    out_i = (c_i − c̄) M + v̄ (centring and v̄ as the norm says; ``rowsum`` divides by c_i · b_Σ). Padded
    rows weigh 0 everywhere and their output is 0. With the layer's DWConv(V) (``conv``, docs/DESIGN.md §4.5)
    the pass adds, per row i and channel c of head h, bias_c + Σ_(dy, dx ∈ {−1, 0, 1}) w_c[dy, dx] ·
@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from ..value_conv import value_conv_heads
-from .limits import BLOCK_ROWS, FLAGS, splits_for
+from .limits import BLOCK_ROWS, FLAGS, output_alpha, splits_for
 
 
 def kernel_rows(x: torch.Tensor, marks: torch.Tensor, bandwidth: float, l1: bool) -> torch.Tensor:
@@ -101,10 +101,12 @@ def key_pass(ks, vv, marks, w_inv, valid, bandwidth, l1, eps, flags, k_mean, cov
     return torch.stack(parts, 2), torch.stack(vsums, 2), torch.stack(ksums, 2)
 
 
-def output_pass(qs, marks, w_inv, valid, bandwidth, l1, flags, n, c_mean, key_stats, vv=None, conv=None):
-    """Pass 3: (B, H, N, e), padded rows 0; plus DWConv(vv) with ``conv`` (no padding then)."""
+def output_pass(qs, marks, w_inv, valid, bandwidth, l1, flags, n, c_mean, key_stats, vv=None, conv=None,
+                alpha=1.0):
+    """Pass 3: (B, H, N, e), padded rows 0; plus DWConv(vv) with ``conv`` (no padding then). ``alpha``: the
+    §4.6 output scale of the whitened part (``limits.output_alpha``), a number or (B, H, 1, 1)."""
     parts, vsums, ksums = key_stats
-    m_mat = w_inv @ parts.sum(2)
+    m_mat = alpha * (w_inv @ parts.sum(2))
     c = kernel_rows(qs, marks, bandwidth, l1)
     if flags["centre_q"]:
         c = c - c_mean.unsqueeze(2)
@@ -118,12 +120,13 @@ def output_pass(qs, marks, w_inv, valid, bandwidth, l1, flags, n, c_mean, key_st
 
 
 def streaming_nystrom_reference(qs, ks, vv, marks, w_inv, bandwidth: float, kernel: str, norm: str, eps: float,
-                                mask: torch.Tensor | None = None, conv=None) -> torch.Tensor:
+                                mask: torch.Tensor | None = None, conv=None, scale_power: float = 0.0) -> torch.Tensor:
     """The Nyström output of the core in pass form (module docstring).
 
     qs (B, H, N, d), ks (B, H, N, d) (``ks is qs`` when K = Q), vv (B, H, N, e), padded rows 0 (as the core
     holds them); marks (B, H, m, d); w_inv (B, H, m, m); mask (B, N) bool, True = padding, or None; conv an
-    ``ops.value_conv.ValueConv`` (its grid, weight and bias; the V it convolves is vv) or None.
+    ``ops.value_conv.ValueConv`` (its grid, weight and bias; the V it convolves is vv) or None; scale_power p:
+    the whitened part scaled by α = n^-p, n each sequence's valid keys (docs/DESIGN.md §4.6; 0: unscaled).
     Returns (B, H, N, e)."""
     flags = FLAGS[norm]
     l1 = kernel == "laplacian"
@@ -133,4 +136,5 @@ def streaming_nystrom_reference(qs, ks, vv, marks, w_inv, bandwidth: float, kern
     if flags["centre_k"]:
         n_valid, c_mean, k_mean, cov = combine_queries(query_pass(qs, ks, marks, valid, bandwidth, l1, flags))
     key_stats = key_pass(ks, vv, marks, w_inv, valid, bandwidth, l1, eps, flags, k_mean, cov)
-    return output_pass(qs, marks, w_inv, valid, bandwidth, l1, flags, n_valid, c_mean, key_stats, vv, conv)
+    alpha = output_alpha(norm, scale_power, n_valid)
+    return output_pass(qs, marks, w_inv, valid, bandwidth, l1, flags, n_valid, c_mean, key_stats, vv, conv, alpha)

@@ -20,8 +20,13 @@ projection its gradient with no gather or copy. Backends, in the order "auto" tr
   path with autograd), which serves everything.
 
 Both fused backends serve: no padding mask and no prefix tokens (the layer does not ask then), a 2-D grid of
-Python ints, the streamed norms (``limits.FLAGS``) without a §4.6 output scale or gain, Newton–Schulz with
-the implicit backward, m <= 64, d <= 128, no graph tracing or dispatch mode; ``triton`` float32 only.
+Python ints, the streamed norms (``limits.FLAGS``) with any §4.6 output scale (``norm_scale``: α = N^-p on
+the whitened part, ``limits.output_alpha``; a learned gain is the caller's to refuse: ``attention_from_qkv``
+does not ask then), Newton–Schulz with the implicit backward, m <= 64, d <= 128, no graph tracing or dispatch
+mode. qkv in float32, float16 or bfloat16 (``limits.LOAD_DTYPES``, under autocast or not): ``triton`` reads it
+and the gradient as they are and writes dq, dk, dv in qkv's dtype, every sum in float32 and the whole
+m×m algebra (Newton–Schulz included) in float32 (docs/DESIGN.md §1.3); ``torch`` computes in float32 from the
+half values (the same specification).
 """
 
 from __future__ import annotations
@@ -31,12 +36,11 @@ import torch
 from .. import _runtime
 from ..dispatch import Backend, Op
 from ..settings import AttentionSettings
-from ..validation import WHITENED_NORMS
 from ..value_conv import ValueConv, value_conv_heads
 from .backward_reference import ForwardState, forward_state, output_of, streaming_backward_reference
 from .gates import cuda_only_auto_refusal, step_path, triton_device
 from .landmarks import landmark_solve_reference
-from .limits import FLAGS, conv_unfit, solve_unfit, unfit
+from .limits import FLAGS, LOAD_DTYPES, conv_unfit, output_alpha, scale_power, solve_unfit, unfit
 
 __all__ = ["FUSED_TRAINING", "fused_training"]
 
@@ -74,8 +78,6 @@ def _refusal(qkv, s, hw, grid, heads, tied, weight, bias) -> str | None:
         return "a 1-D sequence or graph sizes: the fused passes take a 2-D grid of Python ints"
     if hw[0] * hw[1] != qkv.shape[1]:
         return f"hw={hw} is not a grid of the N={qkv.shape[1]} tokens"
-    if s.norm in WHITENED_NORMS and s.norm_scale != "one":
-        return f"norm_scale {s.norm_scale!r}: the output scale of §4.6 follows the core (the steps apply it)"
     if s.solver != "newton_schulz" or s.ns_backward != "implicit":
         return f"solver {s.solver!r} with backward {s.ns_backward!r}: the fused passes run Newton–Schulz, implicit backward"
     q, _, v, tokens = _views(qkv, heads, tied)
@@ -91,8 +93,10 @@ def _triton_refusal(qkv, s, hw, grid, heads, tied, weight, bias) -> str | None:
     if why is not None:
         return why
     tensors = [qkv] + [t for t in (weight, bias) if t is not None]
-    if any(t.dtype != torch.float32 for t in tensors):
-        return f"dtypes {sorted({str(t.dtype) for t in tensors})}: the fused training kernels take float32"
+    if qkv.dtype not in LOAD_DTYPES or any(not t.dtype.is_floating_point or t.dtype == torch.float64
+                                           for t in tensors[1:]):
+        return (f"dtypes {sorted({str(t.dtype) for t in tensors})}: the fused training kernels read float32, "
+                "float16 or bfloat16")
     if {t.device for t in tensors} != {qkv.device} or not triton_device(qkv.device):
         return f"tensors on {qkv.device.type}, not cuda (set TRITON_INTERPRET=1 to run Triton on the CPU)"
     ok, why = _runtime.triton_available()
@@ -104,10 +108,15 @@ def _torch_auto_refusal(*_inputs) -> str | None:
 
 
 class _Plan:
-    """One call's fixed arguments (not tensors), handed from the op to the autograd Function."""
+    """One call's fixed arguments (not tensors), handed from the op to the autograd Function; ``power``: the
+    §4.6 output scale's p (α = N^-p on the whitened part)."""
 
     def __init__(self, s: AttentionSettings, hw, grid, heads: int, tied: bool, use_triton: bool):
         self.s, self.hw, self.grid, self.heads, self.tied, self.use_triton = s, hw, grid, heads, tied, use_triton
+        self.power = scale_power(s.norm, s.norm_scale)
+
+    def alpha(self, n: int) -> float:
+        return output_alpha(self.s.norm, self.power, float(n))
 
 
 def _forward_triton(q, k, v, conv, plan: _Plan):
@@ -117,16 +126,30 @@ def _forward_triton(q, k, v, conv, plan: _Plan):
     s = plan.s
     marks, w, w_inv = landmark_solve_triton(q, plan.hw, plan.grid, s.bandwidth, s.kernel, s.ns_eps, s.iters)
     out, state = streaming_triton(q, k, v, marks, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps, None, conv,
-                                  save=True)
+                                  save=True, scale_power=plan.power)
     return out, ForwardState(marks=marks, w=w, w_inv=w_inv, **state)
 
 
 def _forward_torch(q, k, v, conv, plan: _Plan):
-    s = plan.s
+    s, out_dtype = plan.s, v.dtype
+    q, k, v = _float32(q, k, v)
     marks, w, w_inv = landmark_solve_reference(q, plan.hw, plan.grid, s.bandwidth, s.kernel, s.ns_eps, s.iters)
     st = forward_state(q, k, v, marks, w, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps)
-    out = output_of(q, st, s.bandwidth, s.kernel, s.norm)
-    return (out if conv is None else out + value_conv_heads(v, conv)), st
+    out = output_of(q, st, s.bandwidth, s.kernel, s.norm, plan.alpha(q.shape[-2]))
+    if conv is not None:
+        out = out + value_conv_heads(v, conv._replace(weight=conv.weight.to(v.dtype),
+                                                      bias=None if conv.bias is None else conv.bias.to(v.dtype)))
+    return out.to(out_dtype), st
+
+
+def _float32(*tensors):
+    """The torch backend's compute dtype for half inputs (float32; float32 and float64 as they are); a tensor
+    given twice (K = Q) stays one tensor."""
+    done = {}
+    for t in tensors:
+        if id(t) not in done:
+            done[id(t)] = t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+    return [done[id(t)] for t in tensors]
 
 
 def _backward_triton(grad, q, k, v, st: ForwardState, conv, plan: _Plan, dq, dk, dv):
@@ -135,19 +158,24 @@ def _backward_triton(grad, q, k, v, st: ForwardState, conv, plan: _Plan, dq, dk,
     from .backward_stats_triton import key_grad_triton, query_grad_triton
 
     s, n = plan.s, q.shape[-2]
-    a = query_grad_triton(grad, q, v, st, s.bandwidth, s.kernel, s.norm, conv)
+    alpha = plan.alpha(n)
+    a = query_grad_triton(grad, q, v, st, s.bandwidth, s.kernel, s.norm, conv, alpha=alpha)
     b = key_grad_triton(k, v, st, a["pdm"], s.bandwidth, s.kernel, s.norm_eps) if FLAGS[s.norm]["whiten"] else None
-    c = landmark_grad_triton(st, a, b, n, s.bandwidth, s.kernel, s.norm, None if conv is None else conv.weight)
+    c = landmark_grad_triton(st, a, b, n, s.bandwidth, s.kernel, s.norm, None if conv is None else conv.weight,
+                             alpha=alpha)
     pdl = row_grad_triton(grad, q, k, v, st, c, s.bandwidth, s.kernel, s.norm, s.norm_eps, conv, dq,
-                          None if k is q else dk, dv)
+                          None if k is q else dk, dv, alpha=alpha)
     pool_grad_triton(dq, c["d_marks"], pdl, plan.hw, plan.grid)
     return c["dweight"], c["dbias"]
 
 
 def _backward_torch(grad, q, k, v, st: ForwardState, conv, plan: _Plan, dq, dk, dv):
     s = plan.s
+    grad, q, k, v = _float32(grad, q, k, v)
+    if conv is not None:
+        conv = conv._replace(weight=conv.weight.to(v.dtype), bias=None if conv.bias is None else conv.bias.to(v.dtype))
     g = streaming_backward_reference(grad, q, k, v, st, plan.hw, plan.grid, s.bandwidth, s.kernel, s.norm,
-                                     s.norm_eps, conv)
+                                     s.norm_eps, conv, plan.power)
     dq.copy_(g["dq"])
     if k is not q:
         dk.copy_(g["dk"])
@@ -162,7 +190,8 @@ class _FusedCore(torch.autograd.Function):
     def forward(ctx, qkv, weight, bias, plan: _Plan):
         q, k, v, tokens = _views(qkv, plan.heads, plan.tied)
         conv = None if weight is None else ValueConv(tokens, plan.hw, weight, bias)
-        out, st = (_forward_triton if plan.use_triton else _forward_torch)(q, k, v, conv, plan)
+        with torch.autocast(qkv.device.type, enabled=False):  # the passes choose their dtypes (module docstring)
+            out, st = (_forward_triton if plan.use_triton else _forward_torch)(q, k, v, conv, plan)
         ctx.plan, ctx.has_conv, ctx.has_bias = plan, weight is not None, bias is not None
         ctx.save_for_backward(qkv, weight, bias, *st)
         b, n, _ = qkv.shape
@@ -176,12 +205,14 @@ class _FusedCore(torch.autograd.Function):
         q, k, v, tokens = _views(qkv, plan.heads, plan.tied)
         conv = ValueConv(tokens, plan.hw, weight, bias) if ctx.has_conv else None
         b, n, c = grad_out.shape
+        grad_out = grad_out.to(qkv.dtype)  # the passes read the gradient in qkv's dtype (the output's)
         grad = (grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()).view(b, n, plan.heads, -1)
         grad = grad.transpose(1, 2)
         dqkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
         dq, dk, dv, _ = _views(dqkv, plan.heads, plan.tied)
         run = _backward_triton if plan.use_triton else _backward_torch
-        dweight, dbias = run(grad, q, k, v, st, conv, plan, dq, dk, dv)
+        with torch.autocast(qkv.device.type, enabled=False):
+            dweight, dbias = run(grad, q, k, v, st, conv, plan, dq, dk, dv)
         if dweight is not None:
             dweight = dweight.to(weight.dtype)
         if dbias is not None and ctx.has_bias:

@@ -13,9 +13,11 @@ for the passes; each program walks its split in tiles of ``BLOCK_ROWS`` rows):
 - ``key_pass_kernel`` (pass 2): per key tile C_kᵀ (landmarks × rows), k̃ᵀ, s_j = k̃_j S' k̃_jᵀ (from
   S' k̃ᵀ), r_j, and per split the partials of M' = Σ r_j k̃_jᵀ v_j, Σ v and Σ C_k. The tile is held
   transposed so that both products have an (m, ·) left operand;
-- ``output_kernel`` (pass 3): prologue M = W⁺ Σ M', v̄ (and b_Σ = W⁺ Σ C_k for ``rowsum``); per query
-  tile C_q, out = (c − c̄) M + v̄, written straight into a (B, N, H, e) buffer (the heads merged: the
-  caller gets its (B, H, N, e) view, whose ``transpose(1, 2).reshape(B, N, H·e)`` is free). With ``CONV``
+- ``output_kernel`` (pass 3): prologue M = α W⁺ Σ M' (α = n^-p, the output scale of the whitened norms,
+  docs/DESIGN.md §4.6, computed on the device from the group's valid count n; p = 0: α = 1 exactly), v̄
+  (and b_Σ = W⁺ Σ C_k for ``rowsum``); per query tile C_q, out = (c − c̄) M + v̄, written straight into a
+  (B, N, H, e) buffer (the heads merged: the caller gets its (B, H, N, e) view, whose
+  ``transpose(1, 2).reshape(B, N, H·e)`` is free). With ``CONV``
   (the layer's DWConv(V), docs/DESIGN.md §4.5) each tile also gets bias + the 9 taps of the 3×3 depthwise
   weight on the tile's grid neighbours in V (read through V's row stride, masked at the (GH, GW) grid's
   borders), so the buffer is the layer's (B, N, C) "heads + DWConv(V)".
@@ -25,11 +27,13 @@ deterministic, no atomics. Every C tile is exp(scale · dist), the distance summ
 ``BLOCK_D`` columns as a (BLOCK_ROWS, BLOCK_M, BLOCK_D) difference tile (8192 elements, 32 per thread at
 8 warps). Products: the m×m ones and S' k̃ᵀ IEEE float32, the Gram and output products "tf32x3" (never
 plain TF32: the variances must keep float32 bits). q, k, v are read in place through their (batch, head,
-row) strides (last dim contiguous); a padding mask is a runtime argument (without one, a single 0 byte
-read with stride 0).
+row) strides (last dim contiguous), in their dtype (float32, float16 or bfloat16, ``limits.LOAD_DTYPES``:
+converted to float32 right after each load; the output is written in v's dtype, every workspace and
+statistic is float32); a padding mask is a runtime argument (without one, a single 0 byte read with
+stride 0).
 
-Forward only, float32, m <= 64, d, e <= 128 (``limits.unfit``). ``aot_specialisations`` lists every
-launch configuration for ``benchmarks/triton_aot.py``.
+Forward only, m <= 64, d, e <= 128 (``limits.unfit``). ``aot_specialisations`` lists every launch
+configuration for ``benchmarks/triton_aot.py``, per input dtype.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import triton
 import triton.language as tl
 
 from .._triton_common import distinct_launches, power_of_two_sizes, product_from_memory
-from .limits import BLOCK_ROWS, FLAGS, MAX_D, MAX_M, conv_unfit, splits_for, unfit
+from .limits import BLOCK_ROWS, FLAGS, LOAD_DTYPES, MAX_D, MAX_M, conv_unfit, splits_for, unfit
 
 
 @triton.jit
@@ -249,6 +253,11 @@ def key_pass_kernel(K, skb, skh, skn, V, svb, svh, svn, L, MASK, smb, KMEAN, SP,
             r = 1.0 / tl.sqrt(tl.maximum(tl.sum(tt * kt, axis=0), 0.0) + eps)
             kt = kt * r[None, :]
         v = tl.load(Vg + rn[:, None] * svn + re[None, :], mask=ok[:, None] & (re[None, :] < E), other=0.0)
+        if V.dtype.element_ty != tl.float32:
+            # half V: the select (an identity: masked entries are 0 already) keeps the conversion to float32 ahead
+            # of the tile's move into the product's layout; without it Triton moved the half tile and converted
+            # it there, and the whitened pass spilled 32 bytes on sm_80 at m = e = 64 (255 registers -> 232)
+            v = tl.where(ok[:, None] & (re[None, :] < E), v.to(tl.float32), 0.0)
         v = v.to(tl.float32)
         vsum += tl.sum(v, axis=0)
         acc += tl.dot(kt, v, input_precision="tf32x3")
@@ -284,7 +293,7 @@ def _conv_tile(out, Vg, svn, CW, CB, has_bias, h, rn, N, E, GH, GW, BLOCK_E: tl.
 @triton.jit
 def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK, OUT,
                   V, svb, svh, svn, CW, CB, has_bias, GH, GW, SM, SV, SK, save,
-                  H, N, M, D, E, scale, rows_per_split, SPLITS,
+                  H, N, M, D, E, scale, scale_power, rows_per_split, SPLITS,
                   CENTRE_Q: tl.constexpr, ADD_MEAN: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr,
                   L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_E: tl.constexpr):
@@ -293,7 +302,7 @@ def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK,
     Qg, Lg, Vg = Q + b * sqb + h * sqh, L + g * M * D, V + b * svb + h * svh
     rm = tl.arange(0, BLOCK_M)
     re = tl.arange(0, BLOCK_E)
-    # prologue: M = W⁺ Σ M' (split order), v̄, c̄, b_Σ = W⁺ Σ C_k
+    # prologue: M = α W⁺ Σ M' (split order), v̄, c̄, b_Σ = W⁺ Σ C_k
     mp = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
     vsum = tl.zeros((BLOCK_E,), dtype=tl.float32)
     ksum = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -314,8 +323,12 @@ def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK,
     bias = tl.zeros((BLOCK_E,), dtype=tl.float32)
     if CENTRE_Q:
         c_mean = tl.load(CMEAN + g * M + rm, mask=rm < M, other=0.0)
-    if ADD_MEAN:
-        bias = vsum / tl.load(NCOUNT + g)
+    if ADD_MEAN:  # every whitened norm adds v̄, so the count is read here
+        n_valid = tl.load(NCOUNT + g)
+        bias = vsum / n_valid
+        # α = n^-p (the launcher passes p = 0 for the norms that do not whiten): exactly 1 for p = 0, so the
+        # output keeps its bits; Σ M' (the state) stays unscaled
+        m_mat = m_mat * tl.where(scale_power != 0.0, tl.exp2(-scale_power * tl.log2(n_valid)), 1.0)
     b_sum = tl.sum(w_inv * ksum[None, :], axis=1)
     lo = split * rows_per_split
     row_end = lo + rows_per_split
@@ -400,11 +413,16 @@ def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks: torch.Tensor, w_inv: torch.Tensor,
                      bandwidth: float, kernel: str, norm: str, eps: float, mask: torch.Tensor | None,
-                     conv=None, save: bool = False):
+                     conv=None, save: bool = False, scale_power: float = 0.0):
     """The Nyström output of ``reference.streaming_nystrom_reference`` (same arguments) by the Triton passes:
-    (B, H, N, e), a view of a (B, N, H, e) buffer; with ``conv`` (an ``ops.value_conv.ValueConv``) plus the
-    layer's DWConv(V), so that the buffer is the layer's (B, N, C) "heads + DWConv(V)". ValueError for what
-    ``limits.unfit`` or ``limits.conv_unfit`` refuses.
+    (B, H, N, e), a view of a (B, N, H, e) buffer of v's dtype; with ``conv`` (an ``ops.value_conv.ValueConv``)
+    plus the layer's DWConv(V), so that the buffer is the layer's (B, N, C) "heads + DWConv(V)". ValueError for
+    what ``limits.unfit`` or ``limits.conv_unfit`` refuses, and for ks or vv of another dtype than qs.
+
+    qs, ks, vv are read in their dtype (float32, float16 or bfloat16, one for all three), the conv's weight and
+    bias as float32 (cast when they are not); marks and w_inv are float32 (cast when not). ``scale_power`` p:
+    for the whitened norms the output reads M = α W⁺ Σ M' with α = n^-p, n each group's valid rows, computed
+    on the device (docs/DESIGN.md §4.6); 0 (the default) is the unscaled map, bit for bit; other norms ignore it.
 
     ``save`` (the training forward, ``training.py``): returns (out, state) with state the dict of the forward's
     per-group statistics the backward reads (float32, (B, H, ·)): "c_mean", "k_mean" (m), "cov", "sp" (m, m),
@@ -417,11 +435,14 @@ def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks
         why = conv_unfit(conv, vv, mask, qs.dtype)
     if why is not None:
         raise ValueError(f"streaming_triton: {why}")
+    for name, t in (("ks", ks), ("vv", vv)):
+        if t.dtype != qs.dtype:
+            raise ValueError(f"streaming_triton: {name} is {t.dtype}, qs {qs.dtype}: q, k, v are read in one dtype")
     flags, l1, untied, groups = FLAGS[norm], kernel == "laplacian", ks is not qs, b * h
     q = _rows_contiguous(qs)
     k = q if not untied else _rows_contiguous(ks)
     v = _rows_contiguous(vv)
-    lm = marks.reshape(groups, m, d).contiguous()
+    lm = marks.reshape(groups, m, d).to(torch.float32).contiguous()
     wi = w_inv.reshape(groups, m, m).to(torch.float32).contiguous()
     splits, rows = splits_for(n, groups)
     f32 = dict(dtype=torch.float32, device=q.device)
@@ -462,16 +483,17 @@ def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks
                           **meta, **opts)
     out = torch.empty(b, n, h, e, dtype=vv.dtype, device=q.device)
     cw, cb, has_bias, (gh, gw) = pv, pv, 0, (1, n)  # placeholders without a conv (CONV=False reads none)
-    if conv is not None:
-        cw, cb = conv.weight.contiguous(), pv if conv.bias is None else conv.bias.contiguous()  # parameters: no copy
+    if conv is not None:  # float32 parameters: no copy; a half weight or bias: a float32 copy (C × 9, C)
+        cw, cb = conv.weight.float().contiguous(), pv if conv.bias is None else conv.bias.float().contiguous()
         has_bias, (gh, gw) = int(conv.bias is not None), (1, n) if conv.hw is None else conv.hw
     sm, sv, sk = pv, pv, pv
     if save:
         sm, sv, sk = torch.empty(groups, m, e, **f32), torch.empty(groups, e, **f32), torch.empty(groups, m, **f32)
+    power = float(scale_power) if flags["whiten"] else 0.0  # α = 1 for the norms that do not whiten
     meta, opts = _launch(output_spec(m, d, e, l1, flags, conv is not None))
     output_kernel[grid](q, q.stride(0), q.stride(1), q.stride(2), lm, wi, pad, smb, ncount, cmean, pm, pv, pk, out,
                         v, v.stride(0), v.stride(1), v.stride(2), cw, cb, has_bias, gh, gw, sm, sv, sk, int(save),
-                        h, n, m, d, e, scale, rows, splits, **meta, **opts)
+                        h, n, m, d, e, scale, power, rows, splits, **meta, **opts)
     if not save:
         return out.permute(0, 2, 1, 3)
     per_group = lambda t: t.view(b, h, *t.shape[1:])  # noqa: E731
@@ -483,31 +505,42 @@ _INTS = {"smb", "save", "SPLITS", "sqb", "sqh", "sqn", "skb", "skh", "skn", "svb
          "has_bias", "GH", "GW"}
 
 
-def _signature(kernel, constexprs: dict) -> dict:
-    """Runtime arguments -> Triton types: the mask u8, sizes and strides i32, scale and eps fp32, every other
-    pointer fp32 (inputs, workspaces and the output)."""
+_FLOATS = {"scale", "eps", "scale_power"}
+_DATA = {"Q", "K", "V", "OUT"}
+"""The pointers of the input's dtype: q, k, v and the output (the other pointers are float32 workspaces,
+statistics, landmarks, W⁺ and the conv's weight and bias)."""
+TYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+"""Triton's name of each dtype of ``limits.LOAD_DTYPES`` (signatures and the ``dtype=`` of AOT labels)."""
+assert set(TYPE_NAMES) == set(LOAD_DTYPES)
+
+
+def _signature(kernel, constexprs: dict, dtype: str = "fp32") -> dict:
+    """Runtime arguments -> Triton types: the mask u8, sizes and strides i32, scale, eps and scale_power fp32,
+    q, k, v and the output ``*dtype``, every other pointer fp32 (workspaces, statistics, landmarks, W⁺, conv)."""
     sig = {}
     for name in kernel.arg_names:
         if name in constexprs:
             continue
-        sig[name] = ("i32" if name in _INTS else "fp32" if name in ("scale", "eps")
-                     else "*u8" if name == "MASK" else "*fp32")
+        sig[name] = ("i32" if name in _INTS else "fp32" if name in _FLOATS else "*u8" if name == "MASK"
+                     else f"*{dtype}" if name in _DATA else "*fp32")
     return sig
 
 
-def _launches(m: int, e: int):
-    """(kernel, spec, label) of every launch ``streaming_triton`` can make for these m, e (the specs do not
-    depend on d: ``config`` takes BLOCK_D from m; the query pass does not depend on e either)."""
+def _launches(m: int, e: int, dtype: str = "fp32"):
+    """(kernel, spec, label) of every launch ``streaming_triton`` can make for these m, e and inputs of Triton
+    type ``dtype`` (the specs do not depend on d: ``config`` takes BLOCK_D from m; the query pass does not depend
+    on e either). The combine kernel reads only float32 workspaces: one specialisation, listed with fp32."""
     for l1 in (True, False):
-        kind = f"dtype=fp32 kind={'L1' if l1 else 'L2'}"
+        kind = f"dtype={dtype} kind={'L1' if l1 else 'L2'}"
         for norm, flags in FLAGS.items():
             inj = int(norm == "injective")
             if flags["centre_k"]:
                 for untied in (False, True):
                     yield (query_stats_kernel, query_spec(m, MAX_D, e, l1, flags["whiten"], untied),
                            f"stream_query {kind} m={m} inj={inj} untied={int(untied)}")
-                    yield (combine_kernel, combine_spec(m, flags["whiten"], untied),
-                           f"stream_combine dtype=fp32 m={m} inj={inj} untied={int(untied)}")
+                    if dtype == "fp32":
+                        yield (combine_kernel, combine_spec(m, flags["whiten"], untied),
+                               f"stream_combine dtype=fp32 m={m} inj={inj} untied={int(untied)}")
             yield key_pass_kernel, key_spec(m, MAX_D, e, l1, flags), f"stream_key {kind} m={m} e={e} inj={inj}"
             for conv in (False, True):
                 yield (output_kernel, output_spec(m, MAX_D, e, l1, flags, conv),
@@ -516,9 +549,12 @@ def _launches(m: int, e: int):
 
 def aot_specialisations(d_max: int = 128, m_max: int = 128):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) ``streaming_triton`` can
-    produce for m <= min(m_max, 64), e <= min(d_max, 128) and any d <= 128, from the same ``*_spec`` functions
+    produce for m <= min(m_max, 64), e <= min(d_max, 128), any d <= 128 and each input dtype of
+    ``limits.LOAD_DTYPES`` (float32 first, labels ``dtype=fp32|fp16|bf16``), from the same ``*_spec`` functions
     (benchmarks/triton_aot.py). m and e are enumerated as powers of two (the specs depend on them only through
-    ``next_power_of_2``, and not on d); identical specialisations are yielded once, under the label of their
-    first launch. The mask is a runtime argument (no specialisation of its own)."""
+    ``next_power_of_2``, and not on d); identical specialisations (per dtype) are yielded once, under the label
+    of their first launch. The mask and scale_power are runtime arguments (no specialisation of their own)."""
     sizes = [(m, e) for m in power_of_two_sizes(m_max, MAX_M) for e in power_of_two_sizes(d_max, MAX_D)]
-    return distinct_launches((launch for m, e in sizes for launch in _launches(m, e)), _signature)
+    for name in TYPE_NAMES.values():
+        yield from distinct_launches((launch for m, e in sizes for launch in _launches(m, e, name)),
+                                     lambda kernel, meta, name=name: _signature(kernel, meta, name))
