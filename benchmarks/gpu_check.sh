@@ -87,7 +87,7 @@ mapfile -t triton_files < <(existing tests/ops/test_kernel_triton.py tests/ops/t
   tests/ops/test_normalization_native.py tests/ops/test_lean_recompute.py tests/models/test_cuda_graph.py \
   tests/ops/test_streaming.py tests/ops/test_landmark_solve.py tests/layers/test_fused_value_conv.py \
   tests/ops/test_backward_stats_triton.py tests/ops/test_backward_rows_triton.py \
-  tests/ops/test_backward_landmarks_triton.py tests/ops/test_fused_training.py)
+  tests/ops/test_backward_landmarks_triton.py tests/ops/test_fused_training.py tests/ops/test_streaming_dtypes.py)
 mapfile -t census_files < <(existing tests/benchmarks/test_launch_census.py)
 tiny=(--batch 8)
 
