@@ -282,6 +282,24 @@ def test_refusals(seeded):
             row_grad_triton(**kwargs)
 
 
+def test_offsets_past_int32_are_refused(seeded, monkeypatch):
+    """The kernel addresses each data tensor by one int32 element offset: a tensor spanning more elements is a
+    ValueError naming it (the limit lowered here to the test's sizes)."""
+    pytest.importorskip("triton")
+    from laplacianformer.ops.streaming import backward_rows_triton as module
+
+    _, gen = seeded
+    (grad, q, k, v, st, c), _, _, s = _case(gen, "inline", False, "laplacian", None, 1, 1, (5, 8), (2, 2), 8, 8)
+    grad, q, k, v = (t.float() for t in (grad, q, k, v))
+    st = ref.ForwardState(*(t.float() for t in st))
+    c = {key: None if val is None else val.float() for key, val in c.items()}
+    dv = torch.empty(1, 40, 2, 8)[:, :, 1].unsqueeze(1)  # (1, 1, 40, 8), row stride 16: spans 40·16 − 8 elements
+    monkeypatch.setattr(module, "MAX_OFFSET", 40 * 8 - 1)
+    with pytest.raises(ValueError, match=r"row_grad_triton: dv: its elements span 631 > 319"):
+        module.row_grad_triton(grad, q, k, v, st, c, s.bandwidth, "laplacian", "inline", EPS, None,
+                               torch.empty(1, 1, 40, 8), torch.empty(1, 1, 40, 8), dv)
+
+
 def test_triton_suite_under_interpreter(triton_interpreter):
     if TRITON_HERE:
         pytest.skip("the Triton tests run in this process")

@@ -54,12 +54,15 @@ within 128 registers per thread, spilled more):
   accumulator, took 475 instructions and 96 SHFL per chunk in a kernel of that loop alone, where this layout
   took 567 and 172, but twice the CTA barriers (22 against 10, at one CTA of 8 warps per SM): not adopted
   without a GPU to time both.
-- Half precision and α: the m = 64 conv specialisations sat at 255 registers before either (no spill). α
-  scales M once in the prologue, as each (m, 16) chunk of W⁺ M' is stored to the work area, so the tile loop
-  reads the scaled M and carries nothing more (scaling G Mᵀ per tile would add work to the loop with no register
-  to spare); half data is converted right after each load and dq, dk, dv per chunk before their stores. The
-  float32 specialisations keep 255 at most with no spill on sm_80 and sm_90 (those at m = 64 with the conv
-  unchanged at 255), and so do the float16 and bfloat16 ones (checked at m = 64).
+- The data tensors (G, q, k, v, dq, dk, dv) are addressed as the kernel argument plus one int32 offset,
+  group offset + row · row stride + column, summed before the pointer add: with group pointers (X + b·sxb +
+  h·sxh, seven 64-bit values live through the tile loop) the bfloat16 variants at m = 64 with the conv and K ≠ Q
+  spilled 4 bytes on sm_90 (one such pointer, stored once and reloaded per tile; norm "none", float16 and float32
+  none), and so did the float32 injective ones once the loop was reordered (the query rows' part first, tried as
+  a fix). Half data is converted right after each load, dq, dk, dv per chunk before their stores; α scales M once
+  in the prologue, as each (m, 16) chunk of W⁺ M' is stored to the work area, so the tile loop reads the scaled
+  M and carries nothing more. Every specialisation keeps 255 registers at most without a spill on sm_80 and
+  sm_90 (float32 all, float16 and bfloat16 at m = 64); those at m = 64 with the conv sat at 255 before either.
 
 Products: the row products with M and dM' "tf32x3", the m × m ones IEEE float32 (never plain TF32). q, k, v
 and G are read in place through their (batch, head, row) strides (last dim contiguous), in their dtype
@@ -84,9 +87,10 @@ from .triton import _square, config
 
 
 @triton.jit
-def _rows_t(Xg, sxn, rn, ok, cols, D):
-    """xᵀ for the tile's rows ``rn`` and the features ``cols``: (BLOCK_D, BLOCK_N) float32, 0 outside."""
-    x = tl.load(Xg + rn[None, :] * sxn + cols[:, None], mask=(cols[:, None] < D) & ok[None, :], other=0.0)
+def _rows_t(X, xoff, sxn, rn, ok, cols, D):
+    """xᵀ for the tile's rows ``rn`` and the features ``cols``: (BLOCK_D, BLOCK_N) float32, 0 outside. X the
+    tensor, xoff its group's offset b·sxb + h·sxh (int32), sxn its row stride."""
+    x = tl.load(X + (xoff + rn[None, :] * sxn + cols[:, None]), mask=(cols[:, None] < D) & ok[None, :], other=0.0)
     return x.to(tl.float32)
 
 
@@ -97,7 +101,7 @@ def _marks_t(Lg, rm, cols, M, D):
 
 
 @triton.jit
-def _kernel_tile_dmn(Xg, sxn, Lg, rn, ok, M, D, scale, L1: tl.constexpr, BLOCK_N: tl.constexpr,
+def _kernel_tile_dmn(X, xoff, sxn, Lg, rn, ok, M, D, scale, L1: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """Cᵀ = exp(scale · dist(x_i, l_l)) (BLOCK_M, BLOCK_N), landmarks × rows, 0 outside rows ``ok`` and
     landmarks < M: ``triton._kernel_tile_t``'s tile from (BLOCK_D, BLOCK_M, BLOCK_N) difference tiles, whose
@@ -106,7 +110,7 @@ def _kernel_tile_dmn(Xg, sxn, Lg, rn, ok, M, D, scale, L1: tl.constexpr, BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
-        diff = _rows_t(Xg, sxn, rn, ok, cols, D)[:, None, :] - _marks_t(Lg, rm, cols, M, D)[:, :, None]
+        diff = _rows_t(X, xoff, sxn, rn, ok, cols, D)[:, None, :] - _marks_t(Lg, rm, cols, M, D)[:, :, None]
         if L1:
             acc += tl.sum(tl.abs(diff), axis=0)
         else:
@@ -115,23 +119,24 @@ def _kernel_tile_dmn(Xg, sxn, Lg, rn, ok, M, D, scale, L1: tl.constexpr, BLOCK_N
 
 
 @triton.jit
-def _rows_grad(a_t, Xg, sxn, DXg, sdxn, Lg, slab, rn, ok, rm, accumulate, M, D, L1: tl.constexpr,
+def _rows_grad(a_t, X, xoff, sxn, DX, dxoff, sdxn, Lg, slab, rn, ok, rm, accumulate, M, D, L1: tl.constexpr,
                BLOCK_D: tl.constexpr):
     """The vjp of C = k(X, L) for the tile's rows ``rn`` from Aᵀ = scale · (dC ∘ C)ᵀ (BLOCK_M, BLOCK_N), in
     chunks of BLOCK_D features ((BLOCK_D, BLOCK_M, BLOCK_N) tiles): dx_i = Σ_l A_il sign(x_i − l_l) (squared
-    L2: 2 (x_i − l_l); sign(0) = 0) written to DXg (row stride sdxn) in its dtype, and −Σ_i A_il sign(x_i − l_l)
-    added to the (M, D) slab (its old value read when ``accumulate``, else taken as 0)."""
+    L2: 2 (x_i − l_l); sign(0) = 0) written to DX (group offset dxoff, row stride sdxn) in its dtype, and
+    −Σ_i A_il sign(x_i − l_l) added to the (M, D) slab (its old value read when ``accumulate``, else taken as 0).
+    X (group offset xoff, row stride sxn) the rows read."""
     if not L1:
         a_t = 2.0 * a_t
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         in_d = cols[:, None] < D
-        diff = _rows_t(Xg, sxn, rn, ok, cols, D)[:, None, :] - _marks_t(Lg, rm, cols, M, D)[:, :, None]
+        diff = _rows_t(X, xoff, sxn, rn, ok, cols, D)[:, None, :] - _marks_t(Lg, rm, cols, M, D)[:, :, None]
         if L1:  # selects, not a product with sign(diff): 2 compares and 2 selects per element
             part = tl.where(diff > 0.0, a_t[None, :, :], tl.where(diff < 0.0, -a_t[None, :, :], 0.0))
         else:
             part = a_t[None, :, :] * diff
-        tl.store(DXg + rn[None, :] * sdxn + cols[:, None], tl.sum(part, axis=1).to(DXg.dtype.element_ty),
+        tl.store(DX + (dxoff + rn[None, :] * sdxn + cols[:, None]), tl.sum(part, axis=1).to(DX.dtype.element_ty),
                  mask=in_d & ok[None, :])
         at = slab + rm[None, :] * D + cols[:, None]
         md = in_d & (rm[None, :] < M)
@@ -139,10 +144,10 @@ def _rows_grad(a_t, Xg, sxn, DXg, sdxn, Lg, slab, rn, ok, rm, accumulate, M, D, 
 
 
 @triton.jit
-def _conv_transpose_chunk_t(dv_t, Gg, sgn, CW, h, rn, ce, N, E, GH, GW):
+def _conv_transpose_chunk_t(dv_t, G, goff, sgn, CW, h, rn, ce, N, E, GH, GW):
     """dvᵀ (chunk × rows) + the transpose of the 3×3 depthwise conv applied to G for rows ``rn`` and head h's
     channels ``ce`` (< E): Σ_t w[h·E + j, t] · G[row − (dy·GW + dx), j] over the taps t = (dy + 1)·3 + (dx + 1)
-    whose source row is inside the (GH, GW) grid (zero padding); G read at Gg through its row stride sgn, the
+    whose source row is inside the (GH, GW) grid (zero padding); G read at its group offset goff and row stride sgn, the
     weight CW (C, 1, 3, 3) (``triton._conv_tile``'s taps, each read at the mirrored neighbour)."""
     cols = ce < E
     gy = rn // GW
@@ -152,7 +157,7 @@ def _conv_transpose_chunk_t(dv_t, Gg, sgn, CW, h, rn, ce, N, E, GH, GW):
         dy = t // 3 - 1
         dx = t % 3 - 1
         inside = rows & (gy - dy >= 0) & (gy - dy < GH) & (gx - dx >= 0) & (gx - dx < GW)
-        g = tl.load(Gg + (rn - dy * GW - dx)[None, :] * sgn + ce[:, None], mask=cols[:, None] & inside[None, :],
+        g = tl.load(G + (goff + (rn - dy * GW - dx)[None, :] * sgn + ce[:, None]), mask=cols[:, None] & inside[None, :],
                     other=0.0)
         dv_t += g.to(tl.float32) * tl.load(CW + (h * E + ce) * 9 + t, mask=cols, other=0.0)[:, None]
     return dv_t
@@ -173,8 +178,9 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
     alpha the output scale α (M = α W⁺ M', scaled once in the prologue)."""
     split, g = tl.program_id(0), tl.program_id(1)
     b, h = g // H, g % H
-    Gg, Qg, Kg, Vg = GRAD + b * sgb + h * sgh, Q + b * sqb + h * sqh, K + b * skb + h * skh, V + b * svb + h * svh
-    DQg, DKg, DVg = DQ + b * sdqb + h * sdqh, DK + b * sdkb + h * sdkh, DV + b * sdvb + h * sdvh
+    # the data tensors' group offsets (int32), added to the row offsets at each access (module docstring)
+    goff, qoff, koff, voff = b * sgb + h * sgh, b * sqb + h * sqh, b * skb + h * skh, b * svb + h * svh
+    dqoff, dkoff, dvoff = b * sdqb + h * sdqh, b * sdkb + h * sdkh, b * sdvb + h * sdvh
     Lg = L + g * M * D
     slab = PDL + (g * SPLITS + split) * M * D
     # the work area, zero-padded: M, dM' (BLOCK_M, BLOCK_E); S' + S'ᵀ, q_covᵀ (BLOCK_M, BLOCK_M); then c̄, k̄,
@@ -221,14 +227,15 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
         ok = (rn < N) & (rn < row_end)
         # key side: dC_k = dk̃ + k_const, dk̃ = r u + ds k̃ (S' + S'ᵀ) (whiten) or u, u = v dM'ᵀ. Rows outside
         # ``ok`` and landmarks >= M keep finite values that meet C = 0 in A, so nothing else is masked.
-        ck_t = _kernel_tile_dmn(Kg, skn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+        ck_t = _kernel_tile_dmn(K, koff, skn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
         kt_t = ck_t
         if CENTRE_K:
             kt_t = ck_t - tl.load(vec_own + BLOCK_M + rm)[:, None]
         u_t = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for e0 in range(0, E, BLOCK_EC):
             ce = e0 + rc
-            v_t = tl.load(Vg + rn[None, :] * svn + ce[:, None], mask=(ce[:, None] < E) & ok[None, :], other=0.0)
+            v_t = tl.load(V + (voff + rn[None, :] * svn + ce[:, None]), mask=(ce[:, None] < E) & ok[None, :],
+                          other=0.0)
             u_t = tl.dot(tl.load(dmp_own + rm[:, None] * BLOCK_E + ce[None, :]), v_t.to(tl.float32), u_t,
                          input_precision="tf32x3")
         if WHITEN:
@@ -248,18 +255,19 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
             dv_t = tl.dot(tl.load(dmp_own + rm[None, :] * BLOCK_E + ce[:, None]), kt_t, input_precision="tf32x3") \
                 + tl.load(VCONST + g * E + ce, mask=cols, other=0.0)[:, None]
             if CONV:
-                dv_t = _conv_transpose_chunk_t(dv_t, Gg, sgn, CW, h, rn, ce, N, E, GH, GW)
-            tl.store(DVg + rn[None, :] * sdvn + ce[:, None], dv_t.to(DVg.dtype.element_ty),
+                dv_t = _conv_transpose_chunk_t(dv_t, GRAD, goff, sgn, CW, h, rn, ce, N, E, GH, GW)
+            tl.store(DV + (dvoff + rn[None, :] * sdvn + ce[:, None]), dv_t.to(DV.dtype.element_ty),
                      mask=cols[:, None] & ok[None, :])
         # query side: dC_q = G Mᵀ (rowsum: / z − b (c·(G Mᵀ)) / z²) + q_const [+ (C_q − c̄) q_cov]
         if UNTIED:
-            cq_t = _kernel_tile_dmn(Qg, sqn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+            cq_t = _kernel_tile_dmn(Q, qoff, sqn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
         else:
             cq_t = ck_t
         dcq_t = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for e0 in range(0, E, BLOCK_EC):
             ce = e0 + rc
-            g_t = tl.load(Gg + rn[None, :] * sgn + ce[:, None], mask=(ce[:, None] < E) & ok[None, :], other=0.0)
+            g_t = tl.load(GRAD + (goff + rn[None, :] * sgn + ce[:, None]), mask=(ce[:, None] < E) & ok[None, :],
+                          other=0.0)
             dcq_t = tl.dot(tl.load(m_own + rm[:, None] * BLOCK_E + ce[None, :]), g_t.to(tl.float32), dcq_t,
                            input_precision="tf32x3")
         if ROWSUM:
@@ -276,11 +284,11 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
         # the kernel derivative: Aᵀ = scale · (dC ∘ C)ᵀ -> dq (dk) and the program's slab of dL
         aq_t = scale * dcq_t * cq_t
         if UNTIED:
-            _rows_grad(aq_t, Qg, sqn, DQg, sdqn, Lg, slab, rn, ok, rm, n0 > lo, M, D, L1, BLOCK_D)
+            _rows_grad(aq_t, Q, qoff, sqn, DQ, dqoff, sdqn, Lg, slab, rn, ok, rm, n0 > lo, M, D, L1, BLOCK_D)
             tl.debug_barrier()  # the query rows' slab stores before the key rows' loads
-            _rows_grad(ak_t, Kg, skn, DKg, sdkn, Lg, slab, rn, ok, rm, True, M, D, L1, BLOCK_D)
+            _rows_grad(ak_t, K, koff, skn, DK, dkoff, sdkn, Lg, slab, rn, ok, rm, True, M, D, L1, BLOCK_D)
         else:
-            _rows_grad(aq_t + ak_t, Qg, sqn, DQg, sdqn, Lg, slab, rn, ok, rm, n0 > lo, M, D, L1, BLOCK_D)
+            _rows_grad(aq_t + ak_t, Q, qoff, sqn, DQ, dqoff, sdqn, Lg, slab, rn, ok, rm, n0 > lo, M, D, L1, BLOCK_D)
         tl.debug_barrier()  # this tile's slab stores before the next tile's loads
 
 
@@ -304,6 +312,16 @@ def _work_size(meta: dict) -> int:
     c̄, k̄, q_const, k_const and b (BLOCK_M each)."""
     bm = meta["BLOCK_M"]
     return 2 * bm * meta["BLOCK_E"] + 2 * bm * bm + 5 * bm
+
+
+MAX_OFFSET = 2 ** 31 - 1
+"""Largest element offset of a data tensor the kernel addresses (int32: group + row + column offset, summed
+before the pointer add; module docstring)."""
+
+
+def _span(x: torch.Tensor) -> int:
+    """The largest element offset of x from its data pointer."""
+    return sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()) if size > 0)
 
 
 def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -378,6 +396,10 @@ def row_grad_triton(grad: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor, vv: 
     gr, q, v = _rows_contiguous(grad), _rows_contiguous(qs), _rows_contiguous(vv)
     k = _rows_contiguous(ks) if untied else q
     dk_ = dk if untied else dq  # placeholder: UNTIED=False writes no dk
+    for name, t in (("grad", gr), ("qs", q), ("ks", k), ("vv", v), ("dq", dq), ("dk", dk_), ("dv", dv)):
+        if _span(t) > MAX_OFFSET:
+            raise ValueError(f"row_grad_triton: {name}: its elements span {_span(t)} > {MAX_OFFSET}, past the "
+                             "kernel's int32 offsets")
     lm, wi, mp = _f32(st.marks), _f32(st.w_inv), _f32(st.m_prime)
     ksum, cmean, kmean, sp = _f32(st.k_sum), _f32(st.c_mean), _f32(st.k_mean), _f32(st.sp)
     dmp, qconst, kconst, vconst = _f32(c["d_mprime"]), _f32(c["q_const"]), _f32(c["k_const"]), _f32(c["v_const"])
