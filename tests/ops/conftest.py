@@ -21,22 +21,29 @@ def seeded(request):
     return request.param, torch.Generator().manual_seed(request.param)
 
 
-def _config(kernel_name: str, constexprs: dict, num_warps: int, num_stages: int, maxnreg) -> tuple:
-    return kernel_name, tuple(sorted((k, str(v)) for k, v in constexprs.items())), num_warps, num_stages, maxnreg
+_POINTER_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.uint8: "*u8"}
 
 
-def enumerated_configs(specs) -> set:
+def _config(kernel_name: str, constexprs: dict, num_warps: int, num_stages: int, maxnreg, pointers=None) -> tuple:
+    key = kernel_name, tuple(sorted((k, str(v)) for k, v in constexprs.items())), num_warps, num_stages, maxnreg
+    return key if pointers is None else (*key, tuple(sorted(pointers.items())))
+
+
+def enumerated_configs(specs, pointers: bool = False) -> set:
     """The launch configurations of a Triton module's ``aot_specialisations()`` tuples, in ``record_launches``'s
-    form: (kernel name, sorted constexprs, num_warps, num_stages, maxnreg or None)."""
-    return {_config(s[0].__name__, s[2], s[3], s[4], (s[6] if len(s) > 6 else {}).get("maxnreg")) for s in specs}
+    form: (kernel name, sorted constexprs, num_warps, num_stages, maxnreg or None), with ``pointers`` also the
+    sorted (argument, Triton pointer type) pairs of the signature."""
+    return {_config(s[0].__name__, s[2], s[3], s[4], (s[6] if len(s) > 6 else {}).get("maxnreg"),
+                    {k: v for k, v in s[1].items() if v.startswith("*")} if pointers else None) for s in specs}
 
 
 @pytest.fixture
 def record_launches(monkeypatch):
-    """record(module, *kernel_names) -> list: each named ``@triton.jit`` kernel of ``module`` replaced (for the
-    test) by one that appends its launch's configuration, in ``enumerated_configs``'s form, and launches it."""
+    """record(module, *kernel_names, pointers=False) -> list: each named ``@triton.jit`` kernel of ``module``
+    replaced (for the test) by one that appends its launch's configuration, in ``enumerated_configs``'s form
+    (with ``pointers``: the types of the tensors passed), and launches it."""
 
-    def record(module, *names) -> list:
+    def record(module, *names, pointers: bool = False) -> list:
         launched = []
 
         class Recorder:
@@ -46,8 +53,10 @@ def record_launches(monkeypatch):
             def __getitem__(self, grid):
                 def launch(*args, **kwargs):
                     meta = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "maxnreg")}
+                    types = {name: _POINTER_TYPES[a.dtype] for name, a in zip(self.kernel.arg_names, args)
+                             if isinstance(a, torch.Tensor)} if pointers else None
                     launched.append(_config(self.kernel.__name__, meta, kwargs["num_warps"], kwargs["num_stages"],
-                                            kwargs.get("maxnreg")))
+                                            kwargs.get("maxnreg"), types))
                     return self.kernel[grid](*args, **kwargs)
 
                 return launch

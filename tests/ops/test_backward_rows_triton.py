@@ -248,16 +248,22 @@ def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     assert len(launched) == 3 and launched[2] in half, launched[2]
 
 
+def _float32_inline_case(gen):
+    """(grad, q, k, v, st, c, settings) of a small inline case (K ≠ Q, 5 × 8 grid, 4 landmarks) in float32: the
+    launcher's own inputs for the refusal tests."""
+    (grad, q, k, v, st, c), _, _, s = _case(gen, "inline", False, "laplacian", None, 1, 1, (5, 8), (2, 2), 8, 8)
+    grad, q, k, v = (t.float() for t in (grad, q, k, v))
+    st = ref.ForwardState(*(t.float() for t in st))
+    c = {key: None if val is None else val.float() for key, val in c.items()}
+    return grad, q, k, v, st, c, s
+
+
 def test_refusals(seeded):
     """ValueError naming the argument for what the launcher does not serve (raised before any launch)."""
     pytest.importorskip("triton")
     from laplacianformer.ops.streaming.backward_rows_triton import row_grad_triton
 
-    _, gen = seeded
-    (grad, q, k, v, st, c), _, _, s = _case(gen, "inline", False, "laplacian", None, 1, 1, (5, 8), (2, 2), 8, 8)
-    grad, q, k, v = (t.float() for t in (grad, q, k, v))
-    st = ref.ForwardState(*(t.float() for t in st))
-    c = {key: None if val is None else val.float() for key, val in c.items()}
+    grad, q, k, v, st, c, s = _float32_inline_case(seeded[1])
     out = lambda shape=(1, 1, 40, 8): torch.empty(shape)  # noqa: E731
     args = lambda **kw: dict(dict(grad=grad, qs=q, ks=k, vv=v, st=st, c=c, bandwidth=s.bandwidth,  # noqa: E731
                                   kernel="laplacian", norm="inline", eps=EPS, conv=None, dq=out(), dk=out(),
@@ -288,11 +294,7 @@ def test_offsets_past_int32_are_refused(seeded, monkeypatch):
     pytest.importorskip("triton")
     from laplacianformer.ops.streaming import backward_rows_triton as module
 
-    _, gen = seeded
-    (grad, q, k, v, st, c), _, _, s = _case(gen, "inline", False, "laplacian", None, 1, 1, (5, 8), (2, 2), 8, 8)
-    grad, q, k, v = (t.float() for t in (grad, q, k, v))
-    st = ref.ForwardState(*(t.float() for t in st))
-    c = {key: None if val is None else val.float() for key, val in c.items()}
+    grad, q, k, v, st, c, s = _float32_inline_case(seeded[1])
     dv = torch.empty(1, 40, 2, 8)[:, :, 1].unsqueeze(1)  # (1, 1, 40, 8), row stride 16: spans 40·16 − 8 elements
     monkeypatch.setattr(module, "MAX_OFFSET", 40 * 8 - 1)
     with pytest.raises(ValueError, match=r"row_grad_triton: dv: its elements span 631 > 319"):

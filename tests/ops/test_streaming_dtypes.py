@@ -251,61 +251,18 @@ def test_mixed_dtypes_and_float64_are_refused(seeded):
         landmark_solve_triton(qs.double(), (4, 4), (2, 2), 4.0, "laplacian", 0.01, 3)
 
 
-_TYPE = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.uint8: "*u8"}
-
-
-def _launch_key(name, meta, warps, stages, maxnreg, pointers):
-    return (name, tuple(sorted((k, str(v)) for k, v in meta.items())), warps, stages, maxnreg,
-            tuple(sorted(pointers.items())))
-
-
-def _enumerated(specs) -> set:
-    """``aot_specialisations`` tuples as launch keys: the constexprs, options and the type of each pointer."""
-    keys = set()
-    for kernel, sig, meta, warps, stages, _label, *more in specs:
-        pointers = {k: v for k, v in sig.items() if v.startswith("*")}
-        keys.add(_launch_key(kernel.__name__, meta, warps, stages, (more[0] if more else {}).get("maxnreg"),
-                             pointers))
-    return keys
-
-
-def _record(monkeypatch, module, names) -> list:
-    """Each named kernel of ``module`` replaced by one that records its launch key (the pointers' types from the
-    tensors passed) and launches it."""
-    launched = []
-
-    class Recorder:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                opts = ("num_warps", "num_stages", "maxnreg")
-                meta = {k: v for k, v in kwargs.items() if k not in opts}
-                pointers = {name: _TYPE[a.dtype] for name, a in zip(self.kernel.arg_names, args)
-                            if isinstance(a, torch.Tensor)}
-                launched.append(_launch_key(self.kernel.__name__, meta, kwargs["num_warps"], kwargs["num_stages"],
-                                            kwargs.get("maxnreg"), pointers))
-                return self.kernel[grid](*args, **kwargs)
-
-            return launch
-
-    for name in names:
-        monkeypatch.setattr(module, name, Recorder(getattr(module, name)))
-    return launched
-
-
 @pytest.mark.triton
 @needs_triton
-def test_every_half_launch_is_enumerated_with_its_pointer_types(seeded, monkeypatch):
+def test_every_half_launch_is_enumerated_with_its_pointer_types(seeded, record_launches):
     """A bfloat16 call (K ≠ Q, the conv: all four kernels) and a float16 one (rowsum, K = Q, a mask), and the
     landmark solve on float16 q: each launch's kernel, constexprs, options and pointer types are an AOT entry."""
     from laplacianformer.ops.streaming import landmarks_triton as lt
     from laplacianformer.ops.streaming import triton as st
 
     _, gen = seeded
-    enumerated = _enumerated(st.aot_specialisations())
-    launched = _record(monkeypatch, st, ["query_stats_kernel", "combine_kernel", "key_pass_kernel", "output_kernel"])
+    enumerated = record_launches.enumerated(st.aot_specialisations(), pointers=True)
+    launched = record_launches(st, "query_stats_kernel", "combine_kernel", "key_pass_kernel", "output_kernel",
+                               pointers=True)
     kernel_in, _, s = _case(gen, "injective", "laplacian", False, True, 1, 2, (5, 8), (2, 3), 16, 8, torch.bfloat16)
     _run(kernel_in, s, save=True, scale_power=0.5)
     kernel_in, _, s = _case(gen, "rowsum", "gaussian", True, False, 1, 1, (5, 8), (2, 2), 16, 24, torch.float16)
@@ -315,8 +272,8 @@ def test_every_half_launch_is_enumerated_with_its_pointer_types(seeded, monkeypa
     assert {dict(k[5]).get("Q") for k in launched} == {"*bf16", "*fp16", None}  # None: the combine kernel
     assert any(dict(k[5])["OUT"] == "*bf16" and ("CONV", "True") in k[1] for k in launched if k[0] == "output_kernel")
 
-    solve_enumerated = _enumerated(lt.aot_specialisations())
-    solves = _record(monkeypatch, lt, ["landmark_solve_kernel"])
+    solve_enumerated = record_launches.enumerated(lt.aot_specialisations(), pointers=True)
+    solves = record_launches(lt, "landmark_solve_kernel", pointers=True)
     q = torch.randn(1, 36, 1, 24, generator=gen).half().to(DEVICE).permute(0, 2, 1, 3)
     lt.landmark_solve_triton(q, (6, 6), (2, 3), 4.0, "laplacian", 0.01, 3)
     assert len(solves) == 1 and set(solves) <= solve_enumerated and dict(solves[0][5])["Q"] == "*fp16"

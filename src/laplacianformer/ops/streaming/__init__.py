@@ -43,7 +43,7 @@ import torch
 from .. import _runtime
 from ..dispatch import Backend, Op
 from ..settings import AttentionSettings
-from .gates import cuda_only_auto_refusal, needs_grad as _needs_grad, step_path, triton_device
+from .gates import cuda_only_auto_refusal, float32_of, needs_grad as _needs_grad, step_path, triton_device
 from .limits import FLAGS, conv_unfit, scale_power, unfit
 from .reference import streaming_nystrom_reference
 
@@ -122,11 +122,8 @@ def _triton(qs, ks, vv, marks, w_inv, s, mask, conv=None):
 
 
 def _torch(qs, ks, vv, marks, w_inv, s, mask, conv=None):
-    out_dtype, half = vv.dtype, vv.dtype in (torch.float16, torch.bfloat16)
-    if half:  # the specification of the Triton passes' half reads: the same values, summed in float32
-        qs, ks, vv = qs.float(), (qs.float() if ks is qs else ks.float()), vv.float()
-        if conv is not None:
-            conv = conv._replace(weight=conv.weight.float(), bias=None if conv.bias is None else conv.bias.float())
+    out_dtype = vv.dtype
+    qs, ks, vv = float32_of(qs, ks, vv)  # the Triton passes' half reads: the same values, summed in float32
     out = streaming_nystrom_reference(qs, ks, vv, marks.to(qs.dtype), w_inv.to(qs.dtype), s.bandwidth, s.kernel,
                                       s.norm, s.norm_eps, mask, conv,
                                       scale_power(s.norm, s.norm_scale))

@@ -7,7 +7,7 @@ import torch
 
 from .. import _runtime
 
-__all__ = ["cuda_only_auto_refusal", "needs_grad", "step_path", "triton_device"]
+__all__ = ["cuda_only_auto_refusal", "float32_of", "needs_grad", "step_path", "triton_device"]
 
 
 def needs_grad(*tensors) -> bool:
@@ -31,3 +31,14 @@ def cuda_only_auto_refusal(qs, *_inputs) -> str | None:
 def step_path(*_inputs) -> None:
     """The ``steps`` backend of the fused ops (their reference): None, so the caller runs its step path."""
     return None
+
+
+def float32_of(*tensors) -> list:
+    """The torch backends' compute dtype for half inputs, as the Triton kernels read them: float16/bfloat16
+    tensors in float32 (the same values), float32 and float64 as they are; a tensor given twice (K = Q) stays
+    one tensor."""
+    done = {}
+    for t in tensors:
+        if id(t) not in done:
+            done[id(t)] = t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+    return [done[id(t)] for t in tensors]

@@ -32,7 +32,7 @@ from ..kernel import laplace_kernel
 from ..newton_schulz.naive import newton_schulz_iterate_reference, regularise
 from ..pooling import pool_landmarks
 from ..settings import AttentionSettings
-from .gates import cuda_only_auto_refusal, needs_grad as _needs_grad, step_path, triton_device
+from .gates import cuda_only_auto_refusal, float32_of, needs_grad as _needs_grad, step_path, triton_device
 from .limits import solve_unfit
 
 __all__ = ["LANDMARK_SOLVE", "landmark_solve", "landmark_solve_reference"]
@@ -114,8 +114,7 @@ def _triton(qs, ks, vv, hw, grid, s, mask, prefix):
 
 
 def _torch(qs, ks, vv, hw, grid, s, mask, prefix):
-    if qs.dtype in (torch.float16, torch.bfloat16):  # as the Triton kernel reads half q: float32 inside
-        qs = qs.float()
+    qs, = float32_of(qs)  # as the Triton kernel reads half q: float32 inside
     return landmark_solve_reference(qs, hw, grid, s.bandwidth, s.kernel, s.ns_eps, s.iters)
 
 

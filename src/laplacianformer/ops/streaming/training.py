@@ -38,7 +38,7 @@ from ..dispatch import Backend, Op
 from ..settings import AttentionSettings
 from ..value_conv import ValueConv, value_conv_heads
 from .backward_reference import ForwardState, forward_state, output_of, streaming_backward_reference
-from .gates import cuda_only_auto_refusal, step_path, triton_device
+from .gates import cuda_only_auto_refusal, float32_of, step_path, triton_device
 from .landmarks import landmark_solve_reference
 from .limits import FLAGS, LOAD_DTYPES, conv_unfit, output_alpha, scale_power, solve_unfit, unfit
 
@@ -132,24 +132,13 @@ def _forward_triton(q, k, v, conv, plan: _Plan):
 
 def _forward_torch(q, k, v, conv, plan: _Plan):
     s, out_dtype = plan.s, v.dtype
-    q, k, v = _float32(q, k, v)
+    q, k, v = float32_of(q, k, v)
     marks, w, w_inv = landmark_solve_reference(q, plan.hw, plan.grid, s.bandwidth, s.kernel, s.ns_eps, s.iters)
     st = forward_state(q, k, v, marks, w, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps)
     out = output_of(q, st, s.bandwidth, s.kernel, s.norm, plan.alpha(q.shape[-2]))
     if conv is not None:
-        out = out + value_conv_heads(v, conv._replace(weight=conv.weight.to(v.dtype),
-                                                      bias=None if conv.bias is None else conv.bias.to(v.dtype)))
+        out = out + value_conv_heads(v, conv)  # the weight in v's dtype
     return out.to(out_dtype), st
-
-
-def _float32(*tensors):
-    """The torch backend's compute dtype for half inputs (float32; float32 and float64 as they are); a tensor
-    given twice (K = Q) stays one tensor."""
-    done = {}
-    for t in tensors:
-        if id(t) not in done:
-            done[id(t)] = t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
-    return [done[id(t)] for t in tensors]
 
 
 def _backward_triton(grad, q, k, v, st: ForwardState, conv, plan: _Plan, dq, dk, dv):
@@ -171,9 +160,7 @@ def _backward_triton(grad, q, k, v, st: ForwardState, conv, plan: _Plan, dq, dk,
 
 def _backward_torch(grad, q, k, v, st: ForwardState, conv, plan: _Plan, dq, dk, dv):
     s = plan.s
-    grad, q, k, v = _float32(grad, q, k, v)
-    if conv is not None:
-        conv = conv._replace(weight=conv.weight.to(v.dtype), bias=None if conv.bias is None else conv.bias.to(v.dtype))
+    grad, q, k, v = float32_of(grad, q, k, v)  # the reference reads the conv's weight in v's dtype
     g = streaming_backward_reference(grad, q, k, v, st, plan.hw, plan.grid, s.bandwidth, s.kernel, s.norm,
                                      s.norm_eps, conv, plan.power)
     dq.copy_(g["dq"])
