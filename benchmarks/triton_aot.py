@@ -29,18 +29,22 @@ loop is too slow (below).
 shared loads and stores, MUFU, BAR, integer and address arithmetic, tensor-core MMA, uniform datapath,
 control). The inner loop is the innermost back-edge (a ``BRA`` to an earlier address; its body is the
 instructions from the target through the branch), the most deeply nested one when there are several, the
-longest on a tie; with no back-edge the whole kernel is the body.
+longest on a tie; with no back-edge the whole kernel is the body. In a distance kernel it is the innermost
+loop with the largest share of fp32 arithmetic (the distance loop, where a conv's taps or a product's chunks
+nest as deep).
 
 A *distance kernel* is one whose module lists it in ``DISTANCE_LOOPS`` (kernel name -> function of the
 specialisation's constexprs giving T, the (row, landmark, feature) triples one iteration of its loop over
-d computes, summed over the whole program). Its cost per triple is
+d computes, summed over the whole program; None for a specialisation without such a loop). Its cost per
+triple is
 
     per_triple = (instructions in the inner-loop body) × 32 · num_warps / T
 
 (every thread issues the body once per iteration; predicated-off instructions count). If ptxas unrolled
 the d loop further, the body holds k iterations and the figure reads k times too high (a false failure,
 never a false pass). ``--strict`` fails a distance kernel whose inner loop contains a SHFL or costs more
-than ``MAX_PER_TRIPLE`` instructions per triple (docs/KERNELS.md, "Register budget").
+than ``MAX_PER_TRIPLE`` instructions per triple, or the budget its module states for the label
+(``distance_budget(label)``, argued in docs/KERNELS.md: "Register budget", "The streaming passes").
 """
 
 from __future__ import annotations
@@ -109,6 +113,7 @@ class Row:
     loop_mix: dict[str, int] | None = None
     loop_instructions: int | None = None
     per_triple: float | None = None
+    triple_budget: float = MAX_PER_TRIPLE
 
     @property
     def spill(self) -> int:
@@ -124,10 +129,11 @@ class Row:
         return (self.registers or 0) * 32 * self.warps <= REGISTER_FILE
 
     def distance_ok(self) -> bool:
-        """True unless this is a distance kernel whose inner loop shuffles or is over ``MAX_PER_TRIPLE``."""
+        """True unless this is a distance kernel whose distance loop shuffles or is over its budget
+        (``MAX_PER_TRIPLE`` unless its module states another: ``distance_budget``)."""
         if self.per_triple is None:
             return True
-        return not (self.loop_mix or {}).get("SHFL") and self.per_triple <= MAX_PER_TRIPLE
+        return not (self.loop_mix or {}).get("SHFL") and self.per_triple <= self.triple_budget
 
 
 def _label_fields(label: str) -> dict[str, str]:
@@ -248,8 +254,11 @@ def parse_sass(text: str) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
     return instrs, labels
 
 
-def inner_loop(instrs: list[tuple[int, str, str]], labels: dict[str, int]) -> list[tuple[int, str, str]]:
-    """The body of the innermost back-edge (see the module docstring); the whole kernel without one."""
+def inner_loop(instrs: list[tuple[int, str, str]], labels: dict[str, int],
+               densest: bool = False) -> list[tuple[int, str, str]]:
+    """The body of the innermost back-edge (see the module docstring); the whole kernel without one. With
+    ``densest`` (a distance kernel), the innermost loop with the largest share of fp32 arithmetic instead, at any
+    depth: the distance loop, where a kernel also has other loops as deep (a conv's taps, a product's chunks)."""
     loops = []
     for addr, op, rest in instrs:
         if op.split(".")[0] == "BRA":
@@ -261,6 +270,12 @@ def inner_loop(instrs: list[tuple[int, str, str]], labels: dict[str, int]) -> li
     if not inner:
         return list(instrs)
     depth = {lp: sum(c <= lp[0] and lp[1] <= d for c, d in loops) for lp in inner}
+    if densest:
+        def share(lp):
+            body = [opcode_class(op) for a, op, _ in instrs if lp[0] <= a <= lp[1]]
+            return body.count("FP32") / len(body)
+        lo, hi = max(inner, key=lambda lp: (share(lp), lp[1] - lp[0]))
+        return [i for i in instrs if lo <= i[0] <= hi]
     lo, hi = max(inner, key=lambda lp: (depth[lp], lp[1] - lp[0]))
     return [i for i in instrs if lo <= i[0] <= hi]
 
@@ -284,18 +299,30 @@ def disassemble(cubin: bytes) -> str:
                               check=True).stdout
 
 
-def sass_mix(cubin: bytes) -> tuple[dict[str, int], dict[str, int], int]:
-    """(class counts of the kernel, class counts of its inner loop, inner-loop instructions)."""
+def sass_mix(cubin: bytes, distance: bool = False) -> tuple[dict[str, int], dict[str, int], int]:
+    """(class counts of the kernel, class counts of its inner loop, inner-loop instructions); ``distance``: the
+    loop is the distance loop (``inner_loop(densest=True)``)."""
     instrs, labels = parse_sass(disassemble(cubin))
-    body = inner_loop(instrs, labels)
+    body = inner_loop(instrs, labels, densest=distance)
     return class_counts(instrs), class_counts(body), len(body)
+
+
+def _module_of(kernel):
+    fn = getattr(kernel, "fn", kernel)
+    return sys.modules.get(getattr(fn, "__module__", ""), None)
 
 
 def distance_triples(kernel) -> "callable | None":
     """The module's ``DISTANCE_LOOPS`` entry for ``kernel`` (a distance kernel), else None."""
-    fn = getattr(kernel, "fn", kernel)
-    mod = sys.modules.get(getattr(fn, "__module__", ""), None)
-    return getattr(mod, "DISTANCE_LOOPS", {}).get(kernel.__name__)
+    return getattr(_module_of(kernel), "DISTANCE_LOOPS", {}).get(kernel.__name__)
+
+
+def distance_budget(kernel, label: str) -> float:
+    """The most instructions per triple ``kernel``'s distance loop may cost for this label: the module's
+    ``distance_budget(label)`` where it states one (with its argument in docs/KERNELS.md), else
+    ``MAX_PER_TRIPLE``."""
+    budget = getattr(_module_of(kernel), "distance_budget", None)
+    return MAX_PER_TRIPLE if budget is None else budget(label)
 
 
 def compile_one(spec: tuple, arch: int) -> Row:
@@ -341,10 +368,12 @@ def compile_one(spec: tuple, arch: int) -> Row:
     row.spill_stores = row.spill_stores or 0
     row.spill_loads = row.spill_loads or 0
     row.shared = int(compiled.metadata.shared)
-    row.mix, row.loop_mix, row.loop_instructions = sass_mix(compiled.asm["cubin"])
     triples = distance_triples(kernel)
-    if triples is not None:
-        row.per_triple = round(row.loop_instructions * 32 * warps / triples(constexprs), 3)
+    count = None if triples is None else triples(constexprs)
+    row.mix, row.loop_mix, row.loop_instructions = sass_mix(compiled.asm["cubin"], distance=count is not None)
+    if count is not None:
+        row.per_triple = round(row.loop_instructions * 32 * warps / count, 3)
+        row.triple_budget = distance_budget(kernel, label)
     return row
 
 
@@ -433,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = (f"{len(rows)} compiles in {time.perf_counter() - t0:.0f} s: {len(failed)} failed, "
                f"{len(big)} spill or exceed shared memory, {len(overfull)} exceed the register file "
                f"(registers x threads > {REGISTER_FILE}), {len(slow)} distance loops with SHFL "
-               f"or > {MAX_PER_TRIPLE} instructions per triple")
+               f"or over their instructions-per-triple budget")
     print(verdict)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -74,7 +74,7 @@ def _split_sum(part: torch.Tensor, b: int, h: int) -> torch.Tensor:
 # (norm, kernel, tied, b, h, hw, grid, d, e): N = 70 (10 × 7), 150, 300 (splits of two tiles at 32 groups)
 CASES = [
     ("injective", "laplacian", True, 2, 2, (10, 7), (2, 3), 16, 8),
-    ("injective", "gaussian", False, 1, 2, (10, 7), (4, 4), 24, 20),
+    ("injective", "gaussian", False, 1, 2, (10, 7), (4, 4), 20, 20),  # d = 20: the distance loop's tail
     ("injective_nomean", "laplacian", False, 1, 1, (15, 10), (7, 7), 16, 16),
     ("injective_nomean", "gaussian", True, 8, 4, (20, 15), (2, 2), 8, 8),
     ("inline", "laplacian", False, 1, 2, (10, 7), (4, 4), 16, 16),

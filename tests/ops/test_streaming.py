@@ -298,12 +298,14 @@ def test_training_call_runs_the_step_path(seeded):
 
 needs_triton = pytest.mark.skipif(not TRITON_HERE, reason="needs CUDA or TRITON_INTERPRET=1")
 
-# (norm, tied, masked, b, h, n, d, e, m): N not a multiple of 32, m in {4, 16, 49}, d in {16, 32}
+# (norm, tied, masked, b, h, n, d, e, m): N not a multiple of 32, m in {4, 16, 49}, d in {5, 16, 20, 32} (the
+# distance loop's 8-feature steps, its single-feature tail and both)
 TRITON_CASES = [
     ("injective", True, False, 1, 2, 75, 32, 16, 16),
     ("injective", False, True, 1, 1, 100, 16, 24, 49),
+    ("injective", False, False, 1, 1, 40, 5, 8, 16),
     ("injective_nomean", True, True, 2, 1, 50, 16, 8, 4),
-    ("inline", False, False, 1, 1, 70, 16, 16, 16),
+    ("inline", False, False, 1, 1, 70, 20, 16, 16),
     ("rowsum", True, True, 2, 1, 60, 16, 8, 4),
     ("none", False, False, 1, 1, 90, 32, 16, 16),
 ]

@@ -99,7 +99,7 @@ def _run(kernel_in, s, mask=None, **kwargs):
 # N = 150 (5 splits) with α ≠ 1
 HALF_CASES = [
     ("injective", "laplacian", True, True, 1, 2, (10, 7), (4, 4), 16, 8, 0.0),
-    ("inline", "gaussian", False, False, 2, 1, (10, 7), (2, 3), 24, 20, 0.0),
+    ("inline", "gaussian", False, False, 2, 1, (10, 7), (2, 3), 20, 20, 0.0),
     ("injective_nomean", "laplacian", False, False, 1, 1, (15, 10), (7, 7), 16, 16, 0.5),
 ]
 

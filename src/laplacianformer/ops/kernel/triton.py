@@ -90,9 +90,17 @@ def _accumulate_distance(acc, x, y, L1: tl.constexpr):
 @triton.jit
 def _distance(Xb, Yb, n0, m0, N, M, D, L1: tl.constexpr, R: tl.constexpr, C: tl.constexpr, TN: tl.constexpr,
               TM: tl.constexpr, KU: tl.constexpr):
+    """``_distance_strided`` of row-major X (N, D) and Y (M, D)."""
+    return _distance_strided(Xb, D, Yb, D, n0, m0, N, M, D, L1, R, C, TN, TM, KU)
+
+
+@triton.jit
+def _distance_strided(Xb, sx, Yb, sy, n0, m0, N, M, D, L1: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+                      TN: tl.constexpr, TM: tl.constexpr, KU: tl.constexpr):
     """Register-blocked distances: (R, C, TN, TM), element [r, c, i, j] = dist(x_{n0 + r·TN + i},
-    y_{m0 + c·TM + j}) (0-based; rows >= N and landmarks >= M repeat the last one). X (N, D), Y (M, D)
-    float32, row-major.
+    y_{m0 + c·TM + j}) (0-based; rows >= N and landmarks >= M repeat the last one). X (N, D) with row stride
+    sx, Y (M, D) with row stride sy, features contiguous, any float dtype (converted to float32 after each
+    load: a no-op for float32).
 
     A loop over the feature index k adds |x_nk - y_mk| (or its square) into the 4-D accumulator: each
     thread holds R rows x C landmarks of it (the default layout puts the threads on the TN and TM axes) and
@@ -100,15 +108,16 @@ def _distance(Xb, Yb, n0, m0, N, M, D, L1: tl.constexpr, R: tl.constexpr, C: tl.
     no shuffles. The loads stay in the accumulator's layout (no shared-memory round trip) because each has
     fewer elements than the program has threads (R < TM, C < TN). KU columns per iteration, unrolled and
     unmasked; the D % KU last ones one at a time (docs/KERNELS.md, "Register budget")."""
-    xp = Xb + tl.minimum(_blocked_rows(n0, R, TN, 0), N - 1) * D
-    yp = Yb + tl.minimum(_blocked_rows(m0, C, TM, 1), M - 1) * D
+    xp = Xb + tl.minimum(_blocked_rows(n0, R, TN, 0), N - 1) * sx
+    yp = Yb + tl.minimum(_blocked_rows(m0, C, TM, 1), M - 1) * sy
     acc = tl.zeros((R, C, TN, TM), dtype=tl.float32)
     d_main = D - D % KU
     for k0 in range(0, d_main, KU):
         for j in tl.static_range(KU):
-            acc = _accumulate_distance(acc, tl.load(xp + (k0 + j)), tl.load(yp + (k0 + j)), L1)
+            acc = _accumulate_distance(acc, tl.load(xp + (k0 + j)).to(tl.float32),
+                                       tl.load(yp + (k0 + j)).to(tl.float32), L1)
     for k in range(d_main, D):
-        acc = _accumulate_distance(acc, tl.load(xp + k), tl.load(yp + k), L1)
+        acc = _accumulate_distance(acc, tl.load(xp + k).to(tl.float32), tl.load(yp + k).to(tl.float32), L1)
     return acc
 
 

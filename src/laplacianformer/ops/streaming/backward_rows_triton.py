@@ -294,11 +294,18 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
 
 def row_grad_spec(m: int, d: int, e: int, l1: bool, flags: dict, untied: bool, conv: bool) -> dict:
     """Constexprs and launch options of ``row_grad_kernel`` for m landmarks, head dim d, value dim e: the
-    forward passes' ``config`` (BLOCK_ROWS rows, BLOCK_D from m: no tile depends on d)."""
+    forward passes' ``config`` (BLOCK_ROWS rows, 8 warps) with BLOCK_D from m (``DIFFERENCE_ELEMENTS``: no tile
+    depends on d) in place of their distance loop's unrolling."""
+    cfg = config(m, d, e)
+    cfg.pop("KU")
     return dict(WHITEN=flags["whiten"], CENTRE_Q=flags["centre_q"], CENTRE_K=flags["centre_k"],
-                ROWSUM=flags["rowsum"], UNTIED=untied, CONV=conv, L1=l1, BLOCK_EC=16, **config(m, d, e))
+                ROWSUM=flags["rowsum"], UNTIED=untied, CONV=conv, L1=l1, BLOCK_EC=16,
+                BLOCK_D=DIFFERENCE_ELEMENTS // (cfg["BLOCK_N"] * cfg["BLOCK_M"]), **cfg)
 
 
+DIFFERENCE_ELEMENTS = 8192
+"""Elements of pass D's (BLOCK_D, BLOCK_M, BLOCK_N) difference tiles (32 per thread at 8 warps): BLOCK_D = 16, 8,
+4 features at BLOCK_M = 16, 32, 64."""
 _OPTIONS = ("num_warps", "num_stages", "maxnreg")
 
 

@@ -62,7 +62,8 @@ import triton.language as tl
 
 from .._triton_common import distinct_launches, power_of_two_sizes
 from .limits import FLAGS, MAX_D, MAX_M, conv_unfit, splits_for, unfit
-from .triton import _kernel_tile, _kernel_tile_t, _launch, _rows_contiguous, _square, config
+from .triton import _kernel_tile, _kernel_tile_t, _launch, _rows_contiguous, _square, _tile_triples, config
+from .triton import distance_budget  # noqa: F401  (read per module by benchmarks/triton_aot.py)
 
 TAPS = 16
 """Rows of the conv partials' register tile: the 9 taps of the 3×3 weight padded to a power of two."""
@@ -78,7 +79,7 @@ def _split_rows(rn, row_end, N):
 def query_grad_kernel(GR, sgb, sgh, sgn, Q, sqb, sqh, sqn, V, svb, svh, svn, L, WI, CMEAN, MP, KSUM, WORK,
                       PDM, PG, PDB, PDW, GH, GW, H, N, M, D, E, scale, alpha, rows_per_split, SPLITS,
                       CENTRE_Q: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr, L1: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr, BLOCK_E: tl.constexpr,
                       BLOCK_EC: tl.constexpr, BLOCK_T: tl.constexpr):
     """Pass A of group program_id(1), split program_id(0): GR, Q, V (B, H, N, ·) strided, L (G, M, D), WI (G, M, M),
     CMEAN, KSUM (G, M), MP = Σ M' (G, M, E) -> PDM (G, S, M, E) (α times the split's Σ cᵀ dt), PG (G, S, E), PDB
@@ -113,7 +114,7 @@ def query_grad_kernel(GR, sgb, sgh, sgn, Q, sqb, sqh, sqn, V, svb, svh, svn, L, 
     for n0 in range(lo, row_end, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         ok = _split_rows(rn, row_end, N)
-        c = _kernel_tile(Qg, sqn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+        c = _kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU)
         if CENTRE_Q:
             c = tl.where(ok[:, None] & landmarks[None, :], c - c_mean[None, :], 0.0)
         dt = tl.load(Gg + rn[:, None] * sgn + re[None, :], mask=ok[:, None] & cols[None, :], other=0.0)
@@ -130,7 +131,7 @@ def query_grad_kernel(GR, sgb, sgh, sgn, Q, sqb, sqh, sqn, V, svb, svh, svn, L, 
         for n0 in range(lo, row_end, BLOCK_N):
             rn = n0 + tl.arange(0, BLOCK_N)
             ok = _split_rows(rn, row_end, N)
-            ct = _kernel_tile_t(Qg, sqn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)  # cᵀ
+            ct = _kernel_tile_t(Qg, sqn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU)  # cᵀ
             if CENTRE_Q:
                 ct = tl.where(landmarks[:, None] & ok[None, :], ct - c_mean[:, None], 0.0)
             z = tl.where(ok, tl.sum(ct * b_vec[:, None], axis=0), 1.0)
@@ -168,7 +169,7 @@ def query_grad_kernel(GR, sgb, sgh, sgn, Q, sqb, sqh, sqn, V, svb, svh, svn, L, 
 @triton.jit
 def key_grad_kernel(K, skb, skh, skn, V, svb, svh, svn, L, WI, KMEAN, SP, PDM, WORK, PDSP, PDKT,
                     H, N, M, D, E, scale, eps, rows_per_split, SPLITS, DM_SPLITS,
-                    L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                    L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr,
                     BLOCK_EC: tl.constexpr):
     """Pass B of group program_id(1), split program_id(0): K, V (B, H, N, ·) strided, L (G, M, D), WI, SP (G, M, M),
     KMEAN (G, M), PDM (G, DM_SPLITS, M, E) pass A's partials of dM -> PDSP (G, S, M, M), PDKT (G, S, M).
@@ -207,7 +208,7 @@ def key_grad_kernel(K, skb, skh, skn, V, svb, svh, svn, L, WI, KMEAN, SP, PDM, W
             dmp_t = tl.load(Dk + ce[:, None] * M + rm[None, :], mask=(ce[:, None] < E) & landmarks[None, :], other=0.0)
             v = tl.load(Vg + rn[:, None] * svn + ce[None, :], mask=ok[:, None] & (ce[None, :] < E), other=0.0)
             u = tl.dot(v.to(tl.float32), dmp_t, u, input_precision="tf32x3")
-        kt = _kernel_tile(Kg, skn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+        kt = _kernel_tile(Kg, skn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU)
         kt = tl.where(ok[:, None] & landmarks[None, :], kt - k_mean[None, :], 0.0)  # k̃ (rows × landmarks)
         a = tl.dot(kt, sp_sym, input_precision="ieee")  # k̃ (S' + S'ᵀ)
         s_row = 0.5 * tl.sum(a * kt, axis=1)
@@ -377,6 +378,10 @@ _INTS = {"sgb", "sgh", "sgn", "sqb", "sqh", "sqn", "skb", "skh", "skn", "svb", "
          "M", "D", "E", "rows_per_split", "SPLITS", "DM_SPLITS"}
 DATA = {"GR", "Q", "K", "V"}
 """The pointers of the data tensors (grad, q, k, v), typed by the inputs' dtype; every other pointer is float32."""
+DISTANCE_LOOPS = {"query_grad_kernel": lambda c: None if c["ROWSUM"] else _tile_triples(c),
+                  "key_grad_kernel": _tile_triples}
+"""Passes A and B recompute C with ``triton._kernel_tile`` (benchmarks/triton_aot.py checks the loop, with the
+forward passes' ``distance_budget``); pass A with ``ROWSUM`` also runs the transposed, chunked tile."""
 POINTER_TYPES = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
 """The AOT labels' dtype -> the data pointers' Triton type (``limits.LOAD_DTYPES``)."""
 
@@ -391,7 +396,7 @@ def _signature(kernel, constexprs: dict, dtype: str = "fp32") -> dict:
 
 def _launches(m: int, e: int, dtype: str = "fp32"):
     """(kernel, spec, label) of every launch of both launchers for these m, e and data dtype (the specs do not
-    depend on d: ``config`` takes BLOCK_D from m; nor on the dtype, which only types the data pointers)."""
+    depend on d: ``config`` takes nothing from d; nor on the dtype, which only types the data pointers)."""
     for l1 in (True, False):
         kind = f"dtype={dtype} kind={'L1' if l1 else 'L2'}"
         for norm, flags in FLAGS.items():

@@ -23,9 +23,12 @@ for the passes; each program walks its split in tiles of ``BLOCK_ROWS`` rows):
   borders), so the buffer is the layer's (B, N, C) "heads + DWConv(V)".
 
 Partials go to float32 workspaces (G, splits, ·), summed in a fixed order by the next kernel:
-deterministic, no atomics. Every C tile is exp(scale · dist), the distance summed over d in chunks of
-``BLOCK_D`` columns as a (BLOCK_ROWS, BLOCK_M, BLOCK_D) difference tile (8192 elements, 32 per thread at
-8 warps). Products: the m×m ones and S' k̃ᵀ IEEE float32, the Gram and output products "tf32x3" (never
+deterministic, no atomics. Every C tile is exp(scale · dist). The (rows, landmarks) tiles of passes 1 and 3
+(and of the backward's passes A and B) sum the distance in a register-blocked loop over single features, each
+thread adding one feature of its 2 rows × BLOCK_M / 16 landmarks per step (``_kernel_tile``: no warp shuffles,
+``DISTANCE_LOOPS``); the key pass's transposed tile keeps (landmarks, rows, chunk) difference tiles reduced
+with ``tl.sum`` (``_kernel_tile_t``: the register-blocked forms spilled there). Products: the m×m ones and S' k̃ᵀ IEEE float32, the
+Gram and output products "tf32x3" (never
 plain TF32: the variances must keep float32 bits). q, k, v are read in place through their (batch, head,
 row) strides (last dim contiguous), in their dtype (float32, float16 or bfloat16, ``limits.LOAD_DTYPES``:
 converted to float32 right after each load; the output is written in v's dtype, every workspace and
@@ -42,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..kernel.triton import _distance_strided, _unblock
 from .._triton_common import distinct_launches, power_of_two_sizes, product_from_memory
 from .limits import BLOCK_ROWS, FLAGS, LOAD_DTYPES, MAX_D, MAX_M, conv_unfit, splits_for, unfit
 
@@ -56,33 +60,39 @@ def _valid_rows(MASK, smb, b, rn, row_end, N):
     return ok & (pad == 0)
 
 
-@triton.jit
-def _kernel_tile(X, sxn, Lg, rn, ok, M, D, scale, L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_D: tl.constexpr):
-    """exp(scale · dist(x_i, l_j)) for rows ``rn`` of X (row stride sxn, columns contiguous) and the M
-    landmarks at Lg (M, D): (BLOCK_N, BLOCK_M), 0 outside rows ``ok`` and columns < M."""
-    rm = tl.arange(0, BLOCK_M)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        cols = d0 + tl.arange(0, BLOCK_D)
-        x = tl.load(X + rn[:, None] * sxn + cols[None, :], mask=ok[:, None] & (cols[None, :] < D), other=0.0)
-        lm = tl.load(Lg + rm[:, None] * D + cols[None, :], mask=(rm[:, None] < M) & (cols[None, :] < D), other=0.0)
-        diff = x.to(tl.float32)[:, None, :] - lm.to(tl.float32)[None, :, :]
-        if L1:
-            acc += tl.sum(tl.abs(diff), axis=2)
-        else:
-            acc += tl.sum(diff * diff, axis=2)
-    return tl.where(ok[:, None] & (rm[None, :] < M), tl.exp(acc * scale), 0.0)
+SIDE = tl.constexpr(16)
+"""Threads per side of ``_kernel_tile``'s thread grid: SIDE × SIDE = 256, the passes' 8 warps (``config``)."""
+TRANSPOSED_ELEMENTS = tl.constexpr(8192)
+"""Elements of ``_kernel_tile_t``'s difference tiles (32 per thread at 8 warps): 16, 8, 4 features at
+BLOCK_M = 16, 32, 64 (the passes' tiles before the register-blocked loop)."""
 
 
 @triton.jit
-def _kernel_tile_t(X, sxn, Lg, rn, ok, M, D, scale, L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_D: tl.constexpr):
-    """The transpose of ``_kernel_tile``: (BLOCK_M, BLOCK_N), landmarks × rows, 0 outside."""
+def _kernel_tile(X, sxn, Lg, n0, ok, N, M, D, scale, L1: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_M: tl.constexpr, KU: tl.constexpr):
+    """exp(scale · dist(x_i, l_j)) for rows i = n0 .. n0 + BLOCK_N of X (row stride sxn, features contiguous)
+    and the M landmarks at Lg (M, D): (BLOCK_N, BLOCK_M), 0 outside rows ``ok`` and columns < M. The distance
+    is ``kernel.triton._distance_strided``'s register-blocked loop over single features on a SIDE × SIDE
+    thread grid, each thread BLOCK_N / SIDE rows × BLOCK_M / SIDE landmarks (2 × 4 at m = 64), no shuffles;
+    rows past N and landmarks past M read the last one and are zeroed here."""
     rm = tl.arange(0, BLOCK_M)
+    d = _distance_strided(X, sxn, Lg, D, n0, 0, N, M, D, L1, BLOCK_N // SIDE, BLOCK_M // SIDE, SIDE, SIDE, KU)
+    c = tl.exp(_unblock(d, BLOCK_N // SIDE, BLOCK_M // SIDE, SIDE, SIDE) * scale)
+    return tl.where(ok[:, None] & (rm[None, :] < M), c, 0.0)
+
+
+@triton.jit
+def _kernel_tile_t(X, sxn, Lg, n0, ok, N, M, D, scale, L1: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_M: tl.constexpr, KU: tl.constexpr):
+    """The transpose of ``_kernel_tile``: (BLOCK_M, BLOCK_N), landmarks × rows, 0 outside. Summed over d in
+    chunks of ``TRANSPOSED_ELEMENTS`` / (BLOCK_N · BLOCK_M) features as (BLOCK_M, BLOCK_N, chunk) difference
+    tiles reduced with ``tl.sum`` (warp shuffles): the key pass's whitening products leave no registers for
+    the register-blocked loop (docs/KERNELS.md, "The streaming passes"); KU is not used."""
+    rm = tl.arange(0, BLOCK_M)
+    rn = n0 + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        cols = d0 + tl.arange(0, BLOCK_D)
+    for d0 in range(0, D, TRANSPOSED_ELEMENTS // (BLOCK_N * BLOCK_M)):
+        cols = d0 + tl.arange(0, TRANSPOSED_ELEMENTS // (BLOCK_N * BLOCK_M))
         x = tl.load(X + rn[:, None] * sxn + cols[None, :], mask=ok[:, None] & (cols[None, :] < D), other=0.0)
         lm = tl.load(Lg + rm[:, None] * D + cols[None, :], mask=(rm[:, None] < M) & (cols[None, :] < D), other=0.0)
         diff = lm.to(tl.float32)[:, None, :] - x.to(tl.float32)[None, :, :]
@@ -96,12 +106,12 @@ def _kernel_tile_t(X, sxn, Lg, rn, ok, M, D, scale, L1: tl.constexpr, BLOCK_N: t
 @triton.jit
 def _query_tile(Qg, sqn, Lg, MASK, smb, b, n0, row_end, N, M, D, scale, shift, count, a, gram,
                 WHITEN: tl.constexpr, L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_D: tl.constexpr):
+                KU: tl.constexpr):
     """Pass 1's sums plus the tile of rows n0 .. n0 + BLOCK_N."""
     rn = n0 + tl.arange(0, BLOCK_N)
     ok = _valid_rows(MASK, smb, b, rn, row_end, N)
     rm = tl.arange(0, BLOCK_M)
-    c = _kernel_tile(Qg, sqn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+    c = _kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU)
     d = tl.where(ok[:, None] & (rm[None, :] < M), c - shift[None, :], 0.0)
     count += tl.sum(ok.to(tl.float32), axis=0)
     a += tl.sum(d, axis=0)
@@ -114,7 +124,7 @@ def _query_tile(Qg, sqn, Lg, MASK, smb, b, n0, row_end, N, M, D, scale, shift, c
 def query_stats_kernel(Q, sqb, sqh, sqn, K, skb, skh, skn, L, MASK, smb, PCOUNT, PSHIFT, PSUM, PGRAM, PKSUM,
                        H, N, M, D, scale, rows_per_split, SPLITS,
                        WHITEN: tl.constexpr, UNTIED: tl.constexpr, L1: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr):
     split, g = tl.program_id(0), tl.program_id(1)
     b, h = g // H, g % H
     Qg, Kg, Lg = Q + b * sqb + h * sqh, K + b * skb + h * skh, L + g * M * D
@@ -124,20 +134,20 @@ def query_stats_kernel(Q, sqb, sqh, sqn, K, skb, skh, skn, L, MASK, smb, PCOUNT,
     # the shift: mean of the split's first tile of valid rows
     rn = lo + tl.arange(0, BLOCK_N)
     ok = _valid_rows(MASK, smb, b, rn, row_end, N)
-    first = tl.sum(_kernel_tile(Qg, sqn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D), axis=0)
+    first = tl.sum(_kernel_tile(Qg, sqn, Lg, lo, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU), axis=0)
     shift = first / tl.maximum(tl.sum(ok.to(tl.float32), axis=0), 1.0)
     count = tl.sum(tl.zeros((BLOCK_N,), dtype=tl.float32), axis=0)
     a = tl.zeros((BLOCK_M,), dtype=tl.float32)
     gram = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
     for n0 in range(lo, row_end, BLOCK_N):
         count, a, gram = _query_tile(Qg, sqn, Lg, MASK, smb, b, n0, row_end, N, M, D, scale, shift, count, a, gram,
-                                     WHITEN, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+                                     WHITEN, L1, BLOCK_N, BLOCK_M, KU)
     ksum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if UNTIED:  # Σ C_k in a loop of its own (in the loop above, the second tile spilled registers on sm_90)
         for n0 in range(lo, row_end, BLOCK_N):
             rn = n0 + tl.arange(0, BLOCK_N)
             ok = _valid_rows(MASK, smb, b, rn, row_end, N)
-            ksum += tl.sum(_kernel_tile(Kg, skn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D), axis=0)
+            ksum += tl.sum(_kernel_tile(Kg, skn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU), axis=0)
     part = g * SPLITS + split
     tl.store(PCOUNT + part, count)
     tl.store(PSHIFT + part * M + rm, shift, mask=rm < M)
@@ -222,7 +232,7 @@ def combine_kernel(PCOUNT, PSHIFT, PSUM, PGRAM, PKSUM, WI, NCOUNT, CMEAN, KMEAN,
 def key_pass_kernel(K, skb, skh, skn, V, svb, svh, svn, L, MASK, smb, KMEAN, SP, PM, PV, PK,
                     H, N, M, D, E, scale, eps, rows_per_split, SPLITS,
                     WHITEN: tl.constexpr, CENTRE_K: tl.constexpr, ROWSUM: tl.constexpr, L1: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr, BLOCK_E: tl.constexpr):
     split, g = tl.program_id(0), tl.program_id(1)
     b, h = g // H, g % H
     Kg, Vg, Lg = K + b * skb + h * skh, V + b * svb + h * svh, L + g * M * D
@@ -243,7 +253,7 @@ def key_pass_kernel(K, skb, skh, skn, V, svb, svh, svn, L, MASK, smb, KMEAN, SP,
         rn = n0 + tl.arange(0, BLOCK_N)
         ok = _valid_rows(MASK, smb, b, rn, row_end, N)
         # the key tile transposed (landmarks × rows): both products below then have an (m, ·) left operand
-        kt = _kernel_tile_t(Kg, skn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+        kt = _kernel_tile_t(Kg, skn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU)
         if ROWSUM:
             ksum += tl.sum(kt, axis=1)
         if CENTRE_K:
@@ -295,7 +305,7 @@ def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK,
                   V, svb, svh, svn, CW, CB, has_bias, GH, GW, SM, SV, SK, save,
                   H, N, M, D, E, scale, scale_power, rows_per_split, SPLITS,
                   CENTRE_Q: tl.constexpr, ADD_MEAN: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr,
-                  L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                  L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr,
                   BLOCK_E: tl.constexpr):
     split, g = tl.program_id(0), tl.program_id(1)
     b, h = g // H, g % H
@@ -335,7 +345,7 @@ def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK,
     for n0 in range(lo, row_end, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         ok = _valid_rows(MASK, smb, b, rn, row_end, N)
-        c = _kernel_tile(Qg, sqn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+        c = _kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU)
         if CENTRE_Q:
             c = tl.where(rm[None, :] < M, c - c_mean[None, :], 0.0)
         out = tl.dot(c, m_mat, input_precision="tf32x3") + bias[None, :]
@@ -349,6 +359,37 @@ def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK,
                  mask=inside)
 
 
+KU = 8
+"""Features per iteration of the passes' distance loop (unrolled, as the forward kernel's)."""
+
+
+def _tile_triples(c: dict) -> int:
+    """(row, landmark, feature) triples one iteration of ``_kernel_tile``'s loop computes (a whole program)."""
+    return c["BLOCK_N"] * c["BLOCK_M"] * c["KU"]
+
+
+DISTANCE_LOOPS = {"query_stats_kernel": _tile_triples, "output_kernel": _tile_triples}
+"""The passes whose C tiles are ``_kernel_tile``'s (benchmarks/triton_aot.py checks their loop: no SHFL, at most
+``distance_budget`` instructions per triple); the key pass's transposed tile is not one."""
+
+LOOP_ALLOWANCE = 0.5
+"""Instructions per triple ``distance_budget`` allows above the loop's floor (address and loop control: 0.14
+at m = 64, 0.38 at m = 16 measured on sm_80/sm_90)."""
+
+
+def distance_budget(label: str) -> float:
+    """Most SASS instructions per (row, landmark, feature) triple of ``_kernel_tile``'s loop for an AOT label
+    (benchmarks/triton_aot.py): the floor of a thread's R = BLOCK_ROWS / SIDE rows × C = BLOCK_M / SIDE landmarks
+    per feature, 2 FADDs per triple and R + C scalar loads per R·C triples (plus R conversions for half
+    inputs: the landmarks are float32), and ``LOOP_ALLOWANCE``. At 8 warps on 32-row tiles a thread holds at
+    most 2 × 4 triples per feature (m = 64: 2.75 + 0.5), so the 2.5 of the forward kernel's 4 × 8 blocks is out
+    of reach (docs/KERNELS.md, "The streaming passes")."""
+    fields = dict(w.split("=", 1) for w in label.split() if "=" in w)
+    rows, cols = BLOCK_ROWS // int(SIDE), max(1, _p2(int(fields["m"])) // int(SIDE))
+    floor = 2 + (rows + cols) / (rows * cols) + (1 / cols if fields["dtype"] != "fp32" else 0)
+    return floor + LOOP_ALLOWANCE
+
+
 MAXNREG = 255
 """``.maxnreg`` of every launch (as the normalisation's kernels: ptxas otherwise sometimes targets fewer
 registers than a kernel needs and spills)."""
@@ -360,12 +401,10 @@ def _p2(n: int) -> int:
 
 
 def config(m: int, d: int, e: int) -> dict:
-    """Tile sizes and launch options for m landmarks, head dim d, value dim e (every pass): BLOCK_D so
-    that the (BLOCK_ROWS, BLOCK_M, BLOCK_D) difference tile has 8192 elements (16, 8, 4 columns at
-    BLOCK_M = 16, 32, 64; d is walked in chunks of BLOCK_D, so no tile depends on d)."""
-    block_m = _p2(m)
-    block_d = 8192 // (BLOCK_ROWS * block_m)
-    return dict(BLOCK_N=BLOCK_ROWS, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_E=_p2(e), num_warps=8, num_stages=1,
+    """Tile sizes and launch options for m landmarks, head dim d, value dim e (every pass): 32-row tiles of
+    BLOCK_M landmarks at 8 warps (the SIDE × SIDE threads of ``_kernel_tile``), whose distance loop walks d KU
+    features per iteration: no tile depends on d."""
+    return dict(BLOCK_N=BLOCK_ROWS, BLOCK_M=_p2(m), KU=KU, BLOCK_E=_p2(e), num_warps=8, num_stages=1,
                 maxnreg=MAXNREG)
 
 
@@ -528,7 +567,7 @@ def _signature(kernel, constexprs: dict, dtype: str = "fp32") -> dict:
 
 def _launches(m: int, e: int, dtype: str = "fp32"):
     """(kernel, spec, label) of every launch ``streaming_triton`` can make for these m, e and inputs of Triton
-    type ``dtype`` (the specs do not depend on d: ``config`` takes BLOCK_D from m; the query pass does not depend
+    type ``dtype`` (the specs do not depend on d: ``config`` takes nothing from d; the query pass does not depend
     on e either). The combine kernel reads only float32 workspaces: one specialisation, listed with fp32."""
     for l1 in (True, False):
         kind = f"dtype={dtype} kind={'L1' if l1 else 'L2'}"
