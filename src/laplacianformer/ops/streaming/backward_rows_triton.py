@@ -28,7 +28,8 @@ within 128 registers per thread, spilled more):
 - Row tiles are held transposed, landmarks × rows (BLOCK_M, BLOCK_N), and the difference tiles ordered
   (BLOCK_D, BLOCK_M, BLOCK_N): the d chunk of the distance is then summed inside each thread (``_kernel_tile_dmn``,
   about 3 SASS instructions per (row, landmark, feature) with no shuffle, against 7.4 with 64 SHFL per chunk
-  for the forward's ``_kernel_tile_t``, and 8 accumulator registers per thread against 32), and C, A and the
+  for the forward key pass's chunked transposed tile of the time, and 8 accumulator registers per thread
+  against 32), and C, A and the
   gradient's tiles share one layout. The m × m products (S' + S'ᵀ, q_cov, IEEE on the FMA units) take the
   row tile as their right operand: the other way round their operand tables spilled 700+ bytes.
 - e is walked in chunks of ``BLOCK_EC`` = 16 for the three row products with dM' and M ("tf32x3"): whole
@@ -104,7 +105,7 @@ def _marks_t(Lg, rm, cols, M, D):
 def _kernel_tile_dmn(X, xoff, sxn, Lg, rn, ok, M, D, scale, L1: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """Cᵀ = exp(scale · dist(x_i, l_l)) (BLOCK_M, BLOCK_N), landmarks × rows, 0 outside rows ``ok`` and
-    landmarks < M: ``triton._kernel_tile_t``'s tile from (BLOCK_D, BLOCK_M, BLOCK_N) difference tiles, whose
+    landmarks < M: the transpose of ``triton._kernel_tile`` from (BLOCK_D, BLOCK_M, BLOCK_N) difference tiles, whose
     d chunk each thread sums itself (module docstring)."""
     rm = tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

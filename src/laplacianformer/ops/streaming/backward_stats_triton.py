@@ -35,7 +35,7 @@ has neither).
 **Register budget** (``python -m benchmarks.triton_aot --arch 80,90 --strict --module
 laplacianformer.ops.streaming.backward_stats_triton``): every specialisation at 8 warps and ``maxnreg`` 255
 without a spill. What spilled on the way (m = 64, spill-store bytes on sm_80 / sm_90): pass B with dM' and
-S' + S'ᵀ held in registers and the tile transposed (landmarks × rows), as the forward key pass holds it,
+S' + S'ᵀ held in registers and the tile transposed (landmarks × rows), as the forward key pass held it then,
 1460 / 1420; dM' from the scratch in 32-column chunks, transposed, 130–270 / 0–540 whatever the products'
 precisions; in row form (rows × landmarks) 88 / 80, 36 / 0 with the dS' sum IEEE, none with that and
 16-column chunks (the form kept). 16 warps spilled more (1232 / 772: 128 registers a thread, as a 512-thread
@@ -62,7 +62,7 @@ import triton.language as tl
 
 from .._triton_common import distinct_launches, power_of_two_sizes
 from .limits import FLAGS, MAX_D, MAX_M, conv_unfit, splits_for, unfit
-from .triton import _kernel_tile, _kernel_tile_t, _launch, _rows_contiguous, _square, _tile_triples, config
+from .triton import _kernel_tile, _launch, _rows_contiguous, _square, _tile_triples, config
 from .triton import distance_budget  # noqa: F401  (read per module by benchmarks/triton_aot.py)
 
 TAPS = 16
@@ -131,7 +131,7 @@ def query_grad_kernel(GR, sgb, sgh, sgn, Q, sqb, sqh, sqn, V, svb, svh, svn, L, 
         for n0 in range(lo, row_end, BLOCK_N):
             rn = n0 + tl.arange(0, BLOCK_N)
             ok = _split_rows(rn, row_end, N)
-            ct = _kernel_tile_t(Qg, sqn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU)  # cᵀ
+            ct = tl.trans(_kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU))  # cᵀ
             if CENTRE_Q:
                 ct = tl.where(landmarks[:, None] & ok[None, :], ct - c_mean[:, None], 0.0)
             z = tl.where(ok, tl.sum(ct * b_vec[:, None], axis=0), 1.0)
@@ -378,10 +378,9 @@ _INTS = {"sgb", "sgh", "sgn", "sqb", "sqh", "sqn", "skb", "skh", "skn", "svb", "
          "M", "D", "E", "rows_per_split", "SPLITS", "DM_SPLITS"}
 DATA = {"GR", "Q", "K", "V"}
 """The pointers of the data tensors (grad, q, k, v), typed by the inputs' dtype; every other pointer is float32."""
-DISTANCE_LOOPS = {"query_grad_kernel": lambda c: None if c["ROWSUM"] else _tile_triples(c),
-                  "key_grad_kernel": _tile_triples}
+DISTANCE_LOOPS = {"query_grad_kernel": _tile_triples, "key_grad_kernel": _tile_triples}
 """Passes A and B recompute C with ``triton._kernel_tile`` (benchmarks/triton_aot.py checks the loop, with the
-forward passes' ``distance_budget``); pass A with ``ROWSUM`` also runs the transposed, chunked tile."""
+forward passes' ``distance_budget``; pass A's db loop transposes it)."""
 POINTER_TYPES = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
 """The AOT labels' dtype -> the data pointers' Triton type (``limits.LOAD_DTYPES``)."""
 

@@ -10,9 +10,9 @@ for the passes; each program walks its split in tiles of ``BLOCK_ROWS`` rows):
 - ``combine_kernel`` (grid (G,)): the pass-1 partials summed in split order into n, c̄, k̄ and
   S' = W⁺ᵀ S W⁺ (two m×m products). Its own kernel: as a prologue of the key pass, its products next to
   the key pass's made that kernel spill registers on sm_80 (KERNELS.md);
-- ``key_pass_kernel`` (pass 2): per key tile C_kᵀ (landmarks × rows), k̃ᵀ, s_j = k̃_j S' k̃_jᵀ (from
-  S' k̃ᵀ), r_j, and per split the partials of M' = Σ r_j k̃_jᵀ v_j, Σ v and Σ C_k. The tile is held
-  transposed so that both products have an (m, ·) left operand;
+- ``key_pass_kernel`` (pass 2): per key tile C_k (rows × landmarks), k̃, s_j = k̃_j S' k̃_jᵀ (from
+  k̃ S'), r_j, and per split the partials of M' = Σ r_j k̃_jᵀ v_j (the tile transposed into the product),
+  Σ v and Σ C_k;
 - ``output_kernel`` (pass 3): prologue M = α W⁺ Σ M' (α = n^-p, the output scale of the whitened norms,
   docs/DESIGN.md §4.6, computed on the device from the group's valid count n; p = 0: α = 1 exactly), v̄
   (and b_Σ = W⁺ Σ C_k for ``rowsum``); per query tile C_q, out = (c − c̄) M + v̄, written straight into a
@@ -23,12 +23,10 @@ for the passes; each program walks its split in tiles of ``BLOCK_ROWS`` rows):
   borders), so the buffer is the layer's (B, N, C) "heads + DWConv(V)".
 
 Partials go to float32 workspaces (G, splits, ·), summed in a fixed order by the next kernel:
-deterministic, no atomics. Every C tile is exp(scale · dist). The (rows, landmarks) tiles of passes 1 and 3
-(and of the backward's passes A and B) sum the distance in a register-blocked loop over single features, each
-thread adding one feature of its 2 rows × BLOCK_M / 16 landmarks per step (``_kernel_tile``: no warp shuffles,
-``DISTANCE_LOOPS``); the key pass's transposed tile keeps (landmarks, rows, chunk) difference tiles reduced
-with ``tl.sum`` (``_kernel_tile_t``: the register-blocked forms spilled there). Products: the m×m ones and S' k̃ᵀ IEEE float32, the
-Gram and output products "tf32x3" (never
+deterministic, no atomics. Every C tile is exp(scale · dist), the distance summed in a register-blocked loop
+over single features, each thread adding one feature of its 2 rows × BLOCK_M / 16 landmarks per step
+(``_kernel_tile``: no warp shuffles, ``DISTANCE_LOOPS``; the backward's passes A and B use it too). Products:
+the m×m ones and k̃ S' IEEE float32, the Gram and output products "tf32x3" (never
 plain TF32: the variances must keep float32 bits). q, k, v are read in place through their (batch, head,
 row) strides (last dim contiguous), in their dtype (float32, float16 or bfloat16, ``limits.LOAD_DTYPES``:
 converted to float32 right after each load; the output is written in v's dtype, every workspace and
@@ -62,10 +60,6 @@ def _valid_rows(MASK, smb, b, rn, row_end, N):
 
 SIDE = tl.constexpr(16)
 """Threads per side of ``_kernel_tile``'s thread grid: SIDE × SIDE = 256, the passes' 8 warps (``config``)."""
-TRANSPOSED_ELEMENTS = tl.constexpr(8192)
-"""Elements of ``_kernel_tile_t``'s difference tiles (32 per thread at 8 warps): 16, 8, 4 features at
-BLOCK_M = 16, 32, 64 (the passes' tiles before the register-blocked loop)."""
-
 
 @triton.jit
 def _kernel_tile(X, sxn, Lg, n0, ok, N, M, D, scale, L1: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -79,28 +73,6 @@ def _kernel_tile(X, sxn, Lg, n0, ok, N, M, D, scale, L1: tl.constexpr, BLOCK_N: 
     d = _distance_strided(X, sxn, Lg, D, n0, 0, N, M, D, L1, BLOCK_N // SIDE, BLOCK_M // SIDE, SIDE, SIDE, KU)
     c = tl.exp(_unblock(d, BLOCK_N // SIDE, BLOCK_M // SIDE, SIDE, SIDE) * scale)
     return tl.where(ok[:, None] & (rm[None, :] < M), c, 0.0)
-
-
-@triton.jit
-def _kernel_tile_t(X, sxn, Lg, n0, ok, N, M, D, scale, L1: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_M: tl.constexpr, KU: tl.constexpr):
-    """The transpose of ``_kernel_tile``: (BLOCK_M, BLOCK_N), landmarks × rows, 0 outside. Summed over d in
-    chunks of ``TRANSPOSED_ELEMENTS`` / (BLOCK_N · BLOCK_M) features as (BLOCK_M, BLOCK_N, chunk) difference
-    tiles reduced with ``tl.sum`` (warp shuffles): the key pass's whitening products leave no registers for
-    the register-blocked loop (docs/KERNELS.md, "The streaming passes"); KU is not used."""
-    rm = tl.arange(0, BLOCK_M)
-    rn = n0 + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for d0 in range(0, D, TRANSPOSED_ELEMENTS // (BLOCK_N * BLOCK_M)):
-        cols = d0 + tl.arange(0, TRANSPOSED_ELEMENTS // (BLOCK_N * BLOCK_M))
-        x = tl.load(X + rn[:, None] * sxn + cols[None, :], mask=ok[:, None] & (cols[None, :] < D), other=0.0)
-        lm = tl.load(Lg + rm[:, None] * D + cols[None, :], mask=(rm[:, None] < M) & (cols[None, :] < D), other=0.0)
-        diff = lm.to(tl.float32)[:, None, :] - x.to(tl.float32)[None, :, :]
-        if L1:
-            acc += tl.sum(tl.abs(diff), axis=2)
-        else:
-            acc += tl.sum(diff * diff, axis=2)
-    return tl.where((rm[:, None] < M) & ok[None, :], tl.exp(acc * scale), 0.0)
 
 
 @triton.jit
@@ -252,16 +224,16 @@ def key_pass_kernel(K, skb, skh, skn, V, svb, svh, svn, L, MASK, smb, KMEAN, SP,
     for n0 in range(lo, row_end, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         ok = _valid_rows(MASK, smb, b, rn, row_end, N)
-        # the key tile transposed (landmarks × rows): both products below then have an (m, ·) left operand
-        kt = _kernel_tile_t(Kg, skn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU)
+        k = _kernel_tile(Kg, skn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU)
         if ROWSUM:
-            ksum += tl.sum(kt, axis=1)
+            ksum += tl.sum(k, axis=0)
         if CENTRE_K:
-            kt = tl.where((rm[:, None] < M) & ok[None, :], kt - k_mean[:, None], 0.0)
+            k = tl.where(ok[:, None] & (rm[None, :] < M), k - k_mean[None, :], 0.0)
         if WHITEN:
-            tt = tl.dot(sp, kt, input_precision="ieee")  # (k̃ S')ᵀ, S' symmetric
-            r = 1.0 / tl.sqrt(tl.maximum(tl.sum(tt * kt, axis=0), 0.0) + eps)
-            kt = kt * r[None, :]
+            a = tl.dot(k, sp, input_precision="ieee")  # k̃ S'
+            r = 1.0 / tl.sqrt(tl.maximum(tl.sum(a * k, axis=1), 0.0) + eps)
+            k = k * r[:, None]
+        kt = tl.trans(k)
         v = tl.load(Vg + rn[:, None] * svn + re[None, :], mask=ok[:, None] & (re[None, :] < E), other=0.0)
         if V.dtype.element_ty != tl.float32:
             # half V: the select (an identity: masked entries are 0 already) keeps the conversion to float32 ahead
@@ -368,9 +340,10 @@ def _tile_triples(c: dict) -> int:
     return c["BLOCK_N"] * c["BLOCK_M"] * c["KU"]
 
 
-DISTANCE_LOOPS = {"query_stats_kernel": _tile_triples, "output_kernel": _tile_triples}
-"""The passes whose C tiles are ``_kernel_tile``'s (benchmarks/triton_aot.py checks their loop: no SHFL, at most
-``distance_budget`` instructions per triple); the key pass's transposed tile is not one."""
+DISTANCE_LOOPS = {"query_stats_kernel": _tile_triples, "key_pass_kernel": _tile_triples,
+                  "output_kernel": _tile_triples}
+"""Every pass's C tile is ``_kernel_tile``'s (benchmarks/triton_aot.py checks the loop: no SHFL, at most
+``distance_budget`` instructions per triple)."""
 
 LOOP_ALLOWANCE = 0.5
 """Instructions per triple ``distance_budget`` allows above the loop's floor (address and loop control: 0.14
