@@ -77,8 +77,8 @@ def test_fast_subset_fits_on_sm80_and_sm90(tmp_path):
     assert all(r["registers"] * 32 * r["warps"] <= triton_aot.REGISTER_FILE for r in data["rows"])
     # the distance kernels: their inner loop (the loop over d) without shuffles, within the budget
     dist = [r for r in data["rows"] if r["per_triple"] is not None]
-    assert {r["family"] for r in dist} == {"kernel_fwd", "matmul_fwd", "stream_query", "stream_out", "bwd_query",
-                                           "bwd_key"}
+    assert {r["family"] for r in dist} == {"kernel_fwd", "matmul_fwd", "stream_query", "stream_key", "stream_out",
+                                           "bwd_query", "bwd_key"}
     assert all(0 < r["per_triple"] <= r["triple_budget"] and not r["loop_mix"].get("SHFL") for r in dist), dist
     # the forward kernel's 4 x 8 blocks meet the issue's 2.5; the streaming passes' 2 x 4 blocks their stated floor
     assert all(r["triple_budget"] == triton_aot.MAX_PER_TRIPLE for r in dist if r["family"].endswith("_fwd"))
