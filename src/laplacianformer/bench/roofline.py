@@ -129,7 +129,22 @@ def cases(batch: int = BATCH) -> list[dict]:
         r["ops_per_byte"] = round(r["ops"] / r["bytes"], 2)
         r["bound"] = "compute" if t_ops >= t_mem else "memory"
         r["est_us"] = round(max(t_mem, t_ops) * 1e6, 2)
+        if "compiled_ops" in r:  # the same roofline with the distance loop's instructions as compiled
+            r["est_compiled_us"] = round(max(t_mem, r["compiled_ops"] / PEAK["fp32_instr_per_s"]) * 1e6, 2)
     return rows
+
+
+COMPILED_PER_TRIPLE = 2.89
+"""SASS instructions per (row, landmark column, feature) of the streaming passes' distance loop as compiled for
+m <= 64 (benchmarks/triton_aot.py on sm_80 and sm_90; docs/KERNELS.md, "The distance loop"), over the
+landmark columns padded to a power of two (64 for m = 49): the "as compiled" estimate of ``fused_cases``."""
+
+
+def _compiled_distance(ops: int, evaluations: int, g: int, n: int, m: int, d: int) -> int:
+    """``ops`` with its ``evaluations`` kernel-row recomputations counted as compiled (``COMPILED_PER_TRIPLE``
+    over the padded columns) instead of 2 per real (row, landmark, feature)."""
+    block_m = max(16, 1 << (m - 1).bit_length())
+    return round(ops + evaluations * g * n * d * (COMPILED_PER_TRIPLE * block_m - 2 * m))
 
 
 def fused_cases(batch: int = BATCH) -> list[dict]:
@@ -141,7 +156,9 @@ def fused_cases(batch: int = BATCH) -> list[dict]:
     dL, the IEEE m×m row products (S' k̃ᵀ, k̃ (S' + S'ᵀ), the dS' sum, (C_q − c̄) q_cov) one FMA per (row, m, m);
     the "tf32x3" row products (Gram, M', output, dM, dv) on tensor cores, 3 · 2 per multiply-add, at the TF32 rate,
     which leaves them far below the CUDA-core terms: not counted. The landmark solve's pooling and W, and pass
-    C's nine m×m products per group, are counted at one CTA per group like the solver."""
+    C's nine m×m products per group, are counted at one CTA per group like the solver. The passes whose kernel
+    rows run the register-blocked loop also get ``compiled_ops`` (``_compiled_distance``: the loop's
+    instructions as compiled, over the padded landmark columns) and an "as compiled" estimate."""
     rows = []
     for res in (224, 1024):
         for stage, (heads, stride) in enumerate(zip(HEADS, STRIDES), start=1):
@@ -157,11 +174,16 @@ def fused_cases(batch: int = BATCH) -> list[dict]:
             rows += [
                 dict(shape, kernel="landmark_solve", bytes=row(d) + g * (m * d + 2 * m * m) * F32,
                      ops=ITERS * g * ns_tensor_flops(m, 2), ctas=g, rate="tf32_tensor_flops"),
-                dict(shape, kernel="stream_query", bytes=row(2 * d), ops=2 * dist),
-                dict(shape, kernel="stream_key", bytes=row(d + e), ops=dist + mm),
-                dict(shape, kernel="stream_out", bytes=row(d + e + e), ops=dist + 9 * g * n * e),
-                dict(shape, kernel="bwd_query", bytes=row(d + 2 * e), ops=dist + 9 * g * n * e),
-                dict(shape, kernel="bwd_key", bytes=row(d + e), ops=dist + 2 * mm),
+                dict(shape, kernel="stream_query", bytes=row(2 * d), ops=2 * dist,
+                     compiled_ops=_compiled_distance(2 * dist, 2, g, n, m, d)),
+                dict(shape, kernel="stream_key", bytes=row(d + e), ops=dist + mm,
+                     compiled_ops=_compiled_distance(dist + mm, 1, g, n, m, d)),
+                dict(shape, kernel="stream_out", bytes=row(d + e + e), ops=dist + 9 * g * n * e,
+                     compiled_ops=_compiled_distance(dist + 9 * g * n * e, 1, g, n, m, d)),
+                dict(shape, kernel="bwd_query", bytes=row(d + 2 * e), ops=dist + 9 * g * n * e,
+                     compiled_ops=_compiled_distance(dist + 9 * g * n * e, 1, g, n, m, d)),
+                dict(shape, kernel="bwd_key", bytes=row(d + e), ops=dist + 2 * mm,
+                     compiled_ops=_compiled_distance(dist + 2 * mm, 1, g, n, m, d)),
                 dict(shape, kernel="bwd_landmark_grad", bytes=g * 12 * m * m * F32, ops=g * 9 * _ns_block(m) ** 3,
                      ctas=g),
                 dict(shape, kernel="bwd_rows", bytes=row(2 * d + 2 * e) + row(2 * d + e),
@@ -171,14 +193,16 @@ def fused_cases(batch: int = BATCH) -> list[dict]:
     return rows
 
 
-HEADER = ["res", "stage", "B·H", "N", "m", "d", "kernel", "MB moved", "G ops", "ops/byte", "bound", "est. µs"]
+HEADER = ["res", "stage", "B·H", "N", "m", "d", "kernel", "MB moved", "G ops", "ops/byte", "bound", "est. µs",
+          "est. µs as compiled"]
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for r in rows:
         cells = [r["res"], r["stage"], r["batch_heads"], r["n"], r["m"], r["d"], r["kernel"],
-                 f"{r['bytes'] / 1e6:.2f}", f"{r['ops'] / 1e9:.3f}", r["ops_per_byte"], r["bound"], r["est_us"]]
+                 f"{r['bytes'] / 1e6:.2f}", f"{r['ops'] / 1e9:.3f}", r["ops_per_byte"], r["bound"], r["est_us"],
+                 r.get("est_compiled_us", "")]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
