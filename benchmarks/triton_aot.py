@@ -44,7 +44,7 @@ triple is
 the d loop further, the body holds k iterations and the figure reads k times too high (a false failure,
 never a false pass). ``--strict`` fails a distance kernel whose inner loop contains a SHFL or costs more
 than ``MAX_PER_TRIPLE`` instructions per triple, or the budget its module states for the label
-(``distance_budget(label)``, argued in docs/KERNELS.md: "Register budget", "The streaming passes").
+(``distance_budget(constexprs, label fields)``, argued in docs/KERNELS.md: "Register budget", "The streaming passes").
 """
 
 from __future__ import annotations
@@ -317,12 +317,12 @@ def distance_triples(kernel) -> "callable | None":
     return getattr(_module_of(kernel), "DISTANCE_LOOPS", {}).get(kernel.__name__)
 
 
-def distance_budget(kernel, label: str) -> float:
-    """The most instructions per triple ``kernel``'s distance loop may cost for this label: the module's
-    ``distance_budget(label)`` where it states one (with its argument in docs/KERNELS.md), else
-    ``MAX_PER_TRIPLE``."""
+def distance_budget(kernel, constexprs: dict, label: str) -> float:
+    """The most instructions per triple ``kernel``'s distance loop may cost for this specialisation: the
+    module's ``distance_budget(constexprs, label fields)`` where it states one (with its argument in
+    docs/KERNELS.md), else ``MAX_PER_TRIPLE``."""
     budget = getattr(_module_of(kernel), "distance_budget", None)
-    return MAX_PER_TRIPLE if budget is None else budget(label)
+    return MAX_PER_TRIPLE if budget is None else budget(constexprs, _label_fields(label))
 
 
 def compile_one(spec: tuple, arch: int) -> Row:
@@ -373,7 +373,7 @@ def compile_one(spec: tuple, arch: int) -> Row:
     row.mix, row.loop_mix, row.loop_instructions = sass_mix(compiled.asm["cubin"], distance=count is not None)
     if count is not None:
         row.per_triple = round(row.loop_instructions * 32 * warps / count, 3)
-        row.triple_budget = distance_budget(kernel, label)
+        row.triple_budget = distance_budget(kernel, constexprs, label)
     return row
 
 

@@ -307,6 +307,7 @@ def row_grad_spec(m: int, d: int, e: int, l1: bool, flags: dict, untied: bool, c
 DIFFERENCE_ELEMENTS = 8192
 """Elements of pass D's (BLOCK_D, BLOCK_M, BLOCK_N) difference tiles (32 per thread at 8 warps): BLOCK_D = 16, 8,
 4 features at BLOCK_M = 16, 32, 64."""
+
 _OPTIONS = ("num_warps", "num_stages", "maxnreg")
 
 

@@ -61,6 +61,7 @@ def _valid_rows(MASK, smb, b, rn, row_end, N):
 SIDE = tl.constexpr(16)
 """Threads per side of ``_kernel_tile``'s thread grid: SIDE × SIDE = 256, the passes' 8 warps (``config``)."""
 
+
 @triton.jit
 def _kernel_tile(X, sxn, Lg, n0, ok, N, M, D, scale, L1: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_M: tl.constexpr, KU: tl.constexpr):
@@ -353,15 +354,14 @@ LOOP_ALLOWANCE = 0.5
 at m = 64, 0.38 at m = 16 measured on sm_80/sm_90)."""
 
 
-def distance_budget(label: str) -> float:
-    """Most SASS instructions per (row, landmark, feature) triple of ``_kernel_tile``'s loop for an AOT label
-    (benchmarks/triton_aot.py): the floor of a thread's R = BLOCK_ROWS / SIDE rows × C = BLOCK_M / SIDE landmarks
-    per feature, 2 FADDs per triple and R + C scalar loads per R·C triples (plus R conversions for half
-    inputs: the landmarks are float32), and ``LOOP_ALLOWANCE``. At 8 warps on 32-row tiles a thread holds at
-    most 2 × 4 triples per feature (m = 64: 2.75 + 0.5), so the 2.5 of the forward kernel's 4 × 8 blocks is out
-    of reach (docs/KERNELS.md, "The streaming passes")."""
-    fields = dict(w.split("=", 1) for w in label.split() if "=" in w)
-    rows, cols = BLOCK_ROWS // int(SIDE), max(1, _p2(int(fields["m"])) // int(SIDE))
+def distance_budget(constexprs: dict, fields: dict) -> float:
+    """Most SASS instructions per (row, landmark, feature) triple of ``_kernel_tile``'s loop for a specialisation
+    (its constexprs, and its AOT label's fields for the dtype; benchmarks/triton_aot.py): the floor of a thread's
+    R = BLOCK_N / SIDE rows × C = BLOCK_M / SIDE landmarks per feature, 2 FADDs per triple and R + C scalar loads
+    per R·C triples (plus R conversions for half inputs: the landmarks are float32), and ``LOOP_ALLOWANCE``. At 8
+    warps on 32-row tiles a thread holds at most 2 × 4 triples per feature (m = 64: 2.75 + 0.5), so the 2.5 of
+    the forward kernel's 4 × 8 blocks is out of reach (docs/KERNELS.md, "The streaming passes")."""
+    rows, cols = constexprs["BLOCK_N"] // int(SIDE), constexprs["BLOCK_M"] // int(SIDE)
     floor = 2 + (rows + cols) / (rows * cols) + (1 / cols if fields["dtype"] != "fp32" else 0)
     return floor + LOOP_ALLOWANCE
 
