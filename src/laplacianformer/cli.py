@@ -1,4 +1,4 @@
-"""Command-line interface: ``laplacianformer {train,eval,info,build,export,bench,demo,data,detect,ablate,analyze,accuracy} ...``.
+"""Command-line interface: ``laplacianformer {train,eval,predict,info,build,export,bench,demo,data,detect,ablate,analyze,accuracy} ...``.
 
 User errors (bad flag values, missing or corrupt data, unreadable checkpoints) end the process with exit
 status 2 and one line on stderr naming the flag or path; ``--debug`` shows the traceback instead.
@@ -191,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flags(p, specs, "auto", "--device")
     _add_flags(p, specs, True, "--progress")
 
+    _add_predict_parser(sub, specs)
+
     sub.add_parser("build", help="compile the C kernels of the CPU path now (else at their first use) and print "
                                  "each library's status; exit 1 when one cannot be built",
                    description="Builds ops/kernel/csrc/pairwise.c, ops/newton_schulz/csrc/newton_schulz.c and "
@@ -238,6 +240,34 @@ def build_parser() -> argparse.ArgumentParser:
                            add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
+
+
+def _add_predict_parser(sub, specs: dict) -> None:
+    """The ``predict`` sub-command (``cmd_predict``; the work in ``train/predict.py``)."""
+    p = sub.add_parser(
+        "predict", help="classify image files or folders with a run or saved model: top-k classes and probabilities",
+        description="Prints one line per image: its path and the top-k classes with their probabilities. Images "
+                    "are read with the model's own preprocessing (a run's image size, mean/std and whole-image "
+                    "bilinear resize; a timm checkpoint's pretrained cfg), in any mode PIL reads (grayscale, "
+                    "RGB, RGBA, palette) and size; folders give every image file under them.")
+    p.add_argument("--run", required=True,
+                   help="a training run directory (its best weights), a saved model directory (save_pretrained), "
+                        "or a weights file: a timm train.py checkpoint or .pth state dict (with --no-verify)")
+    p.add_argument("images", nargs="+", metavar="IMAGE_OR_FOLDER", help="image files and folders of images")
+    p.add_argument("--top-k", type=positive_int, default=5, help="classes per image (default 5, at most all)")
+    p.add_argument("--json", metavar="FILE", help="also write the predictions as JSON")
+    p.add_argument("--csv", metavar="FILE", help="also write one CSV row per image: path, class_1, prob_1, ...")
+    _add_flags(p, specs, 64, "--batch-size", batch_size=dict(help="images per forward pass (default 64)"))
+    _add_flags(p, specs, None, "--model",
+               model=dict(help="registered model name, for a weights file that names none (a .pth state dict)"))
+    p.add_argument("--ema", action="store_true",
+                   help="the EMA weights (a run's model_ema.safetensors, a timm checkpoint's state_dict_ema)")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="accept a torch.save file without laplacianformer's integrity trailer (timm's .pth.tar)")
+    _add_flags(p, specs, "auto", "--device")
+    _add_flags(p, specs, None, "--threads")
+    _add_flags(p, specs, True, "--progress",
+               progress=dict(help="a bar on a terminal, else a line every 30 s on stderr (default on)"))
 
 
 def _add_export_parser(sub) -> None:
@@ -403,6 +433,42 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_predict(args) -> int:
+    import dataclasses
+
+    import torch
+
+    from .train.predict import format_line, load_predictor, predict, write_csv, write_json
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from .checkpoint import CheckpointError
+
+    try:
+        model, prep, _ = load_predictor(args.run, ema=args.ema, verify=args.verify, model_name=args.model)
+    except (CheckpointError, OSError, ValueError) as e:  # from_pretrained names its arguments, not the flags
+        head, sep, rest = str(e).partition(": ")
+        flag = {"path": "--run", "model_or_run": "--run", "checkpoint": "--run", "model_name": "--model",
+                "ema": "--ema"}.get(head)
+        if not sep or flag is None:
+            raise
+        raise UserError(f"{flag}: {rest}") from None
+    try:
+        preds = predict(model, args.images, top_k=args.top_k, batch_size=args.batch_size, device=args.device,
+                        progress=args.progress)
+    except ValueError as e:
+        head, sep, rest = str(e).partition(": ")
+        raise UserError(f"--{head.replace('_', '-')}: {rest}" if head in ("device", "top_k") else str(e)) from None
+    for pred in preds:
+        print(format_line(pred))
+    info = {"run": str(args.run), "preprocessing": dataclasses.asdict(prep), "top_k": args.top_k}
+    if args.json:
+        print(f"wrote {write_json(preds, args.json, **info)}", file=sys.stderr)
+    if args.csv:
+        print(f"wrote {write_csv(preds, args.csv)}", file=sys.stderr)
+    return 0
+
+
 def _ints(flag: str, text: str, count: int | None = None) -> tuple[int, ...]:
     try:
         values = tuple(int(t) for t in text.split(","))
@@ -544,7 +610,8 @@ def _run(argv: list[str]) -> int:
         return cmd_forward(rest[0], rest[1:])
     args = build_parser().parse_args([a for a in argv if a != "--debug"])
     handler = {"train": cmd_train, "eval": cmd_eval, "info": cmd_info, "bench": cmd_bench, "export": cmd_export,
-               "demo": cmd_demo, "data": cmd_data, "detect": cmd_detect, "build": cmd_build}[args.command]
+               "demo": cmd_demo, "data": cmd_data, "detect": cmd_detect, "build": cmd_build,
+               "predict": cmd_predict}[args.command]
     return handler(args)
 
 

@@ -89,13 +89,26 @@ def eval_samples(root: str | Path, classes=None) -> tuple[list[tuple[Path, int]]
     return [(p, index[label]) for p, label in samples], classes
 
 
+def eight_bit(im):
+    """A PIL image with 16-bit grey levels (mode I;16, or I above 255) scaled to 8 bits (mode L): PIL's
+    ``convert`` would clip them at 255. Other modes are returned as they are."""
+    from PIL import Image
+
+    if not (im.mode.startswith("I;16") or im.mode == "I"):
+        return im
+    arr = np.asarray(im).astype(np.float64)
+    if im.mode == "I" and arr.max(initial=0) <= 255:
+        return Image.fromarray(arr.clip(0, 255).astype(np.uint8), "L")
+    return Image.fromarray((arr / 257.0).round().clip(0, 255).astype(np.uint8), "L")
+
+
 def read_image(path: Path, img_size: int, in_chans: int) -> torch.Tensor:
     """uint8 (in_chans, img_size, img_size); DataError naming the file when PIL cannot decode it."""
     from PIL import Image
 
     try:
         with Image.open(path) as im:
-            im = im.convert("L" if in_chans == 1 else "RGB").resize((img_size, img_size), Image.BILINEAR)
+            im = eight_bit(im).convert("L" if in_chans == 1 else "RGB").resize((img_size, img_size), Image.BILINEAR)
             arr = np.asarray(im, dtype=np.uint8)
     except Exception as e:  # PIL raises many types for corrupt files
         raise DataError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None

@@ -93,11 +93,18 @@ def _add_eval(sub) -> None:
 def _add_predict(sub) -> None:
     p = sub.add_parser("predict", help="draw a run's detections on images (PNG)",
                        description="Run a trained detector on image files and write PNGs with boxes, class names, "
-                                   "scores and masks drawn, plus predictions.json.")
+                                   "scores, masks and a legend drawn, plus predictions.json. The detections drawn "
+                                   "score at least --score-threshold, at most --max-per-class per class and "
+                                   "--top-k in all, highest first; images under 512 px are enlarged for drawing.")
     p.add_argument("--run", required=True, help="run directory of 'detect train'")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (any mode PIL reads; grayscale -> RGB)")
     p.add_argument("--out", required=True, help="output directory for <stem>.png and predictions.json")
-    p.add_argument("--score-threshold", type=nonneg_float, default=0.5)
+    p.add_argument("--score-threshold", type=nonneg_float, default=0.5,
+                   help="draw detections scoring at least this (default 0.5)")
+    p.add_argument("--top-k", type=positive_int, default=None,
+                   help="at most K detections per image, the highest scores (default: all above the threshold)")
+    p.add_argument("--max-per-class", type=positive_int, default=None,
+                   help="at most M detections of each class per image (default: no limit)")
     p.add_argument("--threads", type=positive_int)
     p.add_argument("--device", default="auto")
     p.set_defaults(handler=cmd_predict)
@@ -232,9 +239,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
         device = resolve_device(args.device)
         model, _, categories = load_run(args.run, device=device)
         summary = predict_images(model, categories, args.images, args.out, score_threshold=args.score_threshold,
-                                 device=device)
+                                 top_k=args.top_k, max_per_class=args.max_per_class, device=device, progress=True)
     for file, entry in summary.items():
-        print(f"{file}: {len(entry['detections'])} detections >= {args.score_threshold} -> {Path(args.out) / entry['drawing']}")
+        best = "" if entry["best_score"] is None else f", best score {entry['best_score']:.2f}"
+        print(f"{file}: {len(entry['detections'])} of {entry['candidates']} detections drawn{best} -> "
+              f"{Path(args.out) / entry['drawing']}")
     return 0
 
 

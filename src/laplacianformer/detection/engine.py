@@ -6,7 +6,8 @@ its loss dict) -> backward (GradScaler for fp16) -> optional gradient clipping -
 scheduled rate (``train.schedule.lr_at``: linear warm-up, cosine). After each epoch: COCO evaluation of
 the val split (every rank predicts its shard, results gathered, COCOeval on rank 0), a row in
 ``history.json``, ``losses.png`` and ``ap.png``, and an atomic checkpoint. SIGINT/SIGTERM checkpoint at the
-next step boundary and return with ``interrupted`` set.
+next step boundary and return with ``interrupted`` set. Progress: tqdm bars on a terminal, else a line at
+least every 30 s on stderr (``train.progress.ProgressLine``: step, images/s, loss, ETA) and one per epoch.
 
 Run directory (rank 0 writes; docs/DETECTION.md):
 
@@ -47,6 +48,7 @@ from ..train.distributed import barrier, broadcast_object, cleanup, init_device,
 from ..train.engine import param_groups
 from ..train.evaluate import autocast_context
 from ..train.interrupt import StopFlag
+from ..train.progress import ProgressLine
 from ..train.schedule import lr_at
 from ..train.state import capture_rng, restore_rng, seed_everything
 from .builders import DETECTORS, REFERENCE_BACKBONES, build_detector
@@ -398,6 +400,8 @@ class DetectionTrainer:
         start = time.perf_counter()
         interrupted = None
         gen = torch.Generator().manual_seed(cfg.seed)  # the DataLoader draws its base seed here, not from the global RNG
+        timed = ProgressLine("detect train", self.total_steps, start=self.global_step,
+                             enabled=self.is_main and not self._bar_on())  # lines every 30 s without bars
         with StopFlag() as stop:
             while self.global_step < self.total_steps and self.epoch < cfg.epochs:
                 batches = self._batches(self.epoch)
@@ -430,6 +434,8 @@ class DetectionTrainer:
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.1e}", refresh=False)
+                    timed.update(images=len(images) * self.dist.world_size, loss=row["loss"],
+                                 note=f"epoch {self.epoch + 1}/{cfg.epochs}")
                     interrupted = stop.received(self.dist)
                     if interrupted:
                         break

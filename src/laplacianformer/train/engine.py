@@ -15,7 +15,8 @@ Resuming with settings that change the learning-rate schedule (``epochs``, ``max
 over the new length and a warning says how the rate changes.
 
 Progress: tqdm bars when ``progress`` is on and stderr is a terminal; otherwise one line per epoch on
-stderr (and one every ``log_every`` steps), so logs of jobs without a TTY show the run as it goes.
+stderr, a line at least every 30 s (``progress.ProgressLine``: step, images/s, loss, ETA) and one every
+``log_every`` steps, so logs of jobs without a TTY show the run as it goes.
 ``summary.json``: ``train_time_s`` is the time spent in training steps and ``wall_time_s`` the time spent
 in ``fit`` (steps, evaluation, checkpoints), both summed over every session of a resumed run, so
 wall >= train; ``session_wall_time_s`` is this session's part.
@@ -51,6 +52,7 @@ from .evaluate import autocast_context, evaluate
 from .geometry import model_kwargs_for
 from .interrupt import StopFlag
 from .plots import plot_curves
+from .progress import ProgressLine
 from .runlog import StepLog, write_epochs
 from .schedule import lr_at
 from .state import capture_rng, restore_rng, seed_everything, step_seed
@@ -71,13 +73,14 @@ def build_model(config: TrainConfig, num_classes: int, in_chans: int) -> nn.Modu
 
 def run_pretrained_cfg(model: nn.Module, config: TrainConfig, splits: DataSplits) -> dict:
     """The model's timm pretrained cfg for this run's data: input size (channels, img_size), mean/std,
-    bilinear resize of the whole image (crop_pct 1), class names (``label_names``)."""
+    bilinear resize of the whole image (crop_pct 1, crop_mode "squash": what ``data.folder.read_image`` does,
+    and timm's eval transform with this cfg), class names (``label_names``)."""
     size = config.img_size
     pool = -(-size // model.stride)
     return dict(
         getattr(model, "pretrained_cfg", None) or {}, num_classes=len(splits.classes),
         input_size=(splits.in_chans, size, size), pool_size=(pool, pool), mean=tuple(splits.train.mean),
-        std=tuple(splits.train.std), interpolation="bilinear", crop_pct=1.0,
+        std=tuple(splits.train.std), interpolation="bilinear", crop_pct=1.0, crop_mode="squash",
         label_names=tuple(str(c) for c in splits.classes),
     )
 
@@ -331,7 +334,7 @@ class Trainer:
     def _evaluate(self, desc: str) -> dict:
         cfg = self.config
         return evaluate(self._eval_model(), self.splits.test, batch_size=cfg.eval_batch_size, device=self.device,
-                        amp=cfg.amp, num_classes=self.num_classes, progress=self._bars(),
+                        amp=cfg.amp, num_classes=self.num_classes, progress="bars" if self._bars() else "lines",
                         num_workers=cfg.num_workers, dist_info=self.dist, desc=desc)
 
     def _end_epoch(self) -> None:
@@ -399,6 +402,8 @@ class Trainer:
         bars = self._bars()
         mark = (time.perf_counter(), self.images_seen)  # throughput of the step lines
         log = StepLog(self.run_dir, resume_step=self.global_step) if self.dist.is_main else None
+        timed = ProgressLine("train", self.total_steps, start=self.global_step,
+                             enabled=self.dist.is_main and not bars)  # lines every 30 s without bars
         self.last_eval = None
         interrupted = None
         from tqdm.auto import tqdm
@@ -431,6 +436,7 @@ class Trainer:
                                        "batch_top1": correct / labels.shape[0], "time": time.time()})
                         bar.update(1)
                         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", refresh=False)
+                        timed.update(images=b, loss=loss, note=f"epoch {self.epoch + 1}/{self.epochs_planned}")
                         if cfg.log_every and self.global_step % cfg.log_every == 0:
                             now = time.perf_counter()
                             rate = (self.images_seen - mark[1]) / max(now - mark[0], 1e-9)

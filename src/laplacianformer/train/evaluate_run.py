@@ -3,7 +3,9 @@
 Without ``data`` the run's own test split is scored (its data path resolved from any working directory:
 ``config.resolve_data``); with ``data`` = an image folder, every image of that folder is scored
 (``data.build_eval_dataset``: its ``val/``/``test/`` split when it has one), its class folders matched by
-name to the classes the model was trained on.
+name to the classes the model was trained on, each image read with the model's preprocessing
+(``preprocess.Preprocessing`` of its saved pretrained cfg: the run's mean / std and whole-image resize,
+the code ``laplacianformer predict`` uses).
 
 A weights file that records no training config (a timm ``train.py`` checkpoint such as
 ``model_best.pth.tar``, a plain ``.pth`` state dict, safetensors weights without a run beside them) is read
@@ -18,7 +20,7 @@ import json
 from pathlib import Path
 
 from ..checkpoint import CheckpointError, read_metadata
-from ..data import BUILTIN, build_datasets, build_eval_dataset
+from ..data import BUILTIN, DataError, build_datasets, build_eval_dataset
 from ..hub import (
     CHECKPOINT_NAME, EMA_WEIGHTS_NAME, TRAIN_CONFIG_NAME, WEIGHTS_NAME, WeightsFile, load_model_state,
     read_run_checkpoint, read_weights, weights_config,
@@ -29,6 +31,7 @@ from .config import TrainConfig, read_train_config, resolve_data, saved_config
 from .engine import build_model, resolve_device
 from .evaluate import evaluate
 from .plots import plot_confusion
+from .preprocess import ImageFiles, Preprocessing
 
 
 def _is_training_checkpoint(file: Path) -> bool:
@@ -71,14 +74,22 @@ def _config_of_file(wf: WeightsFile, model: str | None, data: str | None) -> Tra
 
 def load_for_eval(path: str | Path, *, ema: bool = False, verify: bool = True, model: str | None = None,
                   data: str | None = None) -> tuple[TrainConfig, dict, Path]:
-    """(config, model state dict, file read) from a run directory, a training checkpoint
-    (``checkpoint.safetensors``) or a weights file.
+    """(config, model state dict, file read): ``_load`` without the pretrained cfg."""
+    return _load(path, ema=ema, verify=verify, model=model, data=data)[:3]
+
+
+def _load(path: str | Path, *, ema: bool = False, verify: bool = True, model: str | None = None,
+          data: str | None = None) -> tuple[TrainConfig, dict, Path, dict | None]:
+    """(config, model state dict, file read, pretrained cfg or None) from a run directory, a training
+    checkpoint (``checkpoint.safetensors``) or a weights file.
 
     A run directory gives ``model.safetensors`` (``model_ema.safetensors`` with ``ema``), else its training
     checkpoint (``hub.read_run_checkpoint``: the previous file when the latest is damaged). A weights file's
     training config is its metadata's, else the ``train_config.json`` beside it; a file with neither (a timm
     checkpoint, a plain state dict: ``hub.read_weights`` with ``ema`` and ``verify``) is evaluated as
-    ``_config_of_file`` says, which needs ``data`` and, unless the file names its model, ``model``."""
+    ``_config_of_file`` says, which needs ``data`` and, unless the file names its model, ``model``.
+    The pretrained cfg (preprocessing) is the saved model's (``hub.weights_config``), else for a file of
+    another origin the family's default with the entries the file records (timm's ``args``), else None."""
     p = Path(path)
     if p.is_dir():
         if ema:
@@ -96,13 +107,21 @@ def load_for_eval(path: str | Path, *, ema: bool = False, verify: bool = True, m
             if not obj.get("ema"):
                 raise CheckpointError(f"checkpoint: {file}: the run kept no EMA weights (trained without --ema)")
             state = obj["ema"]["shadow"]
-        return TrainConfig.from_dict(saved_config(obj["config"])), state, file
+        return TrainConfig.from_dict(saved_config(obj["config"])), state, file, _saved_cfg(file)
     wf = read_weights(p, ema=ema, verify=verify)
     if not _has_train_config(p):
-        return _config_of_file(wf, model, data), wf.state, p
+        config = _config_of_file(wf, model, data)
+        cfg = _saved_cfg(p) or dict(default_cfgs[config.model], **wf.pretrained_cfg)
+        return config, wf.state, p, cfg
     saved = read_metadata(p).get("train_config") if p.suffix == ".safetensors" else None
     config = TrainConfig.from_dict(saved_config(json.loads(saved))) if saved else read_train_config(p.parent)
-    return config, wf.state, p
+    return config, wf.state, p, _saved_cfg(p)
+
+
+def _saved_cfg(file: Path) -> dict | None:
+    """The pretrained cfg of the saved model that describes ``file`` (``hub.weights_config``), or None."""
+    saved = weights_config(file)
+    return dict(saved["pretrained_cfg"]) if saved and saved.get("pretrained_cfg") else None
 
 
 def run_classes(file: Path) -> list[str] | None:
@@ -138,9 +157,12 @@ def evaluate_checkpoint(path, *, data: str | None = None, model: str | None = No
     names none). ``verify=False``: accept a ``torch.save`` file without the integrity trailer (a timm
     ``train.py`` checkpoint, a ``.pth`` state dict), still read with ``weights_only=True``.
     Returns the ``evaluate`` dict plus ``classes`` (the model's), ``data``, ``json`` and ``confusion_png``
-    (paths written).
+    (paths written). ``progress``: True -> a bar on a terminal, else a line at least every 30 s.
     """
-    config, state, file = load_for_eval(path, ema=ema, verify=verify, model=model, data=data)
+    if data is not None and data not in BUILTIN and Path(data).expanduser().is_file():
+        raise DataError(f"data: {data} is a file; eval scores a folder of class folders (classify single images "
+                        f"with `laplacianformer predict --run RUN {data}`)")
+    config, state, file, cfg = _load(path, ema=ema, verify=verify, model=model, data=data)
     if model is not None:
         config.model = model
     config.test_subset = test_subset
@@ -164,6 +186,9 @@ def evaluate_checkpoint(path, *, data: str | None = None, model: str | None = No
                                      test_subset=test_subset, seed=config.seed, check_images=config.verify_images)
         classes = dataset.classes
         in_chans = dataset.in_chans if hasattr(dataset, "in_chans") else in_chans
+        if cfg is not None and config.data not in BUILTIN:  # the model's preprocessing, as predict reads images
+            prep = Preprocessing.from_cfg(dict(cfg, input_size=(in_chans, config.img_size, config.img_size)))
+            dataset = ImageFiles(dataset.samples, classes, prep)
     net = build_model(config, len(classes), in_chans)
     load_model_state(net, state, str(file))
     dev = resolve_device(device)
