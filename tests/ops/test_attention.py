@@ -8,6 +8,7 @@ from laplacianformer.ops.pooling import pool_landmarks
 from laplacianformer.ops.kernel import laplace_kernel_naive
 from laplacianformer.ops.newton_schulz import regularise
 from laplacianformer.ops.normalization import normalize_dense, normalize_nystrom
+from laplacianformer.ops.kernel_families import kernel_names, kernel_spec
 
 NORMS = ["injective", "inline", "rowsum", "none", "injective_nomean"]
 
@@ -28,7 +29,7 @@ def materialised_nystrom(q, k, hw, grid, lam, kernel, ns_eps):
 
 
 @pytest.mark.parametrize("norm", NORMS)
-@pytest.mark.parametrize("kernel", ["laplacian", "gaussian"])
+@pytest.mark.parametrize("kernel", kernel_names())
 def test_linear_cost_normalisation_equals_materialised_formula(norm, kernel):
     q, k, v = qkv(n=35, d=6, dv=5)
     hw, grid = (5, 7), (3, 4)
@@ -160,12 +161,12 @@ def test_tied_keys_reuse_query_kernel():
     torch.testing.assert_close(out, ref)
 
 
-@pytest.mark.parametrize("kernel", ["laplacian", "gaussian"])
+@pytest.mark.parametrize("kernel", kernel_names())
 @pytest.mark.parametrize("qk_scale", [None, 0.3, 2.0])
 def test_qk_scale_equals_scaling_the_inputs(kernel, qk_scale):
     """The operator folds qk_scale into lam (k(s·q, s·k; lam) = k(q, k; lam / s^p)): same as scaling q, k."""
     q, k, v = qkv(n=35, d=6, dv=5)
-    default_scale = 6**-0.5 if kernel == "laplacian" else 1.0  # the kernel's default (DESIGN.md §1.1, §1.4)
+    default_scale = kernel_spec(kernel).default_qk_scale(6)  # the kernel's default (DESIGN.md §1.1, §1.4, §1.5)
     s = default_scale if qk_scale is None else qk_scale
     hw, grid = (5, 7), (3, 4)
     out = laplacian_attention(q, k, v, hw=hw, landmarks=grid, lam=4.0, qk_scale=qk_scale, solver="exact", kernel=kernel)
@@ -215,4 +216,4 @@ def test_default_bandwidth_resolves_each_none_and_validates():
     with pytest.raises(ValueError, match="^lam"):
         default_bandwidth("gaussian", 16, lam=-1.0)
     with pytest.raises(ValueError, match="^kernel"):
-        default_bandwidth("cauchy", 16)
+        default_bandwidth("cauchyy", 16)

@@ -17,6 +17,7 @@ from laplacianformer.ops.normalization.reference import NORM_SCALE_POWERS
 from laplacianformer.ops.streaming.landmarks import landmark_solve_reference
 from laplacianformer.ops.streaming.limits import output_alpha
 from laplacianformer.ops.value_conv import ValueConv, value_conv_heads
+from laplacianformer.ops.kernel_families import kernel_names
 
 HW, GRID, B, H, D, E = (6, 5), (3, 2), 2, 2, 8, 6
 
@@ -26,7 +27,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("norm", STREAMED_NORMS)
-@pytest.mark.parametrize("kernel", ["laplacian", "gaussian"])
+@pytest.mark.parametrize("kernel", kernel_names())
 @pytest.mark.parametrize("tied", [True, False], ids=["k_is_q", "k_not_q"])
 @pytest.mark.parametrize("with_conv", [False, True], ids=["noconv", "conv"])
 def test_passes_equal_autograd_through_the_step_path(seeded, norm, kernel, tied, with_conv):

@@ -8,6 +8,7 @@ import torch
 from laplacianformer.ops import laplacian_attention
 from laplacianformer.ops.kernel import KERNEL, KERNEL_MATMUL, _kernel_graph_op, _matmul_graph_op
 from laplacianformer.ops.newton_schulz import _inverse_graph_op
+from laplacianformer.ops.kernel_families import kernel_names
 
 
 def _xyv(gen, dtype=torch.float64):
@@ -15,7 +16,7 @@ def _xyv(gen, dtype=torch.float64):
             torch.randn(2, 5, 3, generator=gen, dtype=dtype))
 
 
-@pytest.mark.parametrize("kind", ["laplacian", "gaussian"])
+@pytest.mark.parametrize("kind", kernel_names())
 def test_opcheck_kernel_ops(seeded, kind):
     _, gen = seeded
     x, y, v = (t.requires_grad_(True) for t in _xyv(gen))
@@ -32,7 +33,7 @@ def test_opcheck_regularised_inverse(seeded):
 
 
 @pytest.mark.parametrize("backend", ["cpu", "composite", "naive"])
-@pytest.mark.parametrize("kind", ["laplacian", "gaussian"])
+@pytest.mark.parametrize("kind", kernel_names())
 def test_backend_grad_equals_autograd_of_its_forward(seeded, backend, kind):
     _, gen = seeded
     x, y, v = (t.requires_grad_(True) for t in _xyv(gen))

@@ -10,9 +10,10 @@ from laplacianformer.ops import laplacian_attention, use
 from laplacianformer.ops.pooling import adaptive_pool_matrix, masked_pool_matrix
 from laplacianformer.ops.dispatch import BackendRefused, explain
 from laplacianformer.ops.normalization import normalize_nystrom
+from laplacianformer.ops.kernel_families import kernel_names
 
 NORMS = ("injective", "inline", "rowsum", "none", "injective_nomean")
-KERNELS = ("laplacian", "gaussian")
+KERNELS = kernel_names()
 
 
 def padded_batch(gen, lengths, n, heads=2, d=6, garbage=1e3, nan=False):

@@ -166,18 +166,19 @@ def test_shifted_covariance_keeps_float32_bits():
     their variance (q of small spread around a common offset, d = 64, 7×7 pooled landmarks): the plain form
     loses about 1e-4 of S (relative Frobenius error), the shifted one stays near float32 round-off."""
     from laplacianformer.ops.streaming.limits import FLAGS
+    from laplacianformer.ops.kernel_families import kernel_spec
     from laplacianformer.ops.streaming.reference import combine_queries, kernel_rows, query_pass
 
     gen = torch.Generator().manual_seed(0)
     q = 0.2 * torch.randn(1, 1, 4096, 64, generator=gen) + 2.0 * torch.randn(1, 1, 1, 64, generator=gen)
     marks = pool_landmarks(q, (64, 64), (7, 7))
-    c64 = kernel_rows(q.double(), marks.double(), 32.0, True)
+    c64 = kernel_rows(q.double(), marks.double(), 32.0, kernel_spec("laplacian"))
     centred = c64 - c64.mean(2, keepdim=True)
     exact = centred.transpose(-1, -2) @ centred / 4096
-    c = kernel_rows(q, marks, 32.0, True)
+    c = kernel_rows(q, marks, 32.0, kernel_spec("laplacian"))
     c_mean = c.mean(2, keepdim=True)
     plain = c.transpose(-1, -2) @ c / 4096 - c_mean.transpose(-1, -2) @ c_mean
-    shifted = combine_queries(query_pass(q, q, marks, torch.ones(1, 1, 4096, 1), 32.0, True, FLAGS["injective"]))[3]
+    shifted = combine_queries(query_pass(q, q, marks, torch.ones(1, 1, 4096, 1), 32.0, kernel_spec("laplacian"), FLAGS["injective"]))[3]
     error = lambda s: ((s.double() - exact).norm() / exact.norm()).item()  # noqa: E731
     assert error(plain) > 1e-5 and error(shifted) < 1e-6, (error(plain), error(shifted))
 

@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from laplacianformer import laplacian_attention
 from laplacianformer.ops.kernel import laplace_kernel_naive
 from laplacianformer.ops.normalization import normalize_dense
+from laplacianformer.ops.kernel_families import kernel_names, kernel_spec
 
 NORMS = ("injective", "inline", "rowsum", "none", "injective_nomean")
-KERNELS = ("laplacian", "gaussian")
+KERNELS = kernel_names()
 _FUZZ = int(os.environ.get("LF_FUZZ_EXAMPLES", "0"))
 SETTINGS = settings(
     max_examples=_FUZZ or 30,
@@ -51,7 +52,7 @@ def pooled_landmarks(x: torch.Tensor, hw, landmarks) -> torch.Tensor:
 
 def materialised_reference(q, k, v, *, hw, landmarks, lam, qk_scale, norm, kernel, ns_eps=0.01):
     """Z(ĝ) V with ĝ the dense N×N (Nyström or exact) similarity, from DESIGN.md §1–§4 directly."""
-    default_scale = q.shape[-1] ** -0.5 if kernel == "laplacian" else 1.0  # DESIGN.md §1.1, §1.4
+    default_scale = kernel_spec(kernel).default_qk_scale(q.shape[-1])  # DESIGN.md §1.1, §1.4, §1.5
     scale = default_scale if qk_scale is None else qk_scale
     qs, ks = q * scale, k * scale
     m = None if landmarks is None else landmarks if isinstance(landmarks, int) else landmarks[0] * landmarks[1]

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from dataclasses import asdict, dataclass, fields
 
+from .kernel_families import KernelSpec
 from .validation import (
-    KERNELS,
     NORM_SCALES,
     NORMS,
     SOLVERS,
     WHITENED_NORMS,
     check_choice,
+    check_kernel,
     check_landmarks,
     check_positive,
     check_positive_int,
@@ -40,17 +40,18 @@ NS_BACKWARDS = ("implicit", "unrolled")
 
 
 def default_bandwidth(kernel: str, head_dim: int, lam: float | None = None, qk_scale: float | None = None):
-    """(lam, qk_scale) with each None replaced by the kernel's default (docs/DESIGN.md §1.1, §1.4).
+    """(lam, qk_scale) with each None replaced by the kernel family's default (``KernelSpec.default_lam``,
+    ``default_qk_scale``; docs/DESIGN.md §1.1, §1.4, §1.5).
 
     Laplacian exp(-||s·q - s·k||_1 / lam): lam = 4, s = d**-0.5 (ours). Gaussian exp(-||s·q - s·k||² / lam):
     lam = 2·sqrt(d), s = 1, i.e. SOFT's exp(-||q - k||² / (2·sqrt(d))) on the raw q and k. Given values
     are checked (finite, > 0) and kept.
     """
-    check_choice("kernel", kernel, KERNELS)
+    spec = check_kernel(kernel)
     if lam is None:
-        lam = 4.0 if kernel == "laplacian" else 2.0 * math.sqrt(head_dim)
+        lam = spec.default_lam(head_dim)
     if qk_scale is None:
-        qk_scale = head_dim ** -0.5 if kernel == "laplacian" else 1.0
+        qk_scale = spec.default_qk_scale(head_dim)
     return check_positive("lam", lam), check_positive("qk_scale", qk_scale)
 
 
@@ -98,8 +99,8 @@ _BY_KEY: dict[str, "AttentionSettings"] = {}
 class AttentionSettings:
     """Everything of the attention operator that is not a tensor (docs/DESIGN.md §1–§4).
 
-    head_dim: d, on which the defaults of lam and qk_scale depend. kernel: "laplacian" | "gaussian" (§1,
-    §1.4). lam, qk_scale: None is the kernel's default (``default_bandwidth``); held resolved. landmarks:
+    head_dim: d, on which the defaults of lam and qk_scale depend. kernel: a registered family
+    (``kernel_families``: "laplacian", "gaussian", "exponential", "matern32", "cauchy"; §1, §1.4, §1.5). lam, qk_scale: None is the kernel's default (``default_bandwidth``); held resolved. landmarks:
     a grid (lh, lw), an int or None (exact), resolved per call by ``resolve_landmarks`` (§2.2). norm: the
     normalisation (§4.1, §4.4); norm_scale: "one" | "inv_sqrt_n" | "inv_n" (§4.6), None the norm's default
     (``default_norm_scale``: "inv_n" for the whitened norms), held resolved; norm_eps: the whitening ε. solver, iters, ns_eps, ns_backward: the regularised inverse (§3).
@@ -126,13 +127,21 @@ class AttentionSettings:
                         ns_eps=float(self.ns_eps), norm_eps=float(self.norm_eps))
         for name, value in resolved.items():
             object.__setattr__(self, name, value)
+        # resolved once, plain attributes (not fields): torch.compile traces readers of these
+        object.__setattr__(self, "_spec", check_kernel(self.kernel))
+        object.__setattr__(self, "_bandwidth", self._spec.bandwidth(self.lam, self.qk_scale))
+
+    @property
+    def spec(self) -> KernelSpec:
+        """The kernel family's spec (``kernel_families``), resolved once."""
+        return self._spec
 
     @property
     def bandwidth(self) -> float:
         """The bandwidth on unscaled q and k (docs/DESIGN.md §1.2): k(s·x, s·y; lam) = k(x, y; lam / s^p), p = 1
-        for the L1 distance and 2 for the squared L2 distance (the pooled landmarks of s·q are s times those
-        of q), so the operator never scales the (N, d) tensors."""
-        return self.lam / (self.qk_scale if self.kernel == "laplacian" else self.qk_scale * self.qk_scale)
+        for the L1 and L2 distances and 2 for the squared L2 distance (the pooled landmarks of s·q are s times
+        those of q), so the operator never scales the (N, d) tensors."""
+        return self._bandwidth
 
     @functools.cached_property
     def key(self) -> str:

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import torch
 
 from . import _runtime
+from .kernel_families import KernelSpec, kernel_spec
 
-KERNELS = ("laplacian", "gaussian")
 NORMS = ("injective", "inline", "rowsum", "none", "injective_nomean")
 WHITENED_NORMS = ("injective", "injective_nomean")
 NORM_SCALES = ("one", "inv_sqrt_n", "inv_n")  # the operator's; the module adds "learned" (docs/DESIGN.md §4.6)
@@ -26,6 +26,11 @@ def check_choice(name: str, value: str, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
     return value
+
+
+def check_kernel(kernel: str) -> KernelSpec:
+    """The registered family ``kernel`` (``kernel_families``); ValueError naming ``kernel`` otherwise."""
+    return kernel_spec(kernel)
 
 
 def check_positive(name: str, value: float, *, allow_zero: bool = False) -> float:

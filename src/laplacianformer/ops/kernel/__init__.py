@@ -22,7 +22,8 @@ import torch
 
 from .. import _runtime
 from ..dispatch import Backend, Op
-from ..validation import KERNELS, check_choice, check_float_tensor, check_positive
+from ..kernel_families import kernel_spec
+from ..validation import check_float_tensor, check_kernel, check_positive
 from . import native
 from .composite import (
     laplace_kernel_composite,
@@ -34,7 +35,7 @@ from .composite import (
 from .cpu import laplace_kernel_cpu, laplace_kernel_grad_cpu, laplace_kernel_matmul_cpu, laplace_kernel_matmul_grad_cpu
 from .limits import TRITON_MAX_D as _TRITON_MAX_D
 from .limits import TRITON_MAX_E as _TRITON_MAX_E
-from .limits import triton_unfit
+from .limits import TRITON_KERNEL_IDS, triton_unfit
 from .naive import laplace_kernel_matmul_naive, laplace_kernel_naive, pairwise_l1_naive, pairwise_sq_l2_naive
 
 __all__ = [
@@ -93,6 +94,9 @@ def _cpu_auto_refusal(*_inputs) -> str | None:
 
 def _triton_refusal(*inputs) -> str | None:
     tensors = _tensors(inputs)
+    spec = kernel_spec(inputs[-1])
+    if spec.id not in TRITON_KERNEL_IDS:
+        return f"kernel {spec.name!r}: the Triton kernels have no profile for its id {spec.id}"
     why = _custom_kernel_refusal(tensors, "cuda", _runtime.triton_interpreted())
     if why is not None:
         return why
@@ -109,7 +113,7 @@ def _triton_refusal(*inputs) -> str | None:
     if not ok:
         return why
     if len(tensors) > 2 and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return triton_unfit(inputs[-1] == "laplacian", d, tensors[2].shape[-1], tensors[0].dtype)
+        return triton_unfit(spec.l1, d, tensors[2].shape[-1], tensors[0].dtype)
     return None
 
 
@@ -141,7 +145,7 @@ def _triton_kernel_grad(x, y, out, grad, lam, kernel):
 
     m = y.shape[-2]
     dx, dy = laplace_kernel_bwd(flatten_batch(x), flatten_batch(y), grad.reshape(-1, x.shape[-2], m).contiguous(),
-                                out.reshape(-1, x.shape[-2], m).contiguous(), -1.0 / float(lam), kernel == "laplacian")
+                                out.reshape(-1, x.shape[-2], m).contiguous(), -1.0 / float(lam), kernel_spec(kernel).l1)
     return dx.reshape(x.shape), dy.reshape(y.shape)
 
 
@@ -151,7 +155,7 @@ def _triton_matmul_grad(x, y, v, grad, lam, kernel):
 
     g3 = grad.reshape(-1, x.shape[-2], v.shape[-1]).contiguous()
     dx, dy, dv = laplace_matmul_bwd(flatten_batch(x), flatten_batch(y), flatten_batch(v), g3, -1.0 / float(lam),
-                                    kernel == "laplacian")
+                                    kernel_spec(kernel).l1)
     return dx.reshape(x.shape), dy.reshape(y.shape), dv.reshape(v.shape)
 
 
@@ -261,11 +265,12 @@ def _check_xy(x: torch.Tensor, y: torch.Tensor, lam: float, kernel: str) -> None
     if x.shape[:-2] != y.shape[:-2] or x.shape[-1] != y.shape[-1]:
         raise ValueError(f"y: expected shape {tuple(x.shape[:-2])} + (M, {x.shape[-1]}), got {tuple(y.shape)}")
     check_positive("lam", lam)
-    check_choice("kernel", kernel, KERNELS)
+    check_kernel(kernel)
 
 
 def laplace_kernel(x: torch.Tensor, y: torch.Tensor, lam: float = 4.0, kernel: str = "laplacian") -> torch.Tensor:
-    """Kernel matrix exp(-||x_i - y_j||_1 / lam).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
+    """Kernel matrix k(x_i, y_j) of the family ``kernel`` (``kernel_families``; the paper's
+    exp(-||x_i - y_j||_1 / lam)).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
     _check_xy(x, y, lam, kernel)
     if _runtime.graph_ops():
         return _kernel_graph_op(x, y, float(lam), kernel)
@@ -275,7 +280,7 @@ def laplace_kernel(x: torch.Tensor, y: torch.Tensor, lam: float = 4.0, kernel: s
 def laplace_kernel_matmul(
     x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float = 4.0, kernel: str = "laplacian"
 ) -> torch.Tensor:
-    """exp(-||x_i - y_j||_1 / lam) @ V.  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
+    """k(X, Y) @ V for the family ``kernel``.  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
     _check_xy(x, y, lam, kernel)
     check_float_tensor("v", v)
     if v.dim() != y.dim() or v.shape[:-1] != y.shape[:-1]:

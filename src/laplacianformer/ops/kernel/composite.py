@@ -1,4 +1,5 @@
-"""Memory-light PyTorch composite of the kernel primitives: torch.cdist for the distance, then exp.
+"""Memory-light PyTorch composite of the kernel primitives: torch.cdist for the distance, then the family's
+profile (``kernel_families``).
 
 Stores only the (..., N, M) result, never (..., N, M, d). This is the baseline the fused kernels are
 measured against (issue: the "torch.cdist(p=1) composite") and the portable fallback, including ONNX export.
@@ -8,25 +9,32 @@ from __future__ import annotations
 
 import torch
 
+from ..kernel_families import kernel_spec
+
 
 def pairwise_distance(x: torch.Tensor, y: torch.Tensor, kernel: str) -> torch.Tensor:
-    """L1 (laplacian) or squared-L2 (gaussian) distances.  x: (..., N, d), y: (..., M, d) -> (..., N, M).
+    """The family's accumulated distance (``KernelSpec.accumulation``: L1, or squared L2 for the L2 families).
+    x: (..., N, d), y: (..., M, d) -> (..., N, M).
 
     torch.cdist has no half-precision CPU kernel: float16/bfloat16 CPU inputs are computed in float32 and
     the result is cast back.
     """
-    if kernel == "laplacian":
-        if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
-            return torch.cdist(x.float(), y.float(), p=1.0).to(x.dtype)
-        return torch.cdist(x, y, p=1.0)
+    spec = kernel_spec(kernel)
+    if spec.l1 or spec.distance == "l2":
+        # L2 without the Gram expansion: its cancellation near r = 0 would reach r = √acc to first order
+        half = x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16)
+        xc, yc = (x.float(), y.float()) if half else (x, y)
+        r = (torch.cdist(xc, yc, p=1.0) if spec.l1 else
+             torch.cdist(xc, yc, p=2.0, compute_mode="donot_use_mm_for_euclid_dist").square())
+        return r.to(x.dtype)
     x2 = x.pow(2).sum(-1, keepdim=True)
     y2 = y.pow(2).sum(-1).unsqueeze(-2)
     return (x2 + y2 - 2.0 * (x @ y.transpose(-1, -2))).clamp_min(0.0)
 
 
 def laplace_kernel_composite(x: torch.Tensor, y: torch.Tensor, lam: float, kernel: str = "laplacian") -> torch.Tensor:
-    """exp(-dist(x_i, y_j) / lam).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    return torch.exp(pairwise_distance(x, y, kernel) * (-1.0 / lam))
+    """f(r(x_i, y_j) / lam) of the family ``kernel``.  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
+    return kernel_spec(kernel).kernel_of(pairwise_distance(x, y, kernel), 1.0 / lam)
 
 
 def laplace_kernel_matmul_composite(
@@ -42,12 +50,15 @@ _GRAD_CHUNK_ELEMS = 1 << 22
 def laplace_kernel_grad_composite(
     x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, lam: float, kernel: str = "laplacian"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dX, dY) of K = exp(-dist / lam) without autograd, given K ``out`` and dL/dK ``grad`` (..., N, M).
+    """(dX, dY) of K = f(r / lam) without autograd, given K ``out`` and dL/dK ``grad`` (..., N, M).
 
-    dL/dD = -grad·K/lam; the L1 sign term is summed over row chunks of at most ``_GRAD_CHUNK_ELEMS``
-    (chunk, M, d) entries, sign(0) = 0 as in the CPU and Triton paths (docs/DESIGN.md §1)."""
-    gp = grad * out * (-1.0 / lam)
-    if kernel != "laplacian":
+    dL/dD = grad · dK/dD for D the accumulated distance (``KernelSpec.slope_of``; D recomputed only when the
+    slope needs it); the L1 sign term is summed over row chunks of at most ``_GRAD_CHUNK_ELEMS``
+    (chunk, M, d) entries, sign(0) = 0 as in the CPU and Triton paths (docs/DESIGN.md §1, §1.5)."""
+    spec = kernel_spec(kernel)
+    acc = pairwise_distance(x, y, kernel) if spec.slope_needs_distance else None
+    gp = grad * spec.slope_of(acc, out, 1.0 / lam)
+    if not spec.l1:
         dx = 2.0 * (gp.sum(-1, keepdim=True) * x - gp @ y)
         dy = 2.0 * (gp.sum(-2).unsqueeze(-1) * y - gp.transpose(-1, -2) @ x)
         return dx, dy

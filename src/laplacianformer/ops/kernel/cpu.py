@@ -1,8 +1,9 @@
 """Fast CPU path for the kernel primitives (docs/DESIGN.md §1, §6).
 
-    D_nm  = sum_d |x_nd - y_md|  (laplacian)  or  sum_d (x_nd - y_md)^2  (gaussian)
-    C_nm  = exp(-D_nm / lam)
-    G'_nm = dL/dD_nm = dL/dC_nm · C_nm · (-1/lam)
+    D_nm  = sum_d |x_nd - y_md|  (L1 families)  or  sum_d (x_nd - y_md)^2  (the L2 ones: the spec's accumulation)
+    C_nm  = f(r(D_nm) / lam)       (the family's profile, ``kernel_families``; exp(-D_nm / lam) in place for
+                                    the Laplacian and the Gaussian)
+    G'_nm = dL/dD_nm = dL/dC_nm · dC/dD   (``KernelSpec.slope_of``; C_nm · (-1/lam) for the exp families)
     dX_nd = sum_m G'_nm s_nmd,   dY_md = -sum_n G'_nm s_nmd,   s = sign(x_nd - y_md)  (or 2 (x_nd - y_md))
 
 sign(0) = 0: where x_nd = y_md the L1 term contributes no gradient (torch.sign's convention, the
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernel_families import KernelSpec, kernel_spec
 from ..layout import last_dim_contiguous
 from . import native
 from ._autograd import register_kernel_autograd, register_matmul_autograd
@@ -50,7 +52,7 @@ def pairwise_distance_cpu(
     """scale · D (B, N, M) for x (B, N, d), y (B, M, d) (any batch and row strides), into ``out`` (a
     contiguous (B, N, M) tensor) when given; no autograd."""
     if _use_native(x):
-        return native.pairwise_distance_native(x, y, kernel == "laplacian", scale, out)
+        return native.pairwise_distance_native(x, y, kernel_spec(kernel).l1, scale, out)
     b, n, d = x.shape
     m = y.shape[1]
     if out is None:
@@ -58,7 +60,7 @@ def pairwise_distance_cpu(
     step = _chunk_rows(b, m, d, _CHUNK_ELEMS)
     for s in range(0, n, step):
         diff = x[:, s : s + step].unsqueeze(-2) - y.unsqueeze(-3)
-        diff = diff.abs_() if kernel == "laplacian" else diff.square_()
+        diff = diff.abs_() if kernel_spec(kernel).l1 else diff.square_()
         torch.sum(diff, -1, out=out[:, s : s + step])
     return out.mul_(scale) if scale != 1.0 else out
 
@@ -78,7 +80,7 @@ def pairwise_distance_grad_cpu(
     dimension is contiguous) when given, else into a new contiguous tensor."""
     if _use_native(x):
         c = None if c is None else c.contiguous()
-        return native.pairwise_distance_grad_native(x, y, g.contiguous(), c, scale, kernel == "laplacian", dx)
+        return native.pairwise_distance_grad_native(x, y, g.contiguous(), c, scale, kernel_spec(kernel).l1, dx)
     gp = g * scale if c is None else (g * c).mul_(scale)
     b, n, d = x.shape
     m = y.shape[1]
@@ -88,24 +90,44 @@ def pairwise_distance_grad_cpu(
     step = _chunk_rows(b, m, d, _CHUNK_ELEMS)
     for s in range(0, n, step):
         diff = x[:, s : s + step].unsqueeze(-2) - y.unsqueeze(-3)
-        diff = diff.sign_() if kernel == "laplacian" else diff.mul_(2.0)
+        diff = diff.sign_() if kernel_spec(kernel).l1 else diff.mul_(2.0)
         diff.mul_(gp[:, s : s + step].unsqueeze(-1))
         torch.sum(diff, -2, out=dx[:, s : s + step])
         dy.sub_(diff.sum(-3))
     return dx, dy
 
 
+def kernel_rows_cpu(x: torch.Tensor, y: torch.Tensor, spec: KernelSpec, inv_lam: float,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """k(X, Y) = f(r / lam) (B, N, M) into ``out`` when given: exp(-inv_lam · D) in place for the exp families,
+    else the spec's profile on D."""
+    if spec.exp_of_accumulation:
+        return pairwise_distance_cpu(x, y, spec.name, -inv_lam, out).exp_()
+    acc = pairwise_distance_cpu(x, y, spec.name)
+    return spec.kernel_of(acc, inv_lam) if out is None else out.copy_(spec.kernel_of(acc, inv_lam))
+
+
+def kernel_grad_cpu(x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor, k: torch.Tensor, spec: KernelSpec,
+                    inv_lam: float, dx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dX, dY) of k = ``kernel_rows_cpu`` for dL/dk ``grad`` (B, N, M): the slope fused into the C loop
+    (-k / lam) for the exp families, else dL/dD = grad · ``slope_of`` (D recomputed when it needs it)."""
+    if spec.exp_of_accumulation:
+        return pairwise_distance_grad_cpu(x, y, grad, k, -inv_lam, spec.name, dx)
+    acc = pairwise_distance_cpu(x, y, spec.name) if spec.slope_needs_distance else None
+    return pairwise_distance_grad_cpu(x, y, grad * spec.slope_of(acc, k, inv_lam), None, 1.0, spec.name, dx)
+
+
 @torch.library.custom_op("laplacianformer::laplace_kernel_cpu", mutates_args=(), device_types="cpu")
-def _kernel_op(x: torch.Tensor, y: torch.Tensor, scale: float, kernel: str) -> torch.Tensor:
-    """exp(scale · D).  x: (B, N, d), y: (B, M, d) (last dimension contiguous) -> (B, N, M)."""
-    return pairwise_distance_cpu(x, y, kernel, scale).exp_()
+def _kernel_op(x: torch.Tensor, y: torch.Tensor, inv_lam: float, kernel: str) -> torch.Tensor:
+    """f(r / lam).  x: (B, N, d), y: (B, M, d) (last dimension contiguous) -> (B, N, M)."""
+    return kernel_rows_cpu(x, y, kernel_spec(kernel), inv_lam)
 
 
 @torch.library.custom_op("laplacianformer::laplace_kernel_cpu_bwd", mutates_args=(), device_types="cpu")
 def _kernel_bwd_op(
-    x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor, out: torch.Tensor, scale: float, kernel: str
+    x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor, out: torch.Tensor, inv_lam: float, kernel: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return pairwise_distance_grad_cpu(x, y, grad, out, scale, kernel)
+    return kernel_grad_cpu(x, y, grad, out, kernel_spec(kernel), inv_lam)
 
 
 def _row_chunks(b: int, n: int, m: int):
@@ -123,8 +145,9 @@ def _rows(t: torch.Tensor, s: int, r: int, buf: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("laplacianformer::laplace_matmul_cpu", mutates_args=(), device_types="cpu")
-def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale: float, kernel: str) -> torch.Tensor:
-    """exp(scale · D) @ V on row chunks.  x: (B, N, d), y: (B, M, d), v: (B, M, e) -> (B, N, e)."""
+def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, inv_lam: float, kernel: str) -> torch.Tensor:
+    """f(r / lam) @ V on row chunks.  x: (B, N, d), y: (B, M, d), v: (B, M, e) -> (B, N, e)."""
+    spec = kernel_spec(kernel)
     b, n, d = x.shape
     m, e = v.shape[1], v.shape[2]
     chunks = _row_chunks(b, n, m)
@@ -133,8 +156,7 @@ def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale: float, 
     cbuf = torch.empty(b * rmax * m, dtype=x.dtype)
     obuf = torch.empty(b * rmax * e if len(chunks) > 1 else 0, dtype=x.dtype)
     for s, r in chunks:
-        c = cbuf[: b * r * m].view(b, r, m)
-        pairwise_distance_cpu(x[:, s : s + r], y, kernel, scale, out=c).exp_()
+        c = kernel_rows_cpu(x[:, s : s + r], y, spec, inv_lam, out=cbuf[: b * r * m].view(b, r, m))
         if r == n:
             torch.bmm(c, v, out=out)
         else:
@@ -144,8 +166,9 @@ def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale: float, 
 
 @torch.library.custom_op("laplacianformer::laplace_matmul_cpu_bwd", mutates_args=(), device_types="cpu")
 def _matmul_bwd_op(
-    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, scale: float, kernel: str
+    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, inv_lam: float, kernel: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    spec = kernel_spec(kernel)
     b, n, d = x.shape
     m, e = v.shape[1], v.shape[2]
     chunks = _row_chunks(b, n, m)
@@ -158,32 +181,31 @@ def _matmul_bwd_op(
     obuf = torch.empty(b * rmax * e if len(chunks) > 1 else 0, dtype=x.dtype)
     for s, r in chunks:
         xb, gb = x[:, s : s + r], _rows(grad, s, r, obuf)
-        c = cbuf[: b * r * m].view(b, r, m)
-        pairwise_distance_cpu(xb, y, kernel, scale, out=c).exp_()
+        c = kernel_rows_cpu(xb, y, spec, inv_lam, out=cbuf[: b * r * m].view(b, r, m))
         dv.baddbmm_(c.transpose(1, 2), gb)
         gc = torch.bmm(gb, v.transpose(1, 2), out=gbuf[: b * r * m].view(b, r, m))
-        _, gy = pairwise_distance_grad_cpu(xb, y, gc, c, scale, kernel, dx=dx[:, s : s + r])
+        _, gy = kernel_grad_cpu(xb, y, gc, c, spec, inv_lam, dx=dx[:, s : s + r])
         dy += gy
     return dx, dy, dv
 
 
 @_kernel_op.register_fake
-def _(x, y, scale, kernel):
+def _(x, y, inv_lam, kernel):
     return x.new_empty(x.shape[0], x.shape[1], y.shape[1])
 
 
 @_kernel_bwd_op.register_fake
-def _(x, y, grad, out, scale, kernel):
+def _(x, y, grad, out, inv_lam, kernel):
     return x.new_empty(x.shape), y.new_empty(y.shape)
 
 
 @_matmul_op.register_fake
-def _(x, y, v, scale, kernel):
+def _(x, y, v, inv_lam, kernel):
     return x.new_empty(x.shape[0], x.shape[1], v.shape[2])
 
 
 @_matmul_bwd_op.register_fake
-def _(x, y, v, grad, scale, kernel):
+def _(x, y, v, grad, inv_lam, kernel):
     return x.new_empty(x.shape), y.new_empty(y.shape), v.new_empty(v.shape)
 
 
@@ -192,8 +214,8 @@ register_matmul_autograd(_matmul_op, _matmul_bwd_op)
 
 
 def laplace_kernel_cpu(x: torch.Tensor, y: torch.Tensor, lam: float, kernel: str = "laplacian") -> torch.Tensor:
-    """exp(-dist(x_i, y_j) / lam).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    out = _kernel_op(_batch_rows(x), _batch_rows(y), -1.0 / float(lam), kernel)
+    """f(r(x_i, y_j) / lam) of the family ``kernel``.  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
+    out = _kernel_op(_batch_rows(x), _batch_rows(y), 1.0 / float(lam), kernel)
     return out.reshape(*x.shape[:-1], y.shape[-2])
 
 
@@ -201,7 +223,7 @@ def laplace_kernel_matmul_cpu(
     x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kernel: str = "laplacian"
 ) -> torch.Tensor:
     """k(X, Y) @ V without storing k(X, Y).  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
-    out = _matmul_op(_batch_rows(x), _batch_rows(y), _batch_rows(v), -1.0 / float(lam), kernel)
+    out = _matmul_op(_batch_rows(x), _batch_rows(y), _batch_rows(v), 1.0 / float(lam), kernel)
     return out.reshape(*x.shape[:-1], v.shape[-1])
 
 
@@ -212,7 +234,7 @@ def laplace_kernel_grad_cpu(
     kernel ``out`` and dL/dK ``grad`` (..., N, M)."""
     m = y.shape[-2]
     dx, dy = _kernel_bwd_op(_batch_rows(x), _batch_rows(y), grad.reshape(-1, x.shape[-2], m).contiguous(),
-                            out.reshape(-1, x.shape[-2], m).contiguous(), -1.0 / float(lam), kernel)
+                            out.reshape(-1, x.shape[-2], m).contiguous(), 1.0 / float(lam), kernel)
     return dx.reshape(x.shape), dy.reshape(y.shape)
 
 
@@ -221,5 +243,5 @@ def laplace_kernel_matmul_grad_cpu(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dX, dY, dV) of ``laplace_kernel_matmul_cpu`` without autograd, given dL/dO ``grad`` (..., N, e)."""
     g3 = grad.reshape(-1, x.shape[-2], v.shape[-1]).contiguous()
-    dx, dy, dv = _matmul_bwd_op(_batch_rows(x), _batch_rows(y), _batch_rows(v), g3, -1.0 / float(lam), kernel)
+    dx, dy, dv = _matmul_bwd_op(_batch_rows(x), _batch_rows(y), _batch_rows(v), g3, 1.0 / float(lam), kernel)
     return dx.reshape(x.shape), dy.reshape(y.shape), dv.reshape(v.shape)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+TRITON_KERNEL_IDS = frozenset({0, 1})
+"""The kernel families (``KernelSpec.id``) the Triton kernels have a profile for."""
 TRITON_MAX_D = 128
 TRITON_MAX_E = 128
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from ..kernel_families import KernelSpec, kernel_spec
+
 
 def pairwise_l1_naive(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """||x_i - y_j||_1.  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
@@ -18,10 +20,16 @@ def pairwise_sq_l2_naive(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (x.unsqueeze(-2) - y.unsqueeze(-3)).pow(2).sum(-1)
 
 
+def pairwise_accumulated_naive(x: torch.Tensor, y: torch.Tensor, spec: KernelSpec) -> torch.Tensor:
+    """The family's accumulated distance (``KernelSpec.accumulation``): L1 or squared L2, (..., N, M)."""
+    return pairwise_l1_naive(x, y) if spec.l1 else pairwise_sq_l2_naive(x, y)
+
+
 def laplace_kernel_naive(x: torch.Tensor, y: torch.Tensor, lam: float, kernel: str = "laplacian") -> torch.Tensor:
-    """k(x_i, y_j) = exp(-||x_i - y_j||_1 / lam) (laplacian) or exp(-||x_i - y_j||^2 / lam) (gaussian)."""
-    dist = pairwise_l1_naive(x, y) if kernel == "laplacian" else pairwise_sq_l2_naive(x, y)
-    return torch.exp(-dist / lam)
+    """k(x_i, y_j) = f(r(x_i, y_j) / lam) of the family ``kernel`` (``kernel_families``; the paper's:
+    exp(-||x_i - y_j||_1 / lam))."""
+    spec = kernel_spec(kernel)
+    return spec.kernel_of(pairwise_accumulated_naive(x, y, spec), 1.0 / lam)
 
 
 def laplace_kernel_matmul_naive(

@@ -43,7 +43,7 @@ import torch
 from .. import _runtime
 from ..dispatch import Backend, Op
 from ..settings import AttentionSettings
-from .gates import cuda_only_auto_refusal, float32_of, needs_grad as _needs_grad, step_path, triton_device
+from .gates import cuda_only_auto_refusal, float32_of, kernel_unserved, needs_grad as _needs_grad, step_path, triton_device
 from .limits import FLAGS, conv_unfit, scale_power, unfit
 from .reference import streaming_nystrom_reference
 
@@ -92,6 +92,7 @@ def _pass_refusal(qs, ks, vv, marks, w_inv, s, mask, conv=None) -> str | None:
 
 def _triton_refusal(qs, ks, vv, marks, w_inv, s, mask, conv=None) -> str | None:
     why = _pass_refusal(qs, ks, vv, marks, w_inv, s, mask, conv)
+    why = why or kernel_unserved(s)
     if why is not None:
         return why
     if len({qs.dtype, ks.dtype, vv.dtype}) != 1:

@@ -39,6 +39,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ..kernel_families import KernelSpec, kernel_spec
 from ..pooling import pool_landmarks
 from ..value_conv import value_conv_heads
 from .limits import FLAGS, output_alpha
@@ -66,12 +67,18 @@ def _t(x: torch.Tensor) -> torch.Tensor:
 
 
 def kernel_rows_grad(x: torch.Tensor, marks: torch.Tensor, c: torch.Tensor, dc: torch.Tensor, bandwidth: float,
-                     l1: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                     spec: KernelSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """The vjp of C = k(X, L) (``reference.kernel_rows``): x (..., n, d), marks (..., m, d), c = k(X, L) and dc
-    (..., n, m) -> (dx (..., n, d), dmarks (..., m, d)). sign(0) = 0, as autograd's |·|."""
+    (..., n, m) -> (dx (..., n, d), dmarks (..., m, d)). sign(0) = 0, as autograd's |·|; the L2 distance's
+    direction is 0 at r = 0 (``KernelSpec.slope_of``, docs/DESIGN.md §1.5)."""
     diff = x.unsqueeze(-2) - marks.unsqueeze(-3)
-    slope = torch.sign(diff) if l1 else 2.0 * diff
-    g = (dc * c * (-1.0 / bandwidth)).unsqueeze(-1) * slope
+    if spec.exp_of_accumulation:
+        dacc = dc * c * (-1.0 / bandwidth)
+    else:
+        acc = (diff.abs().sum(-1) if spec.l1 else diff.square().sum(-1)) if spec.slope_needs_distance else None
+        dacc = dc * spec.slope_of(acc, c, 1.0 / bandwidth)
+    slope = torch.sign(diff) if spec.l1 else 2.0 * diff
+    g = dacc.unsqueeze(-1) * slope
     return g.sum(-2), -g.sum(-3)
 
 
@@ -84,9 +91,9 @@ def _whitening(k_t: torch.Tensor, sp: torch.Tensor, eps: float) -> tuple[torch.T
 def forward_state(qs, ks, vv, marks, w, w_inv, bandwidth: float, kernel: str, norm: str, eps: float) -> ForwardState:
     """The state of the forward passes (``ForwardState``) from q, k (``ks is qs`` when K = Q), v (B, H, N, ·),
     the landmarks and (W, W⁺) of the landmark solve."""
-    flags, l1 = FLAGS[norm], kernel == "laplacian"
-    c_q = kernel_rows(qs, marks, bandwidth, l1)
-    c_k = c_q if ks is qs else kernel_rows(ks, marks, bandwidth, l1)
+    flags, spec = FLAGS[norm], kernel_spec(kernel)
+    c_q = kernel_rows(qs, marks, bandwidth, spec)
+    c_k = c_q if ks is qs else kernel_rows(ks, marks, bandwidth, spec)
     c_mean, k_mean = c_q.mean(-2), c_k.mean(-2)
     zeros = w.new_zeros(w.shape)
     cov, sp = zeros, zeros
@@ -104,7 +111,7 @@ def output_of(qs, st: ForwardState, bandwidth: float, kernel: str, norm: str, al
     """The Nyström output (B, H, N, e) from the state (no conv): the forward the backward differentiates;
     ``alpha`` the output scale α of the whitened part (``limits.output_alpha``)."""
     flags = FLAGS[norm]
-    c = kernel_rows(qs, st.marks, bandwidth, kernel == "laplacian")
+    c = kernel_rows(qs, st.marks, bandwidth, kernel_spec(kernel))
     if flags["centre_q"]:
         c = c - st.c_mean.unsqueeze(-2)
     out = c @ _m_mat(st, alpha)
@@ -120,9 +127,9 @@ def _m_mat(st: ForwardState, alpha: float) -> torch.Tensor:
     return alpha * (st.w_inv @ st.m_prime)
 
 
-def _query_factor(qs, st: ForwardState, bandwidth, l1, flags) -> tuple[torch.Tensor, torch.Tensor]:
+def _query_factor(qs, st: ForwardState, bandwidth, spec, flags) -> tuple[torch.Tensor, torch.Tensor]:
     """(C_q, c): the query kernel rows and the factor the output reads (centred with centre_q)."""
-    c_q = kernel_rows(qs, st.marks, bandwidth, l1)
+    c_q = kernel_rows(qs, st.marks, bandwidth, spec)
     return c_q, (c_q - st.c_mean.unsqueeze(-2) if flags["centre_q"] else c_q)
 
 
@@ -139,7 +146,7 @@ def query_grad_pass(grad, qs, vv, st: ForwardState, bandwidth: float, kernel: st
     """Pass A: {"dm": dM = α cᵀ dt (B, H, m, e), "g_sum": Σ G (B, H, e), "db": db (B, H, m) (rowsum, else None),
     "dweight": (C, 1, 3, 3), "dbias": (C,) (with ``conv``, else None)}. grad (B, H, N, e)."""
     flags = FLAGS[norm]
-    _, c = _query_factor(qs, st, bandwidth, kernel == "laplacian", flags)
+    _, c = _query_factor(qs, st, bandwidth, kernel_spec(kernel), flags)
     db = None
     if flags["rowsum"]:
         dt, dz = _rowsum_terms(c, grad, st)
@@ -161,7 +168,7 @@ def query_grad_pass(grad, qs, vv, st: ForwardState, bandwidth: float, kernel: st
 
 def key_grad_pass(ks, vv, st: ForwardState, d_mprime, bandwidth: float, kernel: str, eps: float) -> dict:
     """Pass B (whiten norms): {"dsp": dS' (B, H, m, m), "dkt_sum": Σ_j dk̃_j (B, H, m)}; d_mprime = W⁺ᵀ dM."""
-    c_k = kernel_rows(ks, st.marks, bandwidth, kernel == "laplacian")
+    c_k = kernel_rows(ks, st.marks, bandwidth, kernel_spec(kernel))
     k_t = c_k - st.k_mean.unsqueeze(-2)
     dkt, ds = _key_row_grad(k_t, vv, st, d_mprime, eps)
     return dict(dsp=_t(k_t * ds) @ k_t, dkt_sum=dkt.sum(-2))
@@ -181,7 +188,7 @@ def landmark_grad(st: ForwardState, a: dict, b: dict | None, n: int, bandwidth: 
     """Pass C: from pass A's ``a`` and pass B's ``b`` (whiten, else None) -> {"d_mprime" (B, H, m, e), "q_cov"
     (B, H, m, m) or None, "q_const" (B, H, m), "k_const" (B, H, m), "v_const" (B, H, e), "d_marks" (B, H, m, d):
     dL through W}. The row pass D adds q_const + (C_q − c̄) q_cov to dC_q, k_const to dC_k, v_const to dv."""
-    flags, l1 = FLAGS[norm], kernel == "laplacian"
+    flags, spec = FLAGS[norm], kernel_spec(kernel)
     w_inv = st.w_inv
     m_mat = _m_mat(st, alpha)
     d_mprime = _t(w_inv) @ a["dm"]
@@ -203,7 +210,7 @@ def landmark_grad(st: ForwardState, a: dict, b: dict | None, n: int, bandwidth: 
         q_const = -(a["g_sum"].unsqueeze(-2) @ _t(m_mat)).squeeze(-2) / n
     v_const = a["g_sum"] / n if flags["add_mean"] else a["g_sum"].new_zeros(a["g_sum"].shape)
     dw = -_t(w_inv) @ dw_inv @ _t(w_inv)
-    dx, dl = kernel_rows_grad(st.marks, st.marks, st.w, dw, bandwidth, l1)
+    dx, dl = kernel_rows_grad(st.marks, st.marks, st.w, dw, bandwidth, spec)
     return dict(d_mprime=d_mprime, q_cov=q_cov, q_const=q_const, k_const=k_const, v_const=v_const,
                 d_marks=dx + dl)
 
@@ -212,8 +219,8 @@ def row_grad_pass(grad, qs, ks, vv, st: ForwardState, c: dict, bandwidth: float,
                   eps: float, conv=None, alpha: float = 1.0) -> dict:
     """Pass D: {"dq" (B, H, N, d) (K = Q: the whole gradient of the one factor), "dk" (B, H, N, d) or None (K = Q),
     "dv" (B, H, N, e), "d_marks" (B, H, m, d): the rows' part of dL} from pass C's ``c``."""
-    flags, l1 = FLAGS[norm], kernel == "laplacian"
-    c_q, cq = _query_factor(qs, st, bandwidth, l1, flags)
+    flags, spec = FLAGS[norm], kernel_spec(kernel)
+    c_q, cq = _query_factor(qs, st, bandwidth, spec, flags)
     m_mat = _m_mat(st, alpha)
     if flags["rowsum"]:
         dt, dz = _rowsum_terms(cq, grad, st)
@@ -223,7 +230,7 @@ def row_grad_pass(grad, qs, ks, vv, st: ForwardState, c: dict, bandwidth: float,
     dcq = dcq + c["q_const"].unsqueeze(-2)
     if c["q_cov"] is not None:
         dcq = dcq + (c_q - st.c_mean.unsqueeze(-2)) @ c["q_cov"]
-    c_k = c_q if ks is qs else kernel_rows(ks, st.marks, bandwidth, l1)
+    c_k = c_q if ks is qs else kernel_rows(ks, st.marks, bandwidth, spec)
     k_t = c_k - st.k_mean.unsqueeze(-2) if flags["centre_k"] else c_k
     if flags["whiten"]:
         dkt, _ = _key_row_grad(k_t, vv, st, c["d_mprime"], eps)
@@ -234,8 +241,8 @@ def row_grad_pass(grad, qs, ks, vv, st: ForwardState, c: dict, bandwidth: float,
     dv = k_w @ c["d_mprime"] + c["v_const"].unsqueeze(-2)
     if conv is not None:
         dv = dv + value_conv_transpose_heads(grad, conv)
-    dq, dl_q = kernel_rows_grad(qs, st.marks, c_q, dcq, bandwidth, l1)
-    dk, dl_k = kernel_rows_grad(ks, st.marks, c_k, dck, bandwidth, l1)
+    dq, dl_q = kernel_rows_grad(qs, st.marks, c_q, dcq, bandwidth, spec)
+    dk, dl_k = kernel_rows_grad(ks, st.marks, c_k, dck, bandwidth, spec)
     if ks is qs:
         return dict(dq=dq + dk, dk=None, dv=dv, d_marks=dl_q + dl_k)
     return dict(dq=dq, dk=dk, dv=dv, d_marks=dl_q + dl_k)

@@ -6,8 +6,17 @@ from __future__ import annotations
 import torch
 
 from .. import _runtime
+from ..kernel.limits import TRITON_KERNEL_IDS
 
-__all__ = ["cuda_only_auto_refusal", "float32_of", "needs_grad", "step_path", "triton_device"]
+__all__ = ["cuda_only_auto_refusal", "float32_of", "kernel_unserved", "needs_grad", "step_path", "triton_device"]
+
+
+def kernel_unserved(s) -> str | None:
+    """Why the Triton kernels cannot compute the kernel family of settings ``s`` (no profile for its id), or
+    None."""
+    if s.spec.id not in TRITON_KERNEL_IDS:
+        return f"kernel {s.kernel!r}: the Triton kernels have no profile for its id {s.spec.id}"
+    return None
 
 
 def needs_grad(*tensors) -> bool:

@@ -32,7 +32,7 @@ from ..kernel import laplace_kernel
 from ..newton_schulz.naive import newton_schulz_iterate_reference, regularise
 from ..pooling import pool_landmarks
 from ..settings import AttentionSettings
-from .gates import cuda_only_auto_refusal, float32_of, needs_grad as _needs_grad, step_path, triton_device
+from .gates import cuda_only_auto_refusal, float32_of, kernel_unserved, needs_grad as _needs_grad, step_path, triton_device
 from .limits import solve_unfit
 
 __all__ = ["LANDMARK_SOLVE", "landmark_solve", "landmark_solve_reference"]
@@ -92,6 +92,7 @@ def _solve_refusal(qs, ks, vv, hw, grid, s, mask, prefix) -> str | None:
 
 def _triton_refusal(qs, ks, vv, hw, grid, s, mask, prefix) -> str | None:
     why = _solve_refusal(qs, ks, vv, hw, grid, s, mask, prefix)
+    why = why or kernel_unserved(s)
     if why is not None:
         return why
     why = solve_unfit(grid[0] * grid[1], qs.shape[-1], qs.dtype)

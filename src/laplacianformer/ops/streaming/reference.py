@@ -28,16 +28,19 @@ from __future__ import annotations
 
 import torch
 
+from ..kernel_families import KernelSpec, kernel_spec
 from ..value_conv import value_conv_heads
 from .limits import BLOCK_ROWS, FLAGS, output_alpha, splits_for
 
 
-def kernel_rows(x: torch.Tensor, marks: torch.Tensor, bandwidth: float, l1: bool) -> torch.Tensor:
-    """k(X, L) = exp(−dist / bandwidth) by broadcasting: x (..., n, d), marks (..., m, d) -> (..., n, m);
-    dist the L1 distance (``l1``) or the squared L2 one (docs/DESIGN.md §1, §1.2)."""
+def kernel_rows(x: torch.Tensor, marks: torch.Tensor, bandwidth: float, spec: KernelSpec) -> torch.Tensor:
+    """k(X, L) = f(r / bandwidth) of the family ``spec`` by broadcasting: x (..., n, d), marks (..., m, d) ->
+    (..., n, m); the distance summed as the spec's accumulation (docs/DESIGN.md §1, §1.2, §1.5)."""
     diff = x.unsqueeze(-2) - marks.unsqueeze(-3)
-    dist = diff.abs().sum(-1) if l1 else diff.square().sum(-1)
-    return torch.exp(dist * (-1.0 / bandwidth))
+    acc = diff.abs().sum(-1) if spec.l1 else diff.square().sum(-1)
+    if spec.exp_of_accumulation:
+        return torch.exp(acc * (-1.0 / bandwidth))
+    return spec.kernel_of(acc, 1.0 / bandwidth)
 
 
 def _split_rows(n: int, groups: int) -> list[slice]:
@@ -45,14 +48,14 @@ def _split_rows(n: int, groups: int) -> list[slice]:
     return [slice(s * rows, min((s + 1) * rows, n)) for s in range(splits)]
 
 
-def query_pass(qs, ks, marks, valid, bandwidth, l1, flags):
+def query_pass(qs, ks, marks, valid, bandwidth, spec, flags):
     """Pass 1: per split, (n_s (B, H, S), p_s (B, H, S, m), a_s (B, H, S, m), G_s (B, H, S, m, m) or None,
     Σ C_k (B, H, S, m) or None). ``valid`` (B, 1, N, 1) weights (1 valid, 0 padded)."""
     b, h, n, _ = qs.shape
     counts, shifts, sums, grams, ksums = [], [], [], [], []
     for rows in _split_rows(n, b * h):
         w = valid[:, :, rows]
-        c = kernel_rows(qs[:, :, rows], marks, bandwidth, l1) * w
+        c = kernel_rows(qs[:, :, rows], marks, bandwidth, spec) * w
         first = slice(0, min(BLOCK_ROWS, c.shape[2]))
         shift = c[:, :, first].sum(2) / w[:, :, first].sum(2).clamp_min(1.0)
         d = (c - shift.unsqueeze(2)) * w
@@ -62,7 +65,7 @@ def query_pass(qs, ks, marks, valid, bandwidth, l1, flags):
         if flags["whiten"]:
             grams.append(d.transpose(-1, -2) @ d)
         if ks is not qs:
-            ksums.append((kernel_rows(ks[:, :, rows], marks, bandwidth, l1) * w).sum(2))
+            ksums.append((kernel_rows(ks[:, :, rows], marks, bandwidth, spec) * w).sum(2))
     stack = lambda xs: torch.stack(xs, 2) if xs else None  # noqa: E731
     return stack(counts), stack(shifts), stack(sums), stack(grams), stack(ksums)
 
@@ -82,14 +85,14 @@ def combine_queries(stats):
     return n, c_mean, k_mean, cov
 
 
-def key_pass(ks, vv, marks, w_inv, valid, bandwidth, l1, eps, flags, k_mean, cov):
+def key_pass(ks, vv, marks, w_inv, valid, bandwidth, spec, eps, flags, k_mean, cov):
     """Pass 2: per split, (M'_s (B, H, S, m, e), Σ v (B, H, S, e), Σ C_k (B, H, S, m))."""
     b, h, n, _ = ks.shape
     sp = None if cov is None else w_inv.transpose(-1, -2) @ cov @ w_inv
     parts, vsums, ksums = [], [], []
     for rows in _split_rows(n, b * h):
         w = valid[:, :, rows]
-        k = kernel_rows(ks[:, :, rows], marks, bandwidth, l1) * w
+        k = kernel_rows(ks[:, :, rows], marks, bandwidth, spec) * w
         k_t = (k - k_mean.unsqueeze(2)) * w if flags["centre_k"] else k
         if sp is not None:
             s = ((k_t @ sp) * k_t).sum(-1, keepdim=True)
@@ -101,13 +104,13 @@ def key_pass(ks, vv, marks, w_inv, valid, bandwidth, l1, eps, flags, k_mean, cov
     return torch.stack(parts, 2), torch.stack(vsums, 2), torch.stack(ksums, 2)
 
 
-def output_pass(qs, marks, w_inv, valid, bandwidth, l1, flags, n, c_mean, key_stats, vv=None, conv=None,
+def output_pass(qs, marks, w_inv, valid, bandwidth, spec, flags, n, c_mean, key_stats, vv=None, conv=None,
                 alpha=1.0):
     """Pass 3: (B, H, N, e), padded rows 0; plus DWConv(vv) with ``conv`` (no padding then). ``alpha``: the
     §4.6 output scale of the whitened part (``limits.output_alpha``), a number or (B, H, 1, 1)."""
     parts, vsums, ksums = key_stats
     m_mat = alpha * (w_inv @ parts.sum(2))
-    c = kernel_rows(qs, marks, bandwidth, l1)
+    c = kernel_rows(qs, marks, bandwidth, spec)
     if flags["centre_q"]:
         c = c - c_mean.unsqueeze(2)
     out = c @ m_mat
@@ -129,12 +132,12 @@ def streaming_nystrom_reference(qs, ks, vv, marks, w_inv, bandwidth: float, kern
     the whitened part scaled by α = n^-p, n each sequence's valid keys (docs/DESIGN.md §4.6; 0: unscaled).
     Returns (B, H, N, e)."""
     flags = FLAGS[norm]
-    l1 = kernel == "laplacian"
+    spec = kernel_spec(kernel)
     b, _, n, _ = qs.shape
     valid = qs.new_ones(b, 1, n, 1) if mask is None else (~mask).to(qs.dtype)[:, None, :, None]
     n_valid, c_mean, k_mean, cov = None, None, None, None
     if flags["centre_k"]:
-        n_valid, c_mean, k_mean, cov = combine_queries(query_pass(qs, ks, marks, valid, bandwidth, l1, flags))
-    key_stats = key_pass(ks, vv, marks, w_inv, valid, bandwidth, l1, eps, flags, k_mean, cov)
+        n_valid, c_mean, k_mean, cov = combine_queries(query_pass(qs, ks, marks, valid, bandwidth, spec, flags))
+    key_stats = key_pass(ks, vv, marks, w_inv, valid, bandwidth, spec, eps, flags, k_mean, cov)
     alpha = output_alpha(norm, scale_power, n_valid)
-    return output_pass(qs, marks, w_inv, valid, bandwidth, l1, flags, n_valid, c_mean, key_stats, vv, conv, alpha)
+    return output_pass(qs, marks, w_inv, valid, bandwidth, spec, flags, n_valid, c_mean, key_stats, vv, conv, alpha)

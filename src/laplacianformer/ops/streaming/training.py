@@ -38,7 +38,7 @@ from ..dispatch import Backend, Op
 from ..settings import AttentionSettings
 from ..value_conv import ValueConv, value_conv_heads
 from .backward_reference import ForwardState, forward_state, output_of, streaming_backward_reference
-from .gates import cuda_only_auto_refusal, float32_of, step_path, triton_device
+from .gates import cuda_only_auto_refusal, float32_of, kernel_unserved, step_path, triton_device
 from .landmarks import landmark_solve_reference
 from .limits import FLAGS, LOAD_DTYPES, conv_unfit, output_alpha, scale_power, solve_unfit, unfit
 
@@ -90,6 +90,7 @@ def _refusal(qkv, s, hw, grid, heads, tied, weight, bias) -> str | None:
 
 def _triton_refusal(qkv, s, hw, grid, heads, tied, weight, bias) -> str | None:
     why = _refusal(qkv, s, hw, grid, heads, tied, weight, bias)
+    why = why or kernel_unserved(s)
     if why is not None:
         return why
     tensors = [qkv] + [t for t in (weight, bias) if t is not None]
