@@ -1,4 +1,4 @@
-"""Command-line interface: ``laplacianformer {train,eval,predict,info,build,export,bench,demo,data,detect,ablate,analyze,accuracy} ...``.
+"""Command-line interface: ``laplacianformer {train,eval,predict,info,build,export,bench,demo,data,detect,ablate,analyze,accuracy,kernels} ...``.
 
 User errors (bad flag values, missing or corrupt data, unreadable checkpoints) end the process with exit
 status 2 and one line on stderr naming the flag or path; ``--debug`` shows the traceback instead.
@@ -152,7 +152,7 @@ def _add_demo_parser(sub, specs: dict) -> None:
 
 
 # the sub-commands handled by an experiments module's own parser (arguments forwarded as they are)
-FORWARDED = ("ablate", "analyze", "accuracy")
+FORWARDED = ("ablate", "analyze", "accuracy", "kernels")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,8 +34,11 @@ QUICK = {**DEFAULTS, "train_subset": 512, "test_subset": 256, "batch_size": 64}
 """Smoke-test budget (seconds per variant; its numbers are not results)."""
 COST = dict(sizes=list(SIZES), repeats=3, max_seconds=20.0, cap_s=30.0)
 COST_QUICK = dict(sizes=[32, 64], repeats=1, max_seconds=2.0, cap_s=10.0)
-ROWS = ATTENTIONS + tuple(f"laplacian-{p}" for p in ATTN_PRESETS if p != "paper")
-"""The demo's rows: each attention, then the Laplacian attention with each preset but "paper" (which is the
+DEMO_ATTENTIONS = ("laplacian", "gaussian", "softmax")
+"""The attentions the demo trains: the paper's kernel, the one it is compared with, SR-softmax (the other kernel
+families of ``ATTENTIONS`` are the kernel study's: ``laplacianformer kernels``)."""
+ROWS = DEMO_ATTENTIONS + tuple(f"laplacian-{p}" for p in ATTN_PRESETS if p != "paper")
+"""The demo's rows: each demo attention, then the Laplacian attention with each preset but "paper" (which is the
 "laplacian" row): ``laplacian-tuned`` (docs/DESIGN.md §7.6)."""
 # expected relative CPU cost per training (measured: softmax-SR ~20 % less than the Laplacian): longest first
 ORDER = {"gaussian": 0, "laplacian": 1, "laplacian-tuned": 1, "softmax": 2}

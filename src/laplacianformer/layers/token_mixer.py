@@ -1,10 +1,11 @@
 """The token mixers of the models by name: the one list of attention kinds and their arguments (docs/DESIGN.md §5).
 
-    ATTENTIONS = ("laplacian", "gaussian", "softmax")
+    ATTENTIONS = ("laplacian", "gaussian", "exponential", "matern32", "cauchy", "softmax")
     make = get_token_mixer("laplacian", {"lam": 2.0})     # validates the name and the keys once
     attn = make(64, 2, sr_ratio=8, landmarks=(7, 7))      # an nn.Module: forward(x (B, N, C), hw) -> (B, N, C)
 
-"laplacian" and "gaussian" are ``LaplacianAttention`` with that kernel (docs/DESIGN.md §1, §2);
+Each kernel family of ``ops.kernel_families`` ("laplacian", "gaussian", "exponential", "matern32", "cauchy") is
+``LaplacianAttention`` with that kernel (docs/DESIGN.md §1, §1.5, §2);
 "softmax" is PVTv2's ``SpatialReductionAttention`` (the quadratic baseline).
 
 Presets (``ATTN_PRESETS``, docs/DESIGN.md §7.6) name whole ``attn_kwargs`` of the Laplacian attention:
@@ -18,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 from torch import nn
 
+from ..ops.kernel_families import SHIPPED
 from ..ops.settings import DEFAULTS, OPERATOR_SETTINGS, SETTINGS_VERSION, default_norm_scale
 from .laplacian_attention import LaplacianAttention
 from .spatial_reduction_attention import SpatialReductionAttention
@@ -25,7 +27,7 @@ from .spatial_reduction_attention import SpatialReductionAttention
 __all__ = ["ATTENTIONS", "ATTN_PRESETS", "LAPLACIAN_ATTN_KWARGS", "LAPLACIAN_MODULE_KWARGS", "SOFTMAX_ATTN_KWARGS", "check_token_mixer", "get_token_mixer",
            "preset_kwargs", "saved_attn_kwargs", "with_output_scale"]
 
-ATTENTIONS = ("laplacian", "gaussian", "softmax")
+ATTENTIONS = SHIPPED + ("softmax",)
 # ``attn_kwargs`` keys each kind accepts (forwarded to the module's constructor, which checks the values):
 # the operator settings (``ops.settings.OPERATOR_SETTINGS``) but the kernel, which ``attn`` names, and the
 # module's own options
