@@ -8,6 +8,13 @@ stays channels-last. The weight is restrided with ``Tensor.to(memory_format=...)
 differentiable copy): ``contiguous(memory_format=...)`` leaves a depthwise (C, 1, k, k) weight as it is,
 since it counts as contiguous in both formats.
 
+A depthwise weight (one input channel per group) is *stored* with channels-last strides, (k·k, 1, k, 1)
+instead of (k·k, k·k, k, 1): the same bytes, contiguous in both formats, so state dicts and saved files do
+not change. The restride is then no copy, and the convolution's channels-last weight gradient has the
+parameter's own strides. A contiguous-strided depthwise parameter would get that gradient as it comes
+(autograd's layout contract ignores the size-1 dimension), and DDP, whose bucket views take the parameter's
+strides, would warn "Grad strides do not match bucket view strides" on every rank.
+
 ``GridConv2d`` is an ``nn.Conv2d`` (same parameters, state-dict keys and initialisation) whose forward does
 this, so models and attention layers can be scripted and traced (a module passed to a free function
 cannot be scripted); ``conv2d_channels_last`` / ``conv_tokens`` are the same computation for any
@@ -26,7 +33,13 @@ __all__ = ["GridConv2d", "conv2d_channels_last", "conv_tokens", "grid_to_tokens"
 class GridConv2d(nn.Conv2d):
     """``nn.Conv2d`` computed in channels-last layout.  x: (B, C_in, H, W) -> (B, C_out, H', W') channels-last.
 
-    Scriptable and traceable; the weight is restrided on each call (see the module docstring)."""
+    Scriptable and traceable; the weight is restrided on each call, a depthwise weight stored restrided
+    (see the module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.weight.shape[1] == 1:  # depthwise: channels-last strides, same bytes (its gradient matches)
+            self.weight = nn.Parameter(self.weight.detach().to(memory_format=torch.channels_last))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._conv_forward(x, self.weight.to(memory_format=torch.channels_last), self.bias)
