@@ -103,7 +103,7 @@ class LaplacianAttention(TokenAttention):
     """
 
     __jit_unused_properties__ = ["attn_kwargs"]
-    __jit_ignored_attributes__ = ["settings"]
+    __jit_ignored_attributes__ = ["settings", "_plans"]
     takes_prefix_tokens = True
     merges_value_conv = True
     trains_from_qkv = True
@@ -119,6 +119,7 @@ class LaplacianAttention(TokenAttention):
         self.settings = settings_from(self.head_dim, settings, "LaplacianAttention")
         self.settings_key = self.settings.key
         self.landmarks = self.settings.landmarks
+        self._plans: dict = {}  # the lean host path's call signatures (ops.attention.attention_with_value_conv)
         like = self.proj.weight
         self.register_parameter("norm_gain", nn.Parameter(torch.ones(num_heads, device=like.device, dtype=like.dtype))
                                 if learned else None)
@@ -174,7 +175,7 @@ class LaplacianAttention(TokenAttention):
 
     @torch.jit.unused
     def _attend_value_conv(self, x: torch.Tensor, v_tok: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
-        """Eager inference without a mask or prefix tokens (``TokenAttention._merges_value_conv``): x, v_tok
+        """Eager inference without a mask or prefix tokens (the ``value_conv`` path, ``layers/plan.py``): x, v_tok
         (B, N, C) -> the heads merged + DWConv(V) (B, N, C) by ``ops.attention.attention_with_value_conv``,
         whose streaming output pass adds the conv on CUDA (docs/KERNELS.md, "The fused DWConv(V)"); elsewhere
         the unfused computation of ``forward``, with the same result. Where the Triton passes run (CUDA), q and
@@ -182,16 +183,19 @@ class LaplacianAttention(TokenAttention):
         stacked = not self.tie_qk and triton_device(x.device)
         q, k = self._project_qk_stacked(x) if stacked else self._project_qk(x)
         return attention_with_value_conv(q, k, v_tok, self.settings, hw=hw, weight=self.dwconv.weight,
-                                         bias=self.dwconv.bias, norm_gain=self.norm_gain)
+                                         bias=self.dwconv.bias, norm_gain=self.norm_gain, plans=self._plans)
 
     @torch.jit.unused
-    def _attend_from_qkv(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> Optional[torch.Tensor]:
-        """A training call where the Triton passes run (CUDA): x (B, N, C) -> the heads merged + DWConv(V) (B, N, C)
-        by ``ops.attention.attention_from_qkv`` from one product with the whole ``qkv`` weight, whose op runs the
-        core and the conv in fused passes forward and backward (docs/KERNELS.md, "The fused backward"). None
-        elsewhere (the CPU keeps the three contiguous products of ``_project_qk``)."""
-        if not triton_device(x.device):
-            return None
+    def _fused_device(self, x: torch.Tensor) -> bool:
+        """Whether the fused training passes take x's device (CUDA; the CPU under the Triton interpreter)."""
+        return triton_device(x.device)
+
+    @torch.jit.unused
+    def _attend_from_qkv(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
+        """A training call where the Triton passes run (``_fused_device``): x (B, N, C) -> the heads merged +
+        DWConv(V) (B, N, C) by ``ops.attention.attention_from_qkv`` from one product with the whole ``qkv``
+        weight, whose op runs the core and the conv in fused passes forward and backward (docs/KERNELS.md,
+        "The fused backward"; the CPU keeps the three contiguous products of ``_project_qk``)."""
         conv = self.dwconv
         return attention_from_qkv(self.qkv(x), self.settings, heads=self.num_heads, tied=self.tie_qk, hw=hw,
                                   weight=None if conv is None else conv.weight,

@@ -39,6 +39,7 @@ from torch.utils.checkpoint import checkpoint
 from ..ops.validation import (check_head_split, check_key_padding_mask, check_num_prefix_tokens, check_prefix_layout,
                               reject_attn_mask)
 from .grid_conv import GridConv2d, grid_to_tokens, tokens_to_grid
+from .plan import CallKind, LayerTraits, layer_path
 from .tracing import is_fx_tracing, notrace
 
 
@@ -221,32 +222,29 @@ class TokenAttention(nn.Module):
         return grid_to_tokens(self.dwconv(tokens_to_grid(v_tok, hw)))
 
     @torch.jit.unused
-    def _merges_value_conv(self, mask: Optional[torch.Tensor]) -> bool:
-        """Whether this call goes to ``_attend_value_conv``: a layer that has one (``merges_value_conv``) with
-        DWConv(V), no padding mask, no prefix tokens, in eager inference (no grad mode; not torch.jit tracing,
-        torch.compile or torch.export, which keep the unfused graph). Eager mode only (not while scripting or
-        FX tracing)."""
-        return (self.merges_value_conv and self.dwconv is not None and mask is None and self.num_prefix_tokens == 0
-                and not torch.is_grad_enabled() and not torch.jit.is_tracing() and not torch.compiler.is_compiling())
-
-    @torch.jit.unused
     def _attend_value_conv(self, x: torch.Tensor, v_tok: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
         """x, v_tok (B, N, C) -> (B, N, C): the heads merged + DWConv(V), for layers with ``merges_value_conv``."""
         raise NotImplementedError
 
     @torch.jit.unused
-    def _trains_fused(self, x: torch.Tensor, mask: Optional[torch.Tensor]) -> bool:
-        """Whether this call goes to ``_attend_from_qkv``: a layer that has one (``trains_from_qkv``), autograd
-        recording, no mask, no prefix tokens, plain q and k projections (no ``qk_norm``), no ``recompute``, in
-        eager mode (not torch.jit tracing or torch.compile; the caller excludes scripting and FX tracing)."""
-        return (self.trains_from_qkv and mask is None and self.num_prefix_tokens == 0 and not self.qk_norm
-                and not self.recompute and torch.is_grad_enabled() and (x.requires_grad or self.qkv.weight.requires_grad)
-                and not torch.jit.is_tracing() and not torch.compiler.is_compiling())
+    def _path(self, x: torch.Tensor, mask: Optional[torch.Tensor], device_fused: bool) -> str:
+        """The path of this call (``layers.plan.layer_path``, docs/DESIGN.md §5.7). Eager mode only."""
+        grad_mode = torch.is_grad_enabled()
+        traits = LayerTraits(self.merges_value_conv, self.trains_from_qkv, self.dwconv is not None,
+                             self.num_prefix_tokens > 0, self.qk_norm, self.recompute)
+        call = CallKind(mask is not None, grad_mode, grad_mode and (x.requires_grad or self.qkv.weight.requires_grad),
+                        torch.jit.is_tracing() or torch.compiler.is_compiling(), device_fused)
+        return layer_path(traits, call)
 
     @torch.jit.unused
-    def _attend_from_qkv(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> Optional[torch.Tensor]:
-        """x (B, N, C) -> the heads merged + DWConv(V) (B, N, C) from the one qkv product, or None (this device
-        keeps the three products), for layers with ``trains_from_qkv``."""
+    def _fused_device(self, x: torch.Tensor) -> bool:
+        """Whether ``_attend_from_qkv`` runs on x's device (for layers with ``trains_from_qkv``)."""
+        return False
+
+    @torch.jit.unused
+    def _attend_from_qkv(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
+        """x (B, N, C) -> the heads merged + DWConv(V) (B, N, C) from the one qkv product, for layers with
+        ``trains_from_qkv`` on a device of ``_fused_device``."""
         raise NotImplementedError
 
     @torch.jit.unused
@@ -273,31 +271,30 @@ class TokenAttention(nn.Module):
         and padded inputs get no gradient. attn_mask / is_causal: rejected (ValueError saying why).
         The checks run in eager mode only (not while scripting or FX tracing)."""
         mask = key_padding_mask
+        recompute = False
         if not torch.jit.is_scripting() and not is_fx_tracing():
             reject_attn_mask(attn_mask, is_causal)
             if x.dim() != 3 or x.shape[-1] != self.dim:
                 raise ValueError(f"x: expected (B, N, {self.dim}) tokens, got shape {tuple(x.shape)}")
             hw = self._layout(x.shape[1], hw)
             mask = check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
+            path = self._path(x, mask, self._fused_device(x))
+            if path == "fused_training":  # the core and DWConv(V) fused, forward and backward
+                return self.proj_drop(self.proj(self.norm(self.attn_drop(self._attend_from_qkv(x, hw)))))
+            if path == "value_conv":  # eager inference: heads merged + DWConv(V) in one op call
+                merged = self._attend_value_conv(x, self._project_v(x), hw)
+                return self.proj_drop(self.proj(self.norm(self.attn_drop(merged))))
+            recompute = path == "recompute"
         elif hw is None and self.num_prefix_tokens > 0:
             hw = square_grid(x.shape[1], self.num_prefix_tokens)
         b, n, c = x.shape
-        if not torch.jit.is_scripting() and not is_fx_tracing():
-            if self._trains_fused(x, mask):  # training: the core and DWConv(V) fused, forward and backward
-                fused = self._attend_from_qkv(x, hw)
-                if fused is not None:
-                    return self.proj_drop(self.proj(self.norm(self.attn_drop(fused))))
         if mask is not None:
             x = x.masked_fill(mask.unsqueeze(-1), 0.0)
         v_tok = self._project_v(x)
         if mask is not None:
             v_tok = v_tok.masked_fill(mask.unsqueeze(-1), 0.0)  # DWConv(V) reads padding as 0
-        if not torch.jit.is_scripting() and not is_fx_tracing():
-            if self._merges_value_conv(mask):  # eager inference: heads merged + DWConv(V) in one op call
-                return self.proj_drop(self.proj(self.norm(self.attn_drop(self._attend_value_conv(x, v_tok, hw)))))
         v = self._heads(v_tok)
-        if self.recompute and not torch.jit.is_scripting() and not is_fx_tracing() and torch.is_grad_enabled() \
-                and (x.requires_grad or self.qkv.weight.requires_grad):
+        if recompute and not torch.jit.is_scripting():
             heads = self._attend_recompute(x, v, hw, mask)
         else:
             heads = self._attend_tokens(x, v, hw, mask)

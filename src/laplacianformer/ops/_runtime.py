@@ -99,6 +99,13 @@ def choice(op: str) -> str:
     return _defaults.get(op, AUTO)
 
 
+def choices_token() -> tuple:
+    """The backend choices in force in this thread (the innermost ``use`` block over ``configure``) as a
+    hashable value: what a plan cached per call signature keys on besides the inputs (``ops/lean.py``)."""
+    frames = getattr(_local, "frames", None)
+    return (tuple(sorted(frames[-1].items())) if frames else (), tuple(sorted(_defaults.items())))
+
+
 def onnx_exporting() -> bool:
     try:
         return bool(torch.onnx.is_in_onnx_export())

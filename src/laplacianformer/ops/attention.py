@@ -24,8 +24,9 @@ from __future__ import annotations
 import torch
 
 from . import _runtime
-from .dispatch import BackendRefused
+from .dispatch import BackendRefused, selections
 from .graph_rule import attention_both_sides, rule_in_graph
+from .lean import lean_trace_fits, lean_value_conv
 from .nystrom import attention_core
 from .pooling import pool_landmarks  # re-exported: experiments/analysis.py and bench/ import it from here
 from .settings import DEFAULTS, AttentionSettings, default_bandwidth
@@ -41,6 +42,9 @@ from .validation import (
     resolve_landmarks,
 )
 from .value_conv import add_value_conv, check_value_conv
+
+_MAX_PLANS = 64
+"""Call signatures a ``plans`` cache keeps before it starts afresh (input sizes seen by one layer)."""
 
 __all__ = ["AttentionSettings", "attention_from_qkv", "attention_with_settings", "attention_with_value_conv", "check_call",
            "default_bandwidth", "explain_all", "laplacian_attention", "pool_landmarks"]
@@ -190,7 +194,7 @@ def attention_with_settings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
 
 def attention_with_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Tensor, settings: AttentionSettings, *,
                               hw: tuple[int, int] | None, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                              norm_gain: torch.Tensor | None = None) -> torch.Tensor:
+                              norm_gain: torch.Tensor | None = None, plans: dict | None = None) -> torch.Tensor:
     """The attention heads merged + DWConv(V) (docs/DESIGN.md §4.5): (B, N, C), C = H·e, the layer's
     "attend, then add the heads into the conv's output" as one call (no padding mask, no prefix tokens).
 
@@ -204,7 +208,28 @@ def attention_with_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Ten
     are). Wherever the passes do not serve (the CPU, autograd, float64, a learned gain of §4.6, the exact
     kernel, a forced ``steps``), the result is the layer's
     unfused computation by the same aten calls in the same order (``value_conv.add_value_conv``): the
-    operator, the conv of the tokens, the heads added into it."""
+    operator, the conv of the tokens, the heads added into it.
+
+    ``plans``: the caller's cache of call signatures (a dict it keeps, e.g. one per layer) for the lean host
+    path of CPU inference (``ops/lean.py``, docs/DESIGN.md §6.6): a signature's first call runs the path
+    below and records its backends; when they are the lean ones, its later calls run ``lean_value_conv``
+    (same bits, no per-call checks or dispatch)."""
+    if plans is not None and norm_gain is None and not torch.is_grad_enabled() and not _runtime.is_recording():
+        key = (q.shape, v_tok.shape, hw, q.dtype, q.device, k is q, _runtime.choices_token(),
+               torch.is_autocast_enabled(q.device.type), weight.dtype, bias is None)
+        grid = plans.get(key)
+        if grid:
+            return lean_value_conv(q, k, v_tok, settings, hw, grid, weight, bias)
+        if grid is None:
+            if len(plans) >= _MAX_PLANS:
+                plans.clear()
+            with selections() as trace:
+                out = attention_with_value_conv(q, k, v_tok, settings, hw=hw, weight=weight, bias=bias)
+            grid = resolve_landmarks(settings.landmarks, hw, v_tok.shape[1])
+            fits = (grid is not None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+                    and q.dtype == k.dtype == v_tok.dtype and lean_trace_fits(trace, settings))
+            plans[key] = grid if fits else False
+            return out
     check_float_tensor("v_tok", v_tok, ndim=3)
     check_float_tensor("q", q, ndim=4)
     b, n, c = v_tok.shape

@@ -21,7 +21,9 @@ Ops: ``kernel`` and ``kernel_matmul`` (``ops/kernel``), ``newton_schulz`` and ``
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,9 +31,22 @@ import torch
 
 from . import _runtime
 
-__all__ = ["Backend", "BackendRefused", "Op", "get_op", "op_names", "explain", "describe_inputs"]
+__all__ = ["Backend", "BackendRefused", "Op", "get_op", "op_names", "explain", "describe_inputs", "selections"]
 
 _OPS: dict[str, "Op"] = {}
+_trace = threading.local()  # .selections: the list an open ``selections()`` block fills, or None
+
+
+@contextlib.contextmanager
+def selections():
+    """``with selections() as trace:`` collects (op, backend) of every selection this thread makes inside the
+    block, in order: what a call signature's plan is made from (``ops/lean.py``). Blocks do not nest."""
+    trace: list[tuple[str, str]] = []
+    _trace.selections = trace
+    try:
+        yield trace
+    finally:
+        _trace.selections = None
 
 
 class BackendRefused(ValueError):
@@ -96,6 +111,9 @@ class Op:
         """The backend that runs ``inputs`` under the current choice (see the module docstring); logs an
         automatic fallback (``log``) and reports the decision to an open ``_runtime.recording()``."""
         chosen = self._choose(inputs)
+        trace = getattr(_trace, "selections", None)
+        if trace is not None:
+            trace.append((self.name, chosen.name))
         if (
             self.log is not None
             and chosen.name == self.reference

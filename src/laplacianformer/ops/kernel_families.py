@@ -64,6 +64,10 @@ class KernelSpec:
         object.__setattr__(self, "accumulation", _ACCUMULATION[self.distance])
         object.__setattr__(self, "power", _POWER[self.distance])
 
+    def __reduce__(self):
+        """Pickled by name (a settings object or a module holds its spec): the registered family on load."""
+        return kernel_spec, (self.name,)
+
     @property
     def l1(self) -> bool:
         """Whether the fused loops sum |x − y| (else (x − y)²)."""

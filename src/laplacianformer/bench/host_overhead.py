@@ -1,0 +1,130 @@
+"""The fixed cost of one attention layer: Laplacian against SR-softmax per stage, at 16×16 tokens and at 224².
+
+    laplacianformer bench host_overhead                     # Tiny, 1 thread, inference, batch 1
+    laplacianformer bench host_overhead --publish           # benchmarks/results/host_overhead_cpu.{json,md,png}
+
+For each stage of the backbone (default Tiny) the first block's attention layer, as the backbone builds it
+(Laplacian: 7×7 landmarks; SR-softmax: reduction 8/4/2/1), runs under no_grad on random tokens of two grids:
+16×16 (where the arithmetic is negligible and the layer's time is its host path: Python, checks, dispatch,
+aten calls) and the grid that stage sees at 224² (56², 28², 14², 7²). The two layers of one case are timed
+round-robin in one process (ratios, not absolute times, are what this machine can measure). Each case also
+counts the aten calls of one forward (a ``TorchDispatchMode``). The issue's targets, printed beside the
+ratios, are ≤ 1.3× at 16×16 and ≤ 2.0× at 56×56 (stage 1 at 224²); nothing here asserts them.
+Writes runs/bench/host_overhead/host_overhead_<device>.{json,md,png} (``--publish``: benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .harness import round_robin
+from .options import add_timing_options, results_stem, start_timing_run
+from .report import markdown_table, report_header, write_json, write_text
+from .stage_attention import make_layer_case, stage_inputs
+
+ATTNS = ("laplacian", "softmax")
+TARGETS = {"16x16": 1.3, "224": 2.0}
+"""The issue's targets of Laplacian / SR-softmax: every stage at 16×16, stage 1 at 224² (56×56 tokens)."""
+
+
+class _AtenCounter(TorchDispatchMode):
+    """Counts the aten calls made inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def aten_calls(fn) -> int:
+    """The aten calls of one ``fn()``."""
+    with _AtenCounter() as counter:
+        fn()
+    return counter.calls
+
+
+def cases(model: str, side: int = 16) -> list[dict]:
+    """Per stage: the 16×16 case and the 224² case, (label, stage, tokens, channels, hw, heads)."""
+    out = []
+    for shape in stage_inputs(model, 224):
+        small = dict(shape, tokens=side * side, hw=(side, side), grid=f"{side}x{side}")
+        out += [small, dict(shape, grid="224")]
+    return out
+
+
+def run(args) -> list[dict]:
+    rows = []
+    for shape in cases(args.model, args.side):
+        fns = {a: make_layer_case(args.model, a, shape["stage"], shape, args.batch, "infer", args.device) for a in ATTNS}
+        timings = round_robin({a: fns[a][0] for a in ATTNS}, device=args.device, repeats=args.repeats,
+                              max_seconds=args.max_seconds)
+        calls = {a: aten_calls(fns[a][0]) for a in ATTNS}
+        lap, soft = timings["laplacian"], timings["softmax"]
+        key = shape["grid"] if shape["grid"] != "224" or shape["stage"] == 0 else None
+        rows.append(dict(model=args.model, stage=shape["stage"], grid=shape["grid"], hw=list(shape["hw"]),
+                         tokens=shape["tokens"], channels=shape["channels"], heads=shape["heads"],
+                         laplacian_ms=lap.median_ms, softmax_ms=soft.median_ms, laplacian_iqr_ms=lap.iqr_ms,
+                         softmax_iqr_ms=soft.iqr_ms, repeats=min(lap.repeats, soft.repeats),
+                         ratio=lap.median_ms / soft.median_ms, target=TARGETS.get(key) if key else None,
+                         laplacian_aten_calls=calls["laplacian"], softmax_aten_calls=calls["softmax"]))
+    return rows
+
+
+def plot(path, rows: list[dict], title: str) -> None:
+    from ..experiments.common import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    labels = [f"s{r['stage'] + 1} {r['hw'][0]}×{r['hw'][1]}" for r in rows]
+    ax.bar(range(len(rows)), [r["ratio"] for r in rows], color=["tab:blue" if r["grid"] != "224" else "tab:orange"
+                                                                  for r in rows])
+    for i, r in enumerate(rows):
+        if r["target"]:
+            ax.plot([i - 0.4, i + 0.4], [r["target"]] * 2, "k--", lw=1)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(labels, fontsize=8, rotation=30)
+    ax.set_ylabel("Laplacian / SR-softmax layer time")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="laplacianformer_tiny")
+    p.add_argument("--side", type=int, default=16, help="the small grid's side (default 16)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--max-seconds", type=float, default=10.0, help="cap on timed seconds per case")
+    add_timing_options(p)
+    p.set_defaults(threads=1)
+    args = p.parse_args(argv)
+    load_before = start_timing_run(args, "laplacianformer.bench.host_overhead", argv)
+    rows = run(args)
+    load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
+    stem = results_stem(args, "host_overhead")
+    write_json(stem.with_suffix(".json"), dict(rows=rows, load_average=load), settings=vars(args))
+    table = markdown_table(
+        ["stage", "tokens", "C", "heads", "Laplacian ms", "SR-softmax ms", "Laplacian / SR-softmax", "target",
+         "aten calls (Lap / SR)"],
+        [[r["stage"] + 1, f"{r['hw'][0]}×{r['hw'][1]}", r["channels"], r["heads"], r["laplacian_ms"], r["softmax_ms"],
+          r["ratio"], "–" if r["target"] is None else f"≤ {r['target']}",
+          f"{r['laplacian_aten_calls']} / {r['softmax_aten_calls']}"] for r in rows])
+    header = report_header(f"{args.model}: one attention layer per stage, inference, Laplacian vs SR-softmax", args,
+                           load, f"batch {args.batch}; medians of round-robin calls")
+    write_text(stem.with_suffix(".md"), header + table)
+    print(header + table)
+    plot(stem.with_suffix(".png"), rows, f"{args.model}: layer time ratio, {args.threads} thread(s), batch {args.batch}")
+
+
+if __name__ == "__main__":
+    main()
