@@ -10,7 +10,7 @@
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint, save_weights
 from .hub import from_pretrained, save_pretrained
 from .layers import LaplacianAttention
-from .models import create_model, format_model_info, list_models, model_info  # registers timm models when timm is installed
+from .models import create_model, format_model_info, list_models, model_info  # registers with timm once timm is imported
 from .models.cuda_graph import cuda_graphed
 from .ops import laplace_kernel, laplace_kernel_matmul, laplacian_attention, newton_schulz_pinv, regularised_inverse
 

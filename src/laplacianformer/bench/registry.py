@@ -32,6 +32,7 @@ QUICK: dict[str, list[str]] = {
     "normalization": ["--sizes", "256", "--repeats", "1"],
     "padding": ["--max-len", "32", "--batch", "2", "--dim", "16", "--repeats", "1"],
     "roofline": ["--write"],
+    "startup": ["--repeats", "1"],
     "stage_attention": ["--model", "laplacianformer_micro", "--size", "64", "--repeats", "1"],
 }
 """Every benchmark, with the arguments of its ``--quick`` run (seconds; smoke-test numbers, not results)."""

@@ -3,9 +3,9 @@
     from laplacianformer.models import create_model, model_info
     model = create_model("laplacianformer_tiny", num_classes=10, attn="laplacian")
 
-When timm is installed, importing this package also registers every name with timm
-(``timm.create_model("laplacianformer_tiny")``, ``register_timm`` of the family module); without timm
-nothing of timm is imported.
+Every name is registered with timm (``timm.create_model("laplacianformer_tiny")``, ``register_timm`` of
+the family module) as soon as both this package and timm are imported, in either order; importing this
+package never imports timm itself (``import_hook.after_import``, docs/MODELS.md "timm").
 Saving and loading (``save_pretrained``/``from_pretrained``) are in ``laplacianformer.hub``, above this package.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ..layers.token_mixer import ATTENTIONS
 from .info import count_macs, format_model_info, model_info
+from .import_hook import after_import
 from .laplacianformer import LaplacianFormer, checkpoint_filter_fn, create_model, register_timm
 from .registry import MODEL_CONFIGS, PAPER, list_models, model_config
 
@@ -33,4 +34,4 @@ __all__ = [
 ]
 
 
-register_timm()
+after_import("timm", register_timm)

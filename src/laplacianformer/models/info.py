@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from ..ops import use
 from .laplacianformer import LaplacianFormer, create_model
@@ -48,6 +47,8 @@ def count_macs(model: nn.Module, x: torch.Tensor) -> tuple[int, dict[str, int]]:
     pooling runs as ``adaptive_avg_pool2d`` (not counted), not as its pooling-matrix products.
     Per-module keys are dotted paths below the model ("patch_embed", "stages.0", "head", ...).
     """
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count  # imports triton: not at our import
+
     mapping = {
         torch.ops.aten._cdist_forward: lambda x_shape, y_shape, *a, out_shape=None, **k: _cdist_flops(x_shape, y_shape),
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: (

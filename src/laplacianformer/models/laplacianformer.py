@@ -17,7 +17,7 @@ convolutions, so any input size works.
 Layout (as timm's family files): blocks -> stages -> model -> ``checkpoint_filter_fn`` -> pretrained cfgs
 -> the one builder ``create_model`` and the entry points that call it (one ``def`` per
 ``registry.MODEL_CONFIGS`` name) -> ``register_timm``. timm is imported only inside functions:
-``register_timm`` (called by ``laplacianformer.models`` on import) registers the entry points of this module
+``register_timm`` (called by ``laplacianformer.models`` once timm is imported) registers the entry points of this module
 with timm's registry, so timm records this family module (``laplacianformer``) as their module, as for its
 own families; ``create_model`` uses timm's builder only for the calls that need it. Saving, loading and
 reading saved configs live above this package, in ``laplacianformer.hub``, which hands its reader of a
@@ -655,10 +655,11 @@ _TIMM_REGISTERED = False
 
 def register_timm() -> bool:
     """Register this family's entry points and ``default_cfgs`` with timm, and the layers' FX leaf functions
-    with timm's FX helpers, if timm can be imported; returns whether timm has them. Idempotent.
+    with timm's FX helpers, if timm can be imported (this imports it); returns whether timm has them.
+    Idempotent.
 
-    Called by ``laplacianformer.models`` on import; timm is imported here only, so the package works
-    without it."""
+    ``laplacianformer.models`` calls it once timm is imported (at once if it already is, else from an
+    import hook: ``import_hook.after_import``), so the package never imports timm for it."""
     global _TIMM_REGISTERED
     if _TIMM_REGISTERED:
         return True
@@ -670,6 +671,8 @@ def register_timm() -> bool:
         from timm.models import register_model
     except (ImportError, ValueError):
         return False
+    if _TIMM_REGISTERED:  # importing timm just now ran the import hook, which registered
+        return True
     from ..layers.tracing import register_with_timm_fx
 
     for entry in entry_points.values():

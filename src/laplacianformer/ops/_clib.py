@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from ._runtime import constant_result
+
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC", "-std=c99"]
 SERIAL_WORK = 1 << 18
 """Below this many multiply-adds a C call runs on one thread (an OpenMP fork costs more than it saves)."""
@@ -126,7 +128,7 @@ class CLibrary:
         self._lock = threading.Lock()
         self.path: Path | None = None
         LIBRARIES.append(self)
-        self.available: Callable[[], bool] = torch.compiler.assume_constant_result(lambda: self.load() is not None)
+        self.available: Callable[[], bool] = constant_result(lambda: self.load() is not None)
 
     def load(self) -> ctypes.CDLL | None:
         """The compiled library, or None (see ``error()``); the first call builds it. Set

@@ -10,6 +10,7 @@
 - ``graph_ops()``: whether the public ops call their custom ops (torch.compile / torch.export tracing).
 - ``triton_available()`` / ``triton_interpreted()``: whether Triton imports, whether it runs in its
   CPU interpreter (TRITON_INTERPRET=1).
+- ``constant_result(fn)``: torch.compile's ``assume_constant_result`` without importing dynamo.
 - Recording (``recording()``) and the log-once memory of the dispatcher.
 
 This module imports nothing from the package; every other ops module may import it.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import sys
 import threading
 
 import torch
@@ -156,10 +158,21 @@ def capturing(*, modes: bool = True, streams: bool = True) -> bool:
     return capture_reason(modes=modes, streams=streams) is not None
 
 
+def constant_result(fn):
+    """``torch.compiler.assume_constant_result(fn)`` without importing ``torch._dynamo`` (1 s of
+    ``import laplacianformer``): the decorator only marks ``fn`` with the attribute dynamo reads when it
+    traces a call (tests/test_startup.py checks that both mark alike); once dynamo is loaded its own
+    decorator runs."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 _triton_probe: list[tuple[bool, str]] = []
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def triton_available() -> tuple[bool, str]:
     """(True, "") when ``import triton`` works, else (False, reason); probed once (a constant to
     torch.compile)."""
