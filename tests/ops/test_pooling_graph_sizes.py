@@ -38,3 +38,28 @@ def test_landmark_grid_and_resolve_on_ints_match_the_rule():
     assert resolve_landmarks((7, 7), (4, 30), 120) == (4, 7)
     assert resolve_landmarks((7, 7), (4, 4), 16) is None  # covers every token: exact kernel
     assert landmark_grid(49, None) == 49 and resolve_landmarks(49, None, 40) is None
+
+
+class _StridedPool(torch.nn.Module):
+    """(B, 8, H, W) image -> a stride-4 grid of (2 heads, d = 4) tokens (ceil(H / 4) sides, as a patch embedding
+    gives) -> its landmarks (B, 2, m, 4) of the 7x7 grid cut to the token grid."""
+
+    def forward(self, x):
+        x = F.avg_pool2d(x, 7, 4, 3, count_include_pad=False)
+        b, c, h, w = x.shape
+        q = x.flatten(2).transpose(1, 2).reshape(b, h * w, 2, c // 2).transpose(1, 2)  # a strided (B, 2, N, 4)
+        return pool_landmarks(q, (h, w), landmark_grid((7, 7), (h, w)))
+
+
+def test_torch_export_pools_every_size_of_a_dim_range_with_a_fixed_batch():
+    """torch.export with a fixed batch and Dim ranges of H, W: the reshape (B, H, gh·gw, d) -> (B·H·gh, gw, d)
+    made torch.export guard on ``B·H % (B·H·gh) != 0`` (true, not provable: "Constraints violated")."""
+    dims = {2: torch.export.Dim("h", min=64, max=512), 3: torch.export.Dim("w", min=64, max=512)}
+    module = _StridedPool()
+    example = torch.randn(2, 8, 96, 80, dtype=torch.float64)
+    run = torch.export.export(module, (example,), dynamic_shapes=(dims,)).module()
+    for h, w in [(64, 64), (301, 97), (512, 509)]:
+        x = torch.randn(2, 8, h, w, dtype=torch.float64)
+        grid = F.avg_pool2d(x, 7, 4, 3, count_include_pad=False)
+        ref = F.adaptive_avg_pool2d(grid, (7, 7)).reshape(2, 2, 4, 49).transpose(-1, -2)
+        torch.testing.assert_close(run(x), ref, rtol=1e-12, atol=1e-12)

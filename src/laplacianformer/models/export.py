@@ -250,15 +250,34 @@ def _total_stride(model: nn.Module) -> int:
 
 
 def export_program(model: nn.Module, example: torch.Tensor, *, dynamic_batch: bool = True,
-                   dynamic_hw: bool | None = None, **kwargs) -> torch.export.ExportedProgram:
+                   dynamic_hw: bool | None = None, hw_range: tuple[int, int] | None = None,
+                   **kwargs) -> torch.export.ExportedProgram:
     """``torch.export.export`` of ``model`` (eval mode) at ``example`` (B, C, H, W) with ``torch.export.Dim``s for
     the batch and H, W (the same options as ``export_onnx``): the program runs any size with eager mode's
-    landmark rule (``ops/graph_rule.py``; a plain ``torch.export.export`` with such ``Dim``s does the same). Extra ``kwargs`` go to ``torch.export.export``."""
+    landmark rule (``ops/graph_rule.py``; a plain ``torch.export.export`` with such ``Dim``s does the same).
+
+    hw_range: (min, max) of H and W; default: from the total stride + 1, no maximum. A min <= the total stride
+        is refused (ValueError): the last stage would have a side of 1 token, a size torch.export cannot keep
+        dynamic. Extra ``kwargs`` go to ``torch.export.export``."""
     model.eval()
     batch, hw = _dims(example, dynamic_batch, dynamic_hw, model)
-    low = _total_stride(model) + 1  # a side of one token at the last stage is a size-1 dim, which torch.export specialises
+    stride = _total_stride(model)
+    low, high = (stride + 1, None) if hw_range is None else _check_hw_range(hw_range, stride)
     dims = {**({0: torch.export.Dim("batch")} if batch else {}),
-            **({2: torch.export.Dim("height", min=low), 3: torch.export.Dim("width", min=low)} if hw else {})}
+            **({2: torch.export.Dim("height", min=low, max=high), 3: torch.export.Dim("width", min=low, max=high)}
+               if hw else {})}
     if batch and example.shape[0] == 1:
         example = example.expand(2, *example.shape[1:]).clone()
     return torch.export.export(model, (example,), dynamic_shapes=(dims,) if dims else None, **kwargs)
+
+
+def _check_hw_range(hw_range, stride: int) -> tuple[int, int]:
+    """``hw_range`` as (min, max) with stride < min <= max; ValueError naming it otherwise."""
+    if (not isinstance(hw_range, (tuple, list)) or len(hw_range) != 2
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in hw_range)):
+        raise ValueError(f"hw_range: expected (min, max) ints, got {hw_range!r}")
+    low, high = hw_range
+    if not stride < low <= high:
+        raise ValueError(f"hw_range: expected {stride} < min <= max (at a side <= the total stride {stride} the last "
+                         f"stage has 1 token, a size torch.export cannot keep dynamic), got {tuple(hw_range)}")
+    return low, high

@@ -87,18 +87,19 @@ def _pool_matmul(x: torch.Tensor, hw, landmarks) -> torch.Tensor:
 
 
 def _pool_matmul_graph(x: torch.Tensor, hw, landmarks) -> torch.Tensor:
-    """``_pool_matmul`` on graph sizes (torch.export SymInts, torch.jit's traced size tensors): the same two
-    products as batched ``bmm`` with the averaging matrices expanded over the batch, so no matmul broadcast
-    makes torch.export guard on the sizes (a landmark grid side of 1, ...); same values."""
+    """``_pool_matmul`` on graph sizes (torch.export SymInts, torch.jit's traced size tensors); same values. The
+    tokens lead: x as (gh, gw, B·H·d), a ``bmm`` with the width's averaging matrix expanded over the gh rows,
+    an ``mm`` with the height's. Merging fixed sizes into a graph size after them, (B, H, gh·gw, d) ->
+    (B·H·gh, gw, d), makes torch's reshape test ``B·H % (B·H·gh) != 0``: true for gh >= 2, but a modulo that
+    torch.export cannot prove, so with a fixed batch every ``Dim`` range failed (issue 43). No product
+    broadcasts (no guard on a side of 1)."""
     b, h, n, d = x.shape
     (gh, gw), (lh, lw) = hw, landmarks
-    rows = x.reshape(b * h * gh, gw, d)
+    t = x.permute(2, 0, 1, 3).reshape(gh, gw, b * h * d)
     p_w = adaptive_pool_matrix(gw, lw, x.dtype, x.device)
-    pooled_w = torch.bmm(p_w.expand(rows.shape[0], p_w.shape[0], p_w.shape[1]), rows)
-    cols = pooled_w.reshape(b * h, gh, -1)
-    p_h = adaptive_pool_matrix(gh, lh, x.dtype, x.device)
-    pooled = torch.bmm(p_h.expand(cols.shape[0], p_h.shape[0], p_h.shape[1]), cols)
-    return pooled.reshape(b, h, -1, d)
+    t = torch.bmm(p_w.expand(gh, p_w.shape[0], p_w.shape[1]), t)  # (gh, lw, B·H·d)
+    t = torch.mm(adaptive_pool_matrix(gh, lh, x.dtype, x.device), t.reshape(gh, lw * b * h * d))
+    return t.reshape(lh * lw, b, h, d).permute(1, 2, 0, 3)
 
 
 def masked_pool_matrix(key_padding_mask: torch.Tensor, out: int, dtype: torch.dtype) -> torch.Tensor:
