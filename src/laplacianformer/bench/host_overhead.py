@@ -78,9 +78,11 @@ def run(args) -> list[dict]:
 
 
 def plot(path, rows: list[dict], title: str) -> None:
-    from ..experiments.common import pyplot
+    import matplotlib
 
-    plt = pyplot()
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 3.8))
     labels = [f"s{r['stage'] + 1} {r['hw'][0]}×{r['hw'][1]}" for r in rows]
     ax.bar(range(len(rows)), [r["ratio"] for r in rows], color=["tab:blue" if r["grid"] != "224" else "tab:orange"

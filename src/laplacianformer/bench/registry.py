@@ -25,6 +25,7 @@ QUICK: dict[str, list[str]] = {
     "gpu_micro": ["--device", "cpu", "--ns-matrices", "4", "--kernel-groups", "2", "--kernel-tokens", "256",
                   "--kernel-dim", "16", "--repeats", "2"],
     "gpu_targets": ["--measured", "benchmarks/results/gpu_check_h200"],
+    "host_overhead": ["--model", "laplacianformer_micro", "--side", "8", "--repeats", "2", "--max-seconds", "1"],
     "kernels": ["--quick", "--devices", "cpu"],
     "launch_census": ["--model", "laplacianformer_micro", "--size", "64", "--backbone-sizes", "64"],
     "model_cost": ["--sizes", "32", "64", "--repeats", "1", "--max-seconds", "2", "--cap-s", "10"],
