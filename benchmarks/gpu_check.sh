@@ -107,13 +107,13 @@ for precision in fp32 bf16; do
 done
 step stage_attention 30 "$py" -m laplacianformer.bench.stage_attention --device cuda --size 512 "${tiny[@]}" \
   --attn laplacian softmax --repeats 20 --max-seconds 5 --out "$out/stage_attention_cuda"
-step gpu_micro 25 "$py" -m laplacianformer.bench.gpu_micro --device cuda --ns-matrices 64 132 --repeats 50 \
+step gpu_micro 25 "$py" -m benchmarks.gpu_micro --device cuda --ns-matrices 64 132 --repeats 50 \
   --out "$out/gpu_micro_cuda"
 step attention_scaling 30 "$py" -m laplacianformer.bench.attention_scaling --device cuda --methods laplacian soft \
   softmax_sdpa --sizes 32 64 128 256 --repeats 5 --out "$out/attention_scaling_cuda"
 step gpu_overhead_compiled 60 "$py" -m laplacianformer.bench.gpu_overhead --device cuda --size 512 "${tiny[@]}" \
   --repeats 10 --compile --out "$out/gpu_overhead_cuda_compiled"
-step gpu_targets 15 "$py" -m laplacianformer.bench.gpu_targets --measured "$out" --out "$out/gpu_targets"
+step gpu_targets 15 "$py" -m benchmarks.gpu_targets --measured "$out" --out "$out/gpu_targets"
 [ "$dry" != 0 ] && exit 0
 cat "$out/gpu_targets.md" 2>/dev/null
 echo "gpu_check: results in $out (status $status)"
