@@ -14,6 +14,9 @@ families as its sequel. This runs it under the validated protocol of ``laplacian
     variants the detection runs the study asks for: the best two non-Laplacian families at their selected λ
              (by validation), one "LABEL BACKBONE_KWARGS_JSON" line each (scripts/detection_runs.sh reads them)
     list     the cells' labels and settings
+    why      per family's model: the distances its kernel sees, its kernel values and the Nyström error at 196,
+             1,024 and 4,096 tokens, and the ranking against the heavy-tail argument (``kernel_why``; own options:
+             ``kernels why --help``) -> results/kernels/why/
 
 Cells are resumable (each a single-threaded training process, checkpointed every 200 steps) and written to
 OUT/cells.json as they finish. A cell whose model is identical to one already trained under the same protocol
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -370,8 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="The kernel families of the attention under the validated protocol: "
                                             "bandwidth selection on validation, confirmation on test (docs/DESIGN.md "
                                             "§7.8); resumable per cell.")
-    p.add_argument("stage", choices=("select", "confirm", "report", "list", "variants", "calibrate"),
-                   help="calibrate: recompute the matched bandwidths (MATCHED_LAMBDAS) and print them")
+    p.add_argument("stage", choices=("select", "confirm", "report", "list", "variants", "calibrate", "why"),
+                   help="calibrate: recompute the matched bandwidths (MATCHED_LAMBDAS) and print them; why: "
+                        "distances, kernel values and Nystrom error of each family's model (options: kernels why --help)")
     p.add_argument("--families", nargs="+", default=list(SHIPPED), choices=list(SHIPPED),
                    help="select/confirm: only these families (default: all shipped)")
     p.add_argument("--seeds", type=int, default=None, help=f"seeds 0..N-1 (select {SELECT_SEEDS}, confirm {CONFIRM_SEEDS})")
@@ -423,7 +428,20 @@ def _stage(args) -> int:
     return 0
 
 
+def why_study():
+    """What ``kernel_why`` reads of this study (it does not import this module: no cycle)."""
+    from .kernel_why import Study
+
+    return Study(matched=MATCHED_LAMBDAS, label=label, configuration=configuration, selection=selection,
+                 confirmation=confirmation, head_dim=protocol_head_dim)
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["why"]:
+        from .kernel_why import main as why_main
+
+        return why_main(argv[1:], study=why_study())
     args = build_parser().parse_args(argv)
     return run_command("kernels", lambda: _stage(args))
 
