@@ -26,7 +26,7 @@ from .normalization.cpu import normalize_cpu
 from .normalization.reference import scale_whitened
 from .pooling import _pool_matmul
 from .settings import AttentionSettings
-from .validation import WHITENED_NORMS
+from .validation import SHIPPED_NORMS, WHITENED_NORMS
 from .value_conv import ValueConv, add_value_conv
 
 __all__ = ["LEAN_BACKENDS", "lean_trace_fits", "lean_value_conv"]
@@ -35,8 +35,8 @@ LEAN_BACKENDS = {"pooling": "matmul", "landmark_solve": "steps", "kernel": "cpu"
                  "streaming": "steps", "normalization": "cpu"}
 """The backend of each op the lean path reproduces; a signature whose general call selected any other (or
 dispatched another op) keeps the general path."""
-LEAN_NORMS = ("injective", "inline")
-"""The norms with a C form (the ``cpu`` backend of ``normalization``)."""
+LEAN_NORMS = SHIPPED_NORMS
+"""The norms with a C form (the ``cpu`` backend of ``normalization``: the shipped ones)."""
 
 
 def lean_trace_fits(trace: list[tuple[str, str]], settings: AttentionSettings) -> bool:

@@ -24,6 +24,7 @@ from .kernel_families import KernelSpec
 from .validation import (
     NORM_SCALES,
     NORMS,
+    NS_BACKWARDS,
     SOLVERS,
     WHITENED_NORMS,
     check_choice,
@@ -36,7 +37,6 @@ from .validation import (
 __all__ = ["AttentionSettings", "OPERATOR_SETTINGS", "SETTINGS_VERSION", "WHITENED_OUTPUT_SCALE", "default_bandwidth",
            "default_norm_scale", "settings_from"]
 
-NS_BACKWARDS = ("implicit", "unrolled")
 
 
 def default_bandwidth(kernel: str, head_dim: int, lam: float | None = None, qk_scale: float | None = None):

@@ -15,11 +15,21 @@ import torch
 from . import _runtime
 from .kernel_families import KernelSpec, kernel_spec
 
+# The variants of the operator, each list defined here once (docs/DESIGN.md §4, §3); the others derive from them.
 NORMS = ("injective", "inline", "rowsum", "none", "injective_nomean")
+"""Every normalisation (docs/DESIGN.md §4.1, §4.4); the reference and step paths serve each."""
+SHIPPED_NORMS = ("injective", "inline")
+"""The norms of the shipped configurations (the default; ``attn_preset="tuned"``'s inline), which the fused
+backends serve; "rowsum", "none" and "injective_nomean" are ablation variants of the reference path."""
 WHITENED_NORMS = ("injective", "injective_nomean")
-NORM_SCALES = ("one", "inv_sqrt_n", "inv_n")  # the operator's; the module adds "learned" (docs/DESIGN.md §4.6)
 """The variants that divide by √(s_j² + ε) (docs/DESIGN.md §4.1, §4.4): their ε must be > 0."""
+NORM_SCALE_POWERS = {"one": 0.0, "inv_sqrt_n": 0.5, "inv_n": 1.0}
+"""p of the output scale α = N^-p of the whitened part (docs/DESIGN.md §4.6), per ``norm_scale``."""
+NORM_SCALES = tuple(NORM_SCALE_POWERS)  # the operator's; the module adds "learned" (docs/DESIGN.md §4.6)
 SOLVERS = ("newton_schulz", "cg", "exact")
+"""The regularised inverse (docs/DESIGN.md §3): Newton–Schulz; CG and the exact solve are ablations."""
+NS_BACKWARDS = ("implicit", "unrolled")
+"""The gradient of the Newton–Schulz inverse (docs/DESIGN.md §3): the implicit formula; unrolled is an ablation."""
 
 
 def check_choice(name: str, value: str, choices: Sequence[str]) -> str:
@@ -70,9 +80,17 @@ def check_head_split(dim: int, num_heads: int) -> int:
     return dim // num_heads
 
 
-def check_finite(name: str, x: torch.Tensor) -> None:
-    if not torch.isfinite(x).all():
-        raise ValueError(f"{name}: contains NaN or Inf values")
+def check_finite(name: str, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> None:
+    """ValueError naming ``name`` and the first batch index (dim 0) where x holds NaN or Inf. x: (B, ..., N, ·)
+    tokens with ``key_padding_mask`` (B, N) (True = padding: those tokens may hold anything, docs/DESIGN.md
+    §2.5), or any (B, ...) tensor without one."""
+    finite = torch.isfinite(x)
+    if key_padding_mask is not None:
+        finite = finite | key_padding_mask.view(x.shape[0], *(1,) * (x.dim() - 3), x.shape[-2], 1)
+    if not bool(finite.all()):
+        rows = (~finite).flatten(1).any(1).nonzero().flatten().tolist()
+        more = f" (and {len(rows) - 1} more of the {x.shape[0]})" if len(rows) > 1 else ""
+        raise ValueError(f"{name}: contains NaN or Inf values at batch index {rows[0]}{more}")
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

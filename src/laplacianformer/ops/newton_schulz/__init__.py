@@ -26,7 +26,7 @@ import torch
 
 from .. import _runtime
 from ..dispatch import Backend, Op
-from ..validation import SOLVERS, check_choice, check_float_tensor, check_positive, check_positive_int
+from ..validation import NS_BACKWARDS, SOLVERS, check_choice, check_float_tensor, check_positive, check_positive_int
 from . import native
 from .cg import conjugate_gradient_inverse
 from .naive import (
@@ -233,7 +233,7 @@ def regularised_inverse(
     if w.dim() < 2 or w.shape[-1] != w.shape[-2]:
         raise ValueError(f"w: expected square matrices (..., m, m), got shape {tuple(w.shape)}")
     check_choice("solver", solver, SOLVERS)
-    check_choice("backward", backward, ("implicit", "unrolled"))
+    check_choice("backward", backward, NS_BACKWARDS)
     check_positive_int("iters", iters)
     check_positive("eps", eps, allow_zero=True)
     if tol is not None:

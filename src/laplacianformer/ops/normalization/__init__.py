@@ -29,15 +29,15 @@ import torch
 
 from .. import _runtime
 from ..dispatch import Backend, Op
-from ..validation import NORMS, check_choice
+from ..validation import NORM_SCALE_POWERS, NORMS, SHIPPED_NORMS, check_choice
 from .fused import InjectiveNormalization, InlineNormalization, injective_forward, inline_forward
 from .limits import triton_unfit
-from .reference import NORM_SCALE_POWERS, normalize_dense, normalize_nystrom_reference, scale_whitened
+from .reference import normalize_dense, normalize_nystrom_reference, scale_whitened
 
 __all__ = ["NORMALIZATION", "FUSED_NORMS", "NORM_SCALE_POWERS", "normalize_dense", "normalize_nystrom",
            "normalize_nystrom_grad", "normalize_nystrom_reference", "normalize_nystrom_saving", "scale_whitened"]
 
-FUSED_NORMS = ("injective", "inline")
+FUSED_NORMS = SHIPPED_NORMS  # the fused backends serve the shipped norms (validation.SHIPPED_NORMS)
 
 
 def normalize_nystrom(

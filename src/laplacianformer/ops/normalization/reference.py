@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..validation import NORMS, check_choice
+from ..validation import NORM_SCALE_POWERS, NORMS, check_choice
 
 
 def _valid(mask: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +68,6 @@ def _normalize_dense_masked(g, v, norm, eps, mask):
     return (z @ (v * valid_q)).masked_fill(mask[:, None, :, None], 0.0)
 
 
-NORM_SCALE_POWERS = {"one": 0.0, "inv_sqrt_n": 0.5, "inv_n": 1.0}
 
 
 def scale_whitened(out: torch.Tensor, v: torch.Tensor, norm_scale: str = "one", gain: torch.Tensor | None = None,

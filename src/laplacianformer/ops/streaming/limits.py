@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..normalization.reference import NORM_SCALE_POWERS
+from ..validation import NORM_SCALE_POWERS
 
 MAX_M = 64
 """Largest landmark count m of the passes (their (rows, m) and (m, m) register tiles)."""
