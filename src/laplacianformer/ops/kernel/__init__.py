@@ -61,6 +61,11 @@ def _tensors(inputs) -> list[torch.Tensor]:
     return [t for t in inputs if isinstance(t, torch.Tensor)]
 
 
+def _kernel_name(inputs) -> str:
+    """The family of a call (x, y[, v][, lam[, kernel]]): its ``kernel`` argument, else the default."""
+    return inputs[-1] if isinstance(inputs[-1], str) else "laplacian"
+
+
 def _custom_kernel_refusal(tensors: list[torch.Tensor], device: str, interpreted: bool = False) -> str | None:
     """What the cpu and triton backends both need: no ONNX export, one dtype, every tensor on ``device``
     (or, with ``interpreted``, anywhere: Triton's interpreter runs on the CPU)."""
@@ -94,7 +99,7 @@ def _cpu_auto_refusal(*_inputs) -> str | None:
 
 def _triton_refusal(*inputs) -> str | None:
     tensors = _tensors(inputs)
-    spec = kernel_spec(inputs[-1])
+    spec = kernel_spec(_kernel_name(inputs))
     if spec.id not in TRITON_KERNEL_IDS:
         return f"kernel {spec.name!r}: the Triton kernels have no profile for its id {spec.id}"
     why = _custom_kernel_refusal(tensors, "cuda", _runtime.triton_interpreted())

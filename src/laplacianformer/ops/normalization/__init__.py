@@ -29,6 +29,7 @@ import torch
 
 from .. import _runtime
 from ..dispatch import Backend, Op
+from ..capabilities import Call, Serves, unserved
 from ..validation import NORM_SCALE_POWERS, NORMS, SHIPPED_NORMS, check_choice
 from .fused import InjectiveNormalization, InlineNormalization, injective_forward, inline_forward
 from .limits import triton_unfit
@@ -76,42 +77,31 @@ def normalize_nystrom(
     return NORMALIZATION(c_q, b, v, norm, eps, w_inv, key_padding_mask)
 
 
-def _fused_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None, key_padding_mask=None) -> str | None:
-    if key_padding_mask is not None:
-        return "a key_padding_mask is not supported by the fused path"
-    if norm not in FUSED_NORMS:
-        return f"norm {norm!r} has no fused form (only {list(FUSED_NORMS)})"
-    why = _runtime.capture_reason(modes=False)
-    if why is not None:
-        return f"{why} (the fused functions are eager only)"
-    if 0 in (c_q.numel(), b.numel(), v.numel()):
-        return "empty input"
-    return None
+def _call(c_q, b, v, norm="injective", eps=1e-6, w_inv=None, key_padding_mask=None) -> Call:
+    """The op's arguments as the ``Call`` record its backends' declarations are checked against."""
+    return Call((c_q, b, v) if w_inv is None else (c_q, b, v, w_inv), norm=norm, m=b.shape[-1], e=v.shape[-1],
+                masked=key_padding_mask is not None)
 
 
 _TRITON_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+FUSED = Serves("the fused path", norms=FUSED_NORMS, masks=False)
+CPU = Serves("the fused path", devices=("cpu",), dtypes=(torch.float32, torch.float64), norms=FUSED_NORMS, masks=False)
+TRITON = Serves("the fused path", devices=("cuda",), interpreted=True, dtypes=_TRITON_DTYPES, norms=FUSED_NORMS,
+                masks=False)
+"""What the fused, cpu and triton backends serve (``ops/capabilities.py``): the shipped norms, no mask."""
 
 
-def _native_refusal(c_q, b, v, norm, eps, w_inv, device: str, dtypes, key_padding_mask=None) -> str | None:
-    """What the cpu and triton backends share beyond ``_fused_refusal``: one dtype among ``dtypes``, one device."""
-    why = _fused_refusal(c_q, b, v, norm, eps, w_inv, key_padding_mask)
-    if why is not None:
-        return why
-    tensors = [t for t in (c_q, b, v, w_inv) if t is not None]
-    kinds = {t.dtype for t in tensors}
-    if len(kinds) != 1:
-        return f"mixed dtypes {sorted(str(d) for d in kinds)}"
-    if tensors[0].dtype not in dtypes:
-        return f"dtype {tensors[0].dtype} (takes {', '.join(str(d) for d in dtypes)})"
-    devices = {t.device.type for t in tensors}
-    if devices != {device} and not (device == "cuda" and devices == {"cpu"} and _runtime.triton_interpreted()):
-        return f"tensors on {sorted(devices)}, not {device}" + (
-            " (set TRITON_INTERPRET=1 to run Triton on the CPU)" if device == "cuda" else "")
-    return None
+def _eager_only() -> str | None:
+    why = _runtime.capture_reason(modes=False)
+    return None if why is None else f"{why} (the fused functions are eager only)"
 
 
-def _cpu_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None, key_padding_mask=None) -> str | None:
-    why = _native_refusal(c_q, b, v, norm, eps, w_inv, "cpu", (torch.float32, torch.float64), key_padding_mask)
+def _fused_refusal(*inputs) -> str | None:
+    return unserved(FUSED, _call(*inputs)) or _eager_only()
+
+
+def _cpu_refusal(*inputs) -> str | None:
+    why = unserved(CPU, _call(*inputs)) or _eager_only()
     if why is not None:
         return why
     from . import cpu
@@ -121,11 +111,9 @@ def _cpu_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None, key_padding_
     return None
 
 
-def _triton_refusal(c_q, b, v, norm="injective", eps=1e-6, w_inv=None, key_padding_mask=None) -> str | None:
-    why = _native_refusal(c_q, b, v, norm, eps, w_inv, "cuda", _TRITON_DTYPES, key_padding_mask)
-    if why is not None:
-        return why
-    why = triton_unfit(c_q.dtype, b.shape[-1], v.shape[-1])
+def _triton_refusal(*inputs) -> str | None:
+    call = _call(*inputs)
+    why = unserved(TRITON, call) or _eager_only() or triton_unfit(call.tensors[0].dtype, call.m, call.e)
     if why is not None:
         return why
     ok, why = _runtime.triton_available()
