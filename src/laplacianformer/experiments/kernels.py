@@ -164,6 +164,14 @@ def _open(path: Path, protocol: dict, split: dict | None) -> dict:
     return record or {"protocol": protocol, "validation_split": split, "environment": environment(), "cells": {}}
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the current directory when it lies under it (recorded in committed files)."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def _borrowed(source: Path, protocol: dict, head_dim: int) -> dict:
     """{(canonical settings JSON, seed): (key, cell)} of the cells of ``source`` under the same protocol."""
     rec = read_json(source)
@@ -192,7 +200,7 @@ def run_cells(labels: list[str], seeds: list[int], *, protocol: dict, out: Path,
             attn, kwargs = configuration(lb)
             same = borrowed.get((json.dumps(canonical_attention(attn, kwargs, head_dim), sort_keys=True), seed))
             if same is not None:
-                record["cells"][key] = {**same[1], "label": lb, "reused_from": f"{borrow}#{same[0]}"}
+                record["cells"][key] = {**same[1], "label": lb, "reused_from": f"{_shown(borrow)}#{same[0]}"}
                 continue
             config = {**protocol["recipe"], "attn": attn, "attn_kwargs": kwargs, "seed": seed, "progress": False,
                       "out": str(runs / f"{lb.replace('@', '-')}-s{seed}"), "resume": True, "final_test": True}
@@ -225,8 +233,9 @@ def _per_seed(record: dict, lb: str, field: str) -> dict[int, float]:
 
 
 def selection(record: dict, head_dim: int) -> dict:
-    """Per family: each λ's validation top-1 (per seed, mean, n) and the selected λ (highest mean among those
-    with >= MIN_SELECT_SEEDS seeds; ties: the smaller λ). Reads ``val_top1`` only, never ``test_top1``."""
+    """Per family: each λ's validation top-1 (per seed, mean, n) and the selected λ (once every λ of the family
+    has >= MIN_SELECT_SEEDS seeds: the highest mean; ties: the smaller λ). Reads ``val_top1`` only, never
+    ``test_top1``."""
     families = {}
     for family in SHIPPED:
         rows = {}
@@ -236,15 +245,16 @@ def selection(record: dict, head_dim: int) -> dict:
             rows[f"{lam:g}"] = {"label": label(family, lam), "lam": lam, "val_top1": {str(s): v for s, v in sorted(vals.items())},
                                 "n": d.n, "mean": d.mean, "std": d.std}
         eligible = [r for r in rows.values() if r["n"] >= MIN_SELECT_SEEDS]
-        best = max(eligible, key=lambda r: (r["mean"], -r["lam"])) if eligible else None
+        complete = len(eligible) == len(rows)  # a λ is selected once every λ of the family has its seeds
+        best = max(eligible, key=lambda r: (r["mean"], -r["lam"])) if complete else None
         families[family] = {"default_lam": kernel_spec(family).default_lam(head_dim),
                             "matched_lam": MATCHED_LAMBDAS[family], "lambdas": rows,
                             "selected": None if best is None else best["label"],
                             "selected_lam": None if best is None else best["lam"],
-                            "complete": len(eligible) == len(rows)}
+                            "complete": complete}
     return {"protocol": record["protocol"], "validation_split": record.get("validation_split"), "head_dim": head_dim,
-            "rule": f"per family, the λ of the highest mean validation top-1 among those with >= {MIN_SELECT_SEEDS} "
-                    "seeds (ties: the smaller λ)", "families": families,
+            "rule": f"per family, once each of its λ has >= {MIN_SELECT_SEEDS} seeds, the λ of the highest mean "
+                    "validation top-1 (ties: the smaller λ)", "families": families,
             "complete": all(f["complete"] for f in families.values())}
 
 
@@ -305,7 +315,7 @@ def selection_markdown(sel: dict) -> str:
     head = (f"Bandwidth selection per kernel family on validation data ({sel['protocol']['name']}: "
             f"{split.get('holdout')} of {split.get('train_items')} training images held out, sha256 "
             f"{str(split.get('indices_sha256'))[:12]}…; injective normalisation, output scale 1/N). Rule: {sel['rule']}."
-            f"{'' if sel['complete'] else ' Incomplete: rows with fewer than 3 seeds are not eligible yet.'}")
+            f"{'' if sel['complete'] else ' Incomplete: a family without 3 seeds at each of its λ has no selection yet.'}")
     return head + "\n\n" + markdown_table(["family", "λ", "seeds", "val top-1 %", "std", ""], rows)
 
 

@@ -6,6 +6,8 @@ copied by hand:
   verdicts per ablation), every claim's verdict, then each ablation's table and plot;
 - accuracy (``ACCURACY_BEGIN`` … ``ACCURACY_END``), from ``results/accuracy/`` (selection on validation
   data, confirmation on test; DESIGN §7.5) and ``results/analysis/gain_tokens.md`` (DESIGN §4.6).
+- kernel families (``KERNELS_BEGIN`` … ``KERNELS_END``), from ``results/kernels/`` (the bandwidth selection on
+  validation data, the confirmation on test, the why analysis; DESIGN §7.8).
 The README's accuracy claims (``CLAIMS_BEGIN`` … ``CLAIMS_END``) are rewritten from the same confirmation
 when ``--readme`` holds those markers.
 
@@ -33,6 +35,8 @@ BEGIN = "<!-- BEGIN generated ablations: python -m laplacianformer.experiments.r
 END = "<!-- END generated ablations -->"
 ACCURACY_BEGIN = "<!-- BEGIN generated accuracy: python -m laplacianformer.experiments.results_page; do not edit by hand -->"
 ACCURACY_END = "<!-- END generated accuracy -->"
+KERNELS_BEGIN = "<!-- BEGIN generated kernel families: python -m laplacianformer.experiments.results_page; do not edit by hand -->"
+KERNELS_END = "<!-- END generated kernel families -->"
 CLAIMS_BEGIN = "<!-- BEGIN generated accuracy claims: python -m laplacianformer.experiments.results_page; do not edit by hand -->"
 CLAIMS_END = "<!-- END generated accuracy claims -->"
 
@@ -110,6 +114,24 @@ def accuracy_section(accuracy: Path, gain_md: Path, page_dir: Path) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
+def kernels_section(kernels: Path, page_dir: Path) -> str:
+    """The generated kernel-family block: the bandwidth selection, the confirmation and the why analysis as
+    recorded (``laplacianformer kernels report`` / ``why`` write them)."""
+    parts = []
+    for title, path in (("Bandwidth selection per family on validation data (DESIGN §7.8)", kernels / "selection.md"),
+                        ("Each family at its selected λ on the test set (DESIGN §7.8)", kernels / "confirmation.md")):
+        body = path.read_text(encoding="utf-8").strip() if path.is_file() else "Not recorded yet."
+        parts += [f"### {title}", "", body, ""]
+        png = path.with_suffix(".png")
+        if png.is_file():
+            parts += [f"![{path.stem}]({Path(os.path.relpath(png, page_dir)).as_posix()})", ""]
+    why = kernels / "why" / "why.md"
+    parts += ["### Why: distances, kernel values, Nyström error (DESIGN §7.8)", "",
+              f"[{why.as_posix()}]({Path(os.path.relpath(why, page_dir)).as_posix()})" if why.is_file()
+              else "Not recorded yet.", ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
 def readme_claims(accuracy: Path) -> str:
     """The README's accuracy claims: the confirmation's protocol in one line and its claims table."""
     conf = read_json(accuracy / "confirmation.json")
@@ -143,13 +165,16 @@ def replace_block(page: Path, begin: str, end: str, body: str) -> bool:
     return new != text
 
 
-def rewrite(page: Path, results: Path, accuracy: Path | None = None, gain_md: Path | None = None) -> bool:
-    """Rewrite the ablation block of ``page`` (and the accuracy block when ``accuracy`` is given); True if the
-    file changed."""
+def rewrite(page: Path, results: Path, accuracy: Path | None = None, gain_md: Path | None = None,
+            kernels: Path | None = None) -> bool:
+    """Rewrite the ablation block of ``page`` (and the accuracy block when ``accuracy`` is given, the kernel-family
+    block when ``kernels`` is given and the page holds its markers); True if the file changed."""
     changed = replace_block(page, BEGIN, END, section(results, page.parent))
     if accuracy is not None:
         gain_md = gain_md or Path("results/analysis/gain_tokens.md")
         changed |= replace_block(page, ACCURACY_BEGIN, ACCURACY_END, accuracy_section(accuracy, gain_md, page.parent))
+    if kernels is not None and KERNELS_BEGIN in page.read_text(encoding="utf-8"):
+        changed |= replace_block(page, KERNELS_BEGIN, KERNELS_END, kernels_section(kernels, page.parent))
     return changed
 
 
@@ -158,6 +183,8 @@ def main(argv=None) -> int:
     p.add_argument("--results", type=Path, default=Path("results/ablations"), help="folder of NAME.json files")
     p.add_argument("--accuracy", type=Path, default=Path("results/accuracy"),
                    help="folder of selection/confirmation files (DESIGN §7.5)")
+    p.add_argument("--kernels", type=Path, default=Path("results/kernels"),
+                   help="folder of the kernel-family study's files (DESIGN §7.8)")
     p.add_argument("--gain", type=Path, default=Path("results/analysis/gain_tokens.md"), help="gain-tokens table")
     p.add_argument("--page", type=Path, default=Path("docs/RESULTS.md"), help="page holding the markers")
     p.add_argument("--readme", type=Path, default=Path("README.md"),
@@ -171,7 +198,7 @@ def main(argv=None) -> int:
         page = Path("runs/results_page") / args.page.name
         page.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(args.page, page)
-    changed = rewrite(page, args.results, args.accuracy, args.gain)
+    changed = rewrite(page, args.results, args.accuracy, args.gain, args.kernels)
     print(f"{page}: {'rewritten' if changed else 'unchanged'} from {args.results}, {args.accuracy}"
           + ("" if args.publish else " (pass --publish to rewrite the published page)"))
     if args.readme is not None and args.readme.is_file() and CLAIMS_BEGIN in args.readme.read_text(encoding="utf-8"):
