@@ -29,6 +29,7 @@ from .graph_rule import attention_both_sides, rule_in_graph
 from .lean import lean_trace_fits, lean_value_conv
 from .nystrom import attention_core
 from .pooling import pool_landmarks  # re-exported: experiments/analysis.py and bench/ import it from here
+from .sequence_rule import attention_padded
 from .settings import DEFAULTS, AttentionSettings, default_bandwidth
 from .streaming.training import fused_training
 from .validation import (
@@ -106,15 +107,17 @@ def laplacian_attention(
             evidence (§7.6; "one" up to version 0.1), "one" for the others.
         norm_gain: (H,) per-head factor on the whitened part on top of ``norm_scale`` (the module's learned
             gain), or None.
-        check_finite_inputs: raise ValueError when q, k or v holds NaN/Inf.
+        check_finite_inputs: raise ValueError naming q, k or v and the first batch index where it holds NaN/Inf
+            (padded tokens are not checked: they may hold anything).
         return_stats: also return a dict with the solver residual ||I - P W⁺||_F per (B, H).
         key_padding_mask: (B, N) bool, True = padding (``nn.MultiheadAttention``'s convention;
             docs/DESIGN.md §2.5). Padded tokens weigh 0 as keys, are left out of the landmark pooling and
             of every statistic of §4 (row means, column variances, 1/N, v̄), and their output rows are 0;
             what they hold does not matter and they receive zero gradient. Each real token then gets what
-            its sequence gives alone (with the same ``landmarks``). With Nyström landmarks only 1-D
-            sequences (hw=None) take a mask; every sequence needs a valid token (with pooled landmarks and
-            prefix tokens: a valid token after its prefix).
+            its sequence gives alone (with the same ``landmarks``), whatever its valid count: the landmark
+            rule of §2.2 is applied per sequence (exact kernel where the landmarks cover its valid tokens).
+            With Nyström landmarks only 1-D sequences (hw=None) take a mask; every sequence needs a valid
+            token (with pooled landmarks and prefix tokens: a valid token after its prefix).
         attn_mask, is_causal: not supported (ValueError saying why): each pooled landmark averages queries
             from all positions.
         settings: an ``AttentionSettings`` standing for the operator keywords above (landmarks ... ns_backward),
@@ -178,7 +181,9 @@ def attention_with_settings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     dtype (and the stats dict when ``return_stats``). The landmarks are resolved for this call by
     ``resolve_landmarks(settings.landmarks, hw, N - num_prefix_tokens)`` (docs/DESIGN.md §2.2, §2.7), the rule
     the modules follow too; while a graph for every size is exported, both of its sides
-    (``graph_rule.attention_both_sides``)."""
+    (``graph_rule.attention_both_sides``); with a padding mask, per sequence from its valid tokens
+    (``sequence_rule.attention_padded``, §2.5). ``check_finite_inputs``: ValueError naming q, k or v and the
+    first batch index holding NaN/Inf (padded tokens are not checked)."""
     check_qkv(q, k, v)
     prefix, hw = check_prefix_layout(hw, q.shape[2], num_prefix_tokens)
     if not return_stats and rule_in_graph(settings.landmarks, hw, q.shape[2], prefix, key_padding_mask):
@@ -188,7 +193,9 @@ def attention_with_settings(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     check_call(settings, q.shape[1], q.shape[-1], hw, grid, mask, norm_gain, prefix)
     if check_finite_inputs:
         for name, t in (("q", q), ("k", k), ("v", v)):
-            check_finite(name, t)
+            check_finite(name, t, mask)
+    if mask is not None and grid is not None:  # 1-D (check_call): the landmark rule per sequence (§2.5)
+        return attention_padded(q, k, v, settings, grid, mask, norm_gain, return_stats, prefix)
     return attention_core(q, k, v, settings, hw, grid, mask, norm_gain, return_stats, prefix)
 
 

@@ -43,6 +43,7 @@ from .dispatch import Backend, Op
 from .kernel import KERNEL, KERNEL_MATMUL
 from .normalization import normalize_nystrom_grad, normalize_nystrom_saving, scale_whitened
 from .nystrom import Steps, compute_dtype, grid_landmarks, nystrom, pad_rows, padded_inputs
+from .sequence_rule import batch_rows, by_valid_count
 from .settings import AttentionSettings, settings_from
 from .validation import (WHITENED_NORMS, check_float_tensor, check_key_padding_mask, check_prefix_layout,
                          resolve_landmarks)
@@ -209,7 +210,24 @@ def _check_projections(x, v, q_weight, k_weight, k_bias, num_heads: int) -> None
 
 def _lean(x, v, projections, settings: AttentionSettings, hw, grid, mask, norm_gain, prefix: int = 0) -> torch.Tensor:
     """The lean Function on checked inputs (grid: pooled landmarks of the tokens after the ``prefix`` first),
-    then the scale of §4.6 outside it (autograd keeps nothing N-sized for a constant scale)."""
+    then the scale of §4.6 outside it (autograd keeps nothing N-sized for a constant scale). A padded batch
+    (1-D) takes the landmark rule per sequence (``sequence_rule``, docs/DESIGN.md §2.5): the sequences whose
+    valid tokens the landmarks cover run the plain operator (its exact kernel), the others the lean Function."""
+    if mask is not None:
+        def lean(rows):
+            xs, vs, masks = (batch_rows(t, rows) for t in (x, v, mask))
+            return (_lean_rows(xs, vs, projections, settings, hw, grid, masks, norm_gain, prefix),)
+
+        def exact(rows):
+            xs, vs, masks = (batch_rows(t, rows) for t in (x, v, mask))
+            return (attend_projections(xs, vs, *projections, settings, hw, masks, norm_gain, prefix),)
+
+        return by_valid_count(mask, grid, prefix, lean, exact)[0]
+    return _lean_rows(x, v, projections, settings, hw, grid, mask, norm_gain, prefix)
+
+
+def _lean_rows(x, v, projections, settings: AttentionSettings, hw, grid, mask, norm_gain, prefix: int = 0):
+    """``_lean`` on a batch that takes the Nyström path."""
     call = _Call(settings, v.shape[1], hw, grid, compute_dtype(x.dtype), prefix)
     with torch.autocast(device_type=x.device.type, enabled=False):
         out = _LeanAttention.apply(x, v, *projections, mask, call)
