@@ -8,12 +8,14 @@ when it covers every token (m >= N) the exact kernel is used (DESIGN.md §2), so
 input resolution; an int on a 2-D grid must be a perfect square (ValueError naming ``landmarks``), and on a
 1-D sequence a (lh, lw) grid counts lh·lw landmarks, as in the operator (the default is m = 49 either way).
 ``forward(x, hw=None, key_padding_mask=None)``: a (B, N) padding mask (True = padding) follows
-docs/DESIGN.md §2.5; with Nyström landmarks only on 1-D sequences.
+docs/DESIGN.md §2.5 (each sequence gets what it gives alone, whatever its valid count); with Nyström landmarks
+only on 1-D sequences. ``check_finite_inputs=True``: a NaN/Inf in x is a ValueError naming x and its batch index.
 Prefix tokens (``num_prefix_tokens`` P, docs/DESIGN.md §2.7; timm's ``VisionTransformer`` with a class token and
 register tokens): the first P tokens attend and are attended as every token, the landmarks pool the grid of the
 N - P tokens after them (``hw``, or a square grid inferred from N - P when not given), DWConv(V) convolves
 that grid only. ``LaplacianAttention.with_options(num_prefix_tokens=1, ...)`` is a layer class for builders
-that take a class (timm's ``attn_layer``).
+that take a class (timm's ``attn_layer``); a layer timm builds without it warns once when its tokens look like
+a class or register tokens before a square grid (``token_attention.unstated_prefix_tokens``).
 
 Eager inference without a padding mask or prefix tokens calls ``ops.attention.attention_with_value_conv``
 (``_attend_value_conv``): the heads merged + DWConv(V) in one call, the conv fused into the streaming output
@@ -86,6 +88,8 @@ class LaplacianAttention(TokenAttention):
             ``forward``, or the square grid of N - P tokens when ``hw`` is not given; ValueError naming
             ``hw`` when N - P is not a square), and DWConv(V) convolves that grid: the prefix tokens get no
             conv term.
+        check_finite_inputs: raise ValueError naming ``x`` and the first batch index when the input holds NaN or
+            Inf (eager mode; padded tokens are not checked); default False, at no cost.
         recompute: in training, keep x, V, the landmarks, W⁺ and the normalisation's small statistics, and
             recompute the q/k products and the two N×m kernel matrices in the backward (the lean recompute,
             docs/DESIGN.md §5.5; the exact kernel, autocast and graph capture checkpoint the core instead).
@@ -169,7 +173,8 @@ class LaplacianAttention(TokenAttention):
                key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """q, k, v: (B, H, N, d), key_padding_mask: (B, N) or None -> the operator's output (B, H, N, d).
 
-        The landmarks are resolved from the padded length N, so every sequence of a batch takes one path."""
+        With a padding mask the landmark rule applies per sequence, from its valid tokens (docs/DESIGN.md §2.5), so
+        each sequence of a padded batch gets what it gives alone."""
         return laplacian_attention_leaf(q, k, v, hw, self.settings_key, key_padding_mask, self.norm_gain,
                                         self.num_prefix_tokens)
 

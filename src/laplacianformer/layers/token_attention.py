@@ -29,6 +29,7 @@ tokens only (the prefix tokens get no conv term).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -36,8 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..ops.validation import (check_head_split, check_key_padding_mask, check_num_prefix_tokens, check_prefix_layout,
-                              reject_attn_mask)
+from ..ops.validation import (check_finite, check_head_split, check_key_padding_mask, check_num_prefix_tokens,
+                              check_prefix_layout, reject_attn_mask)
 from .grid_conv import GridConv2d, grid_to_tokens, tokens_to_grid
 from .plan import CallKind, LayerTraits, layer_path
 from .tracing import is_fx_tracing, notrace
@@ -45,7 +46,22 @@ from .tracing import is_fx_tracing, notrace
 
 # the shell's keyword arguments besides dwconv: a subclass passes these through unchanged
 SHELL_KWARGS = ("qkv_bias", "tie_qk", "attn_drop", "proj_drop", "recompute", "qk_norm", "scale_norm", "proj_bias",
-                "norm_layer", "device", "dtype", "num_prefix_tokens")
+                "norm_layer", "device", "dtype", "num_prefix_tokens", "check_finite_inputs")
+
+MAX_UNSTATED_PREFIX = 16
+"""The most prefix tokens ``unstated_prefix_tokens`` looks for (timm: a class token, up to 16 register tokens)."""
+
+
+def unstated_prefix_tokens(n: int, max_prefix: int = MAX_UNSTATED_PREFIX) -> int:
+    """The smallest P in 1..max_prefix such that N - P tokens are a square grid of at least 2×2 while the n tokens
+    are not a square: how many class / register tokens precede a grid in a call that gave neither ``hw`` nor
+    ``num_prefix_tokens`` (timm's ``VisionTransformer`` with a class token); 0 when n is a square or no such P."""
+    if n < 1 or math.isqrt(n) ** 2 == n:
+        return 0
+    for p in range(1, min(max_prefix, n - 4) + 1):
+        if math.isqrt(n - p) ** 2 == n - p:
+            return p
+    return 0
 
 
 @notrace
@@ -86,7 +102,12 @@ class TokenAttention(nn.Module):
             timm's blocks (``VisionTransformer(attn_layer=LaplacianAttention)``): ``norm_layer`` (default
             ``nn.LayerNorm``) of the head dim on q and k (``qk_norm``), of the channels before the output
             projection (``scale_norm``); ``proj_bias``: bias of the output projection; ``device``, ``dtype``:
-            where and in which dtype the parameters are made.
+            where and in which dtype the parameters are made. A layer that takes prefix tokens, built with a
+            ``norm_layer`` (timm's blocks pass one) and without ``num_prefix_tokens``, warns once when called
+            without ``hw`` on N tokens that are a class / register token or a few before a square grid
+            (``unstated_prefix_tokens``): they would be pooled and convolved as tokens of a 1-D sequence.
+        check_finite_inputs: raise ValueError naming ``x`` and the first batch index when x holds NaN or Inf
+            (padded tokens are not checked); off by default (no cost). Eager mode only.
     """
 
     takes_prefix_tokens = False
@@ -114,6 +135,7 @@ class TokenAttention(nn.Module):
         device=None,
         dtype=None,
         num_prefix_tokens: int = 0,
+        check_finite_inputs: bool = False,
     ) -> None:
         super().__init__()
         check_head_split(dim, num_heads)
@@ -122,6 +144,9 @@ class TokenAttention(nn.Module):
             raise ValueError(f"num_prefix_tokens: {type(self).__name__} takes no prefix tokens, "
                              f"got {num_prefix_tokens} (LaplacianAttention does)")
         self.num_prefix_tokens = num_prefix_tokens
+        self.check_finite_inputs = bool(check_finite_inputs)
+        # built by timm's blocks (they pass norm_layer) without prefix tokens: a class token would go unnoticed
+        self._unstated_prefix = norm_layer is not None and self.takes_prefix_tokens and not num_prefix_tokens
         self.recompute = recompute
         self.dim = dim
         self.num_heads = num_heads
@@ -248,6 +273,26 @@ class TokenAttention(nn.Module):
         raise NotImplementedError
 
     @torch.jit.unused
+    def _check_tokens(self, x: torch.Tensor, hw: Optional[Tuple[int, int]], mask: Optional[torch.Tensor]) -> None:
+        """The checks of one eager call's tokens x (B, N, C): ``check_finite_inputs``, and the warning (once per
+        layer) about prefix tokens the layer was not told of (``unstated_prefix_tokens``; timm's
+        ``VisionTransformer`` with a class token calls without ``hw`` or a mask)."""
+        if self.check_finite_inputs:
+            check_finite("x", x, mask)
+        p = unstated_prefix_tokens(x.shape[1]) if self._unstated_prefix and hw is None and mask is None else 0
+        if p:
+            self._unstated_prefix = False
+            side = math.isqrt(x.shape[1] - p)
+            name = type(self).__name__
+            warnings.warn(
+                f"{name}: called without hw on N = {x.shape[1]} tokens, and N - {p} = {side}x{side}: if the first "
+                f"{p} token(s) are class or register tokens (timm's VisionTransformer with class_token or "
+                "reg_tokens), the layer now reads them as ordinary tokens of a 1-D sequence, pooled into the "
+                f"landmarks and convolved with the grid tokens; build it with num_prefix_tokens={p} "
+                f"(attn_layer={name}.with_options(num_prefix_tokens={p})) to pool and convolve the {side}x{side} "
+                "grid after them (docs/DESIGN.md §2.7). Said once per layer.", UserWarning, stacklevel=3)
+
+    @torch.jit.unused
     def _layout(self, n: int, hw: Optional[Tuple[int, int]]) -> Optional[Tuple[int, int]]:
         """The checked grid of the tokens after the prefix (the square one when ``hw`` is None and there are
         prefix tokens; docs/DESIGN.md §2.7) for n tokens. Eager mode only."""
@@ -278,6 +323,7 @@ class TokenAttention(nn.Module):
                 raise ValueError(f"x: expected (B, N, {self.dim}) tokens, got shape {tuple(x.shape)}")
             hw = self._layout(x.shape[1], hw)
             mask = check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
+            self._check_tokens(x, hw, mask)
             path = self._path(x, mask, self._fused_device(x))
             if path == "fused_training":  # the core and DWConv(V) fused, forward and backward
                 return self.proj_drop(self.proj(self.norm(self.attn_drop(self._attend_from_qkv(x, hw)))))

@@ -40,6 +40,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import DropPath, GridConv2d, get_token_mixer, grid_to_tokens, is_fx_tracing, tokens_to_grid
+from ..ops.validation import check_finite
 from .registry import MODEL_CONFIGS, model_config
 
 __all__ = [
@@ -111,14 +112,21 @@ class Block(nn.Module):
 
 
 class OverlapPatchEmbed(nn.Module):
-    """Overlapping conv patch embedding + LayerNorm.  x: (B, C_in, H, W) -> (B, C_out, H/s, W/s) (ceil)."""
+    """Overlapping conv patch embedding + LayerNorm.  x: (B, C_in, H, W) -> (B, C_out, H/s, W/s) (ceil).
 
-    def __init__(self, in_chans: int, embed_dim: int, patch_size: int = 7, stride: int = 4) -> None:
+    ``check_finite_inputs``: raise ValueError naming ``x`` and the first batch index when x holds NaN or Inf
+    (eager mode; the model's stem: every path of the model, timm's ``features_only`` included, runs it first)."""
+
+    def __init__(self, in_chans: int, embed_dim: int, patch_size: int = 7, stride: int = 4,
+                 check_finite_inputs: bool = False) -> None:
         super().__init__()
         self.proj = GridConv2d(in_chans, embed_dim, patch_size, stride=stride, padding=patch_size // 2)
         self.norm = nn.LayerNorm(embed_dim)
+        self.check_finite_inputs = bool(check_finite_inputs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting() and not is_fx_tracing() and self.check_finite_inputs:
+            check_finite("x", x)
         x = self.proj(x)
         return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
@@ -221,6 +229,11 @@ class LaplacianFormer(nn.Module):
         img_size: the input size the model is meant for (an int or (H, W)), as timm models take it: it goes
             into ``pretrained_cfg["input_size"]`` (``create_model``); the model itself runs at any H, W >= the
             total stride, so nothing else depends on it.
+        check_finite_inputs: raise ValueError naming ``x`` and the first batch index when an input image holds
+            NaN or Inf (default False, at no cost). Checked once, at the model's input (the stem
+            ``patch_embed``, which every path runs first, timm's ``features_only`` included): a NaN in the
+            images reaches every layer from there, and one check per call costs one pass over the images, not
+            one per attention layer. A runtime guard, not part of the architecture: not in ``config``.
 
     Input (B, in_chans, H, W) with H, W >= total stride; ``forward`` -> (B, num_classes) logits;
     ``forward_features`` -> (B, num_features, H/stride, W/stride) unpooled maps.
@@ -247,6 +260,7 @@ class LaplacianFormer(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         img_size: int | Sequence[int] | None = None,
+        check_finite_inputs: bool = False,
     ) -> None:
         super().__init__()
         mixer = get_token_mixer(attn, attn_kwargs, attn_preset)
@@ -278,7 +292,8 @@ class LaplacianFormer(nn.Module):
         self.global_pool = global_pool
         self.attn = attn
         self.stride = stem_stride * 2 ** (n - 1)
-        self.patch_embed = OverlapPatchEmbed(in_chans, embed_dims[0], patch_size=7, stride=stem_stride)
+        self.patch_embed = OverlapPatchEmbed(in_chans, embed_dims[0], patch_size=7, stride=stem_stride,
+                                             check_finite_inputs=check_finite_inputs)
         total = sum(depths)
         rates = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
         stages, self.feature_info, start, prev = [], [], 0, embed_dims[0]
@@ -579,7 +594,7 @@ def create_model(name: str, *, pretrained: bool = False, **kwargs) -> LaplacianF
             ("laplacian" | "gaussian" | "softmax"), attn_kwargs (laplacian/gaussian: lam, qk_scale, norm,
             solver, iters, ns_eps, tie_qk, landmarks, dwconv, recompute; softmax: sr_ratio), attn_preset
             ("paper" | "tuned": ``layers.ATTN_PRESETS``), drop_rate,
-            drop_path_rate, depths, embed_dims, landmarks, stem_stride, ...; and timm's builder arguments
+            drop_path_rate, depths, embed_dims, landmarks, stem_stride, check_finite_inputs, ...; and timm's builder arguments
             (``features_only``, ``out_indices``, ``pretrained_cfg``, ...).
 
     timm builds the model (its pretrained cfg, weights loaded through ``checkpoint_filter_fn``, feature
