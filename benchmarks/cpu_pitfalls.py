@@ -1,10 +1,12 @@
 """Two CPU effects that move the timings of this project, measured: fresh-page faults and subnormal floats.
 
-    python -m laplacianformer.bench.cpu_pitfalls
+    python -m benchmarks.cpu_pitfalls
+
+Repository only (not in the wheel): run from the checkout's root.
 
 1. Fresh pages: filling a 4 MiB float32 tensor that lives in newly mapped memory (each 4 KiB page faults on
    first touch) against filling one already touched. With glibc's defaults freed large tensors are unmapped,
-   so later ones pay this (``bench/allocator.py``; ``--retain-heap`` of the timing scripts avoids it).
+   so later ones pay this (``laplacianformer.bench.allocator``; ``--retain-heap`` of the timing scripts avoids it).
 2. Subnormals: a (4096×49) by (49×64) product, one thread, with ordinary entries and with every other entry of
    the left factor subnormal (1e-39); then ``laplacian_attention`` (2 heads, 64×64 grid, d = 64, 7×7
    landmarks) with q and k scaled by s for all tokens or for a fraction of them. Far from the landmarks the
@@ -22,10 +24,10 @@ import time
 
 import torch
 
-from .harness import time_call
-from .output import add_output_options, output_stem
-from .report import markdown_table, write_json, write_text
-from ..ops.attention import laplacian_attention
+from laplacianformer.bench.harness import time_call
+from laplacianformer.bench.output import add_output_options, output_stem
+from laplacianformer.bench.report import markdown_table, write_json, write_text
+from laplacianformer.ops.attention import laplacian_attention
 
 PAGE = 4096
 

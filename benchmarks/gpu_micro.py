@@ -1,9 +1,11 @@
 """Micro-benchmarks of single ops at the model's shapes: the Newton–Schulz solve of many 49×49 matrices (time
 and agreement with float64) and one kernel matrix C = k(X, L) at the Tiny backbone's stage-1 shape.
 
-    python -m laplacianformer.bench.gpu_micro --device cuda          # 64 and 132 matrices; G·N = 131,072, d 64
-    python -m laplacianformer.bench.gpu_micro --device cpu --ns-matrices 4 8 --kernel-groups 2 --kernel-tokens 256 \
+    python -m benchmarks.gpu_micro --device cuda          # 64 and 132 matrices; G·N = 131,072, d 64
+    python -m benchmarks.gpu_micro --device cpu --ns-matrices 4 8 --kernel-groups 2 --kernel-tokens 256 \
         --kernel-dim 16 --repeats 2                                   # seconds (smoke run)
+
+Repository only (not in the wheel): run from the checkout's root.
 
 Cases, each timed forward only, inputs float32 on ``--device``:
 
@@ -29,12 +31,12 @@ import sys
 
 import torch
 
-from .backends import kernel_backend
-from .harness import cuda_event_times, time_call
-from .output import add_output_options, output_stem
-from .report import markdown_table, write_json, write_text
-from ..ops import explain, laplace_kernel
-from ..ops.newton_schulz import newton_schulz_iterate
+from laplacianformer.bench.backends import kernel_backend
+from laplacianformer.bench.harness import cuda_event_times, time_call
+from laplacianformer.bench.output import add_output_options, output_stem
+from laplacianformer.bench.report import markdown_table, write_json, write_text
+from laplacianformer.ops import explain, laplace_kernel
+from laplacianformer.ops.newton_schulz import newton_schulz_iterate
 
 LAM = 4.0
 

@@ -1,8 +1,10 @@
 """Issue 29's GPU target table: the prepared GPU run's results (``benchmarks/gpu_check.sh``) against the targets
 and against an earlier run, read from the benchmarks' JSON files.
 
-    python -m laplacianformer.bench.gpu_targets --measured OUTDIR                  # vs the first H200 run
-    python -m laplacianformer.bench.gpu_targets --measured OUTDIR --previous DIR --out OUTDIR/gpu_targets
+    python -m benchmarks.gpu_targets --measured OUTDIR                  # vs the first H200 run
+    python -m benchmarks.gpu_targets --measured OUTDIR --previous DIR --out OUTDIR/gpu_targets
+
+Repository only (not in the wheel): run from the checkout's root.
 
 Every quantity has one extractor, which reads the JSON file(s) one benchmark writes into a directory (the file
 names ``benchmarks/gpu_check.sh`` gives them) and returns the number judged against the target and its text; a
@@ -28,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .output import add_output_options, output_stem
-from .report import markdown_table, write_json, write_text
+from laplacianformer.bench.output import add_output_options, output_stem
+from laplacianformer.bench.report import markdown_table, write_json, write_text
 
 PREVIOUS = Path("benchmarks") / "results" / "gpu_check_h200"
 MODEL, BATCH, SIZE = "laplacianformer_tiny", 8, 512
@@ -192,7 +194,7 @@ def layer_inference(directory: Path) -> Extracted | None:
     return Extracted(max(ms), f"{min(ms):.3g}–{max(ms):.3g} ms ({len(ms)} stages)", name)
 
 
-# --- Newton–Schulz and one kernel matrix (bench/gpu_micro.py; the first run: roofline, kernels) --------------
+# --- Newton–Schulz and one kernel matrix (benchmarks/gpu_micro.py; the first run: roofline, kernels) --------------
 
 def _micro_rows(directory: Path, case: str) -> list[dict]:
     rows, _ = _results(_load(directory, "gpu_micro_cuda.json"))

@@ -1,8 +1,10 @@
 """Launch census: how many device launches one attention layer and a whole backbone would make on a GPU.
 
-    python -m laplacianformer.bench.launch_census                    # Tiny: per-stage layers, backbone at 512² and 224²
-    python -m laplacianformer.bench.launch_census --no-backbone      # the per-stage layers only (seconds)
-    python -m laplacianformer.bench.launch_census --verbose          # plus the per-kernel / per-op breakdown
+    python -m benchmarks.launch_census                    # Tiny: per-stage layers, backbone at 512² and 224²
+    python -m benchmarks.launch_census --no-backbone      # the per-stage layers only (seconds)
+    python -m benchmarks.launch_census --verbose          # plus the per-kernel / per-op breakdown
+
+Repository only (not in the wheel): run from the checkout's root.
 
 Counted on a CPU, nothing needs a GPU. Every op with a Triton backend is forced to it (``ops.use``), and the
 Triton backends are made to take CPU tensors as under ``TRITON_INTERPRET=1`` (``ops._runtime.triton_interpreted``
@@ -51,8 +53,8 @@ from unittest import mock
 
 import torch
 
-from .output import add_output_options, output_stem
-from .report import markdown_table, write_json, write_text
+from laplacianformer.bench.output import add_output_options, output_stem
+from laplacianformer.bench.report import markdown_table, write_json, write_text
 
 MODEL = "laplacianformer_tiny"
 SIZE = 512
@@ -172,7 +174,7 @@ def counting():
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    from ..ops import _runtime
+    from laplacianformer.ops import _runtime
 
     census = Census()
 
@@ -201,15 +203,15 @@ def counting():
 
 def triton_backends() -> dict[str, str]:
     """{op: "triton"} for every registered op that has a Triton backend (``ops.use`` arguments)."""
-    from .. import ops  # noqa: F401 - registers every op
-    from ..ops import _runtime
+    from laplacianformer import ops  # noqa: F401 - registers every op
+    from laplacianformer.ops import _runtime
 
     return {op: "triton" for op, (names, _) in _runtime.ops().items() if "triton" in names}
 
 
 def count(fn) -> Census:
     """The launches of ``fn()`` with every op on its Triton backend."""
-    from ..ops import use
+    from laplacianformer.ops import use
 
     with use(**triton_backends()), counting() as census:
         fn()
@@ -269,7 +271,7 @@ def counted(fn, label: str) -> tuple[Census, Census]:
 def layer_rows(model: str = MODEL, size: int = SIZE, attns=ATTNS, modes=MODES, batch: int = 1,
                stages=None) -> list[dict]:
     """One row per (attention, stage, mode): the first attention layer of the stage at size²."""
-    from ..models import create_model
+    from laplacianformer.models import create_model
 
     rows = []
     for attn in attns:
@@ -289,7 +291,7 @@ def layer_rows(model: str = MODEL, size: int = SIZE, attns=ATTNS, modes=MODES, b
 
 def backbone_rows(model: str = MODEL, sizes=BACKBONE_SIZES, attns=ATTNS, modes=MODES, batch: int = 1) -> list[dict]:
     """One row per (attention, size, mode): the whole backbone (bench/model_cost.make_call)."""
-    from .model_cost import build_net, make_call
+    from laplacianformer.bench.model_cost import build_net, make_call
 
     rows = []
     for attn in attns:

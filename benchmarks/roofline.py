@@ -1,8 +1,10 @@
 """Roofline estimate of the Triton kernels at the model's default shapes, and (on CUDA) measured vs estimated.
 
-    python -m laplacianformer.bench.roofline --write      # the estimate table: runs/bench/roofline/roofline_h100.*
-    python -m laplacianformer.bench.roofline --write --publish  # the same into benchmarks/results/
-    python -m laplacianformer.bench.roofline --measure    # on a GPU: time each case, measured vs estimated (JSON)
+    python -m benchmarks.roofline --write      # the estimate table: runs/bench/roofline/roofline_h100.*
+    python -m benchmarks.roofline --write --publish  # the same into benchmarks/results/
+    python -m benchmarks.roofline --measure    # on a GPU: time each case, measured vs estimated (JSON)
+
+Repository only (not in the wheel): run from the checkout's root.
 
 Shapes: ``laplacianformer_tiny`` (head dim 64 in every stage, heads 1/2/5/8, token grids at stride 4, 8,
 16, 32), batch 8, m = 49 landmarks (7 × 7), Newton–Schulz 20 steps, at 224² and 1024² inputs; float32.
@@ -38,8 +40,8 @@ import math
 import sys
 from pathlib import Path
 
-from .output import add_output_options, output_stem
-from .report import write_text
+from laplacianformer.bench.output import add_output_options, output_stem
+from laplacianformer.bench.report import write_text
 
 PEAK = {
     "name": "H100 SXM5",
@@ -224,8 +226,8 @@ def _run_case(r: dict, device: str):
     """A callable running the Triton kernel(s) of row ``r`` once, and its inputs (float32 on ``device``)."""
     import torch
 
-    from ..ops.kernel.triton import laplace_kernel_bwd, laplace_kernel_fwd
-    from ..ops.newton_schulz.triton import implicit_grad, newton_schulz_fwd
+    from laplacianformer.ops.kernel.triton import laplace_kernel_bwd, laplace_kernel_fwd
+    from laplacianformer.ops.newton_schulz.triton import implicit_grad, newton_schulz_fwd
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     g, n, m, d = r["batch_heads"], r["n"], r["m"], r["d"]
@@ -251,7 +253,7 @@ def measure(repeats: int = 20, out: Path | None = None) -> int:
     ``harness.cuda_event_times``) and prints measured vs estimated; the rows go to ``out`` (JSON)."""
     import torch
 
-    from .harness import cuda_event_times
+    from laplacianformer.bench.harness import cuda_event_times
 
     if not torch.cuda.is_available():
         print("roofline: no CUDA device; nothing measured", file=sys.stderr)

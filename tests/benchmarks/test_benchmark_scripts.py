@@ -1,4 +1,5 @@
-"""The benchmarks of ``laplacianformer.bench`` and their shared harness, at smoke-test sizes."""
+"""The benchmarks of ``laplacianformer.bench`` and their shared harness, and the repository's
+``benchmarks/cpu_pitfalls.py``, at smoke-test sizes."""
 
 import json
 import sys
@@ -157,23 +158,13 @@ def test_peak_heap_memory_sees_a_live_allocation():
 
 
 def test_cpu_pitfalls_measurements_run():
-    from laplacianformer.bench import cpu_pitfalls
+    from benchmarks import cpu_pitfalls
 
     pages = cpu_pitfalls.fresh_page_fill(mib=1, repeats=3)
     assert pages["pages"] == 256 and pages["fresh_ms"] > 0 and pages["touched_ms"] > 0
     product = cpu_pitfalls.subnormal_product(repeats=3)
     assert product["normal_ms"] > 0 and product["subnormal_ms"] > 0
     assert cpu_pitfalls.attention_at_scale(1.0, 1.0, repeats=1) > 0
-
-
-def test_padding_benchmark_smoke(tmp_path):
-    from laplacianformer.bench import padding
-
-    out = tmp_path / "padding"
-    padding.main(["--max-len", "32", "--batch", "2", "--dim", "16", "--repeats", "1", "--out", str(out)])
-    rows = json.loads(out.with_suffix(".json").read_text())["results"]["rows"]
-    assert [(r["max_len"], r["mode"]) for r in rows] == [(32, "infer"), (32, "train")]
-    assert all(r["ratio"] > 0 for r in rows) and "padded / per-sequence" in out.with_suffix(".md").read_text()
 
 
 @pytest.mark.slow

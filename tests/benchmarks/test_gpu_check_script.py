@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from laplacianformer.bench import gpu_targets
+from benchmarks import gpu_targets
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
@@ -99,14 +99,14 @@ def _parsed_args(module: str, argv: list[str], monkeypatch) -> argparse.Namespac
 def test_every_module_accepts_its_flags(steps, monkeypatch):
     modules = []
     for name, _, argv in steps:
-        if argv[1] == "-m" and argv[2].startswith("laplacianformer.bench."):
+        if argv[1] == "-m" and argv[2].startswith(("laplacianformer.bench.", "benchmarks.")):
             args = _parsed_args(argv[2], argv[3:], monkeypatch)
             modules.append(argv[2])
             if hasattr(args, "device"):
                 assert args.device == "cuda", name
     assert {"laplacianformer.bench.gpu_overhead", "laplacianformer.bench.model_throughput",
-            "laplacianformer.bench.stage_attention", "laplacianformer.bench.gpu_micro",
-            "laplacianformer.bench.attention_scaling", "laplacianformer.bench.gpu_targets"} <= set(modules)
+            "laplacianformer.bench.stage_attention", "benchmarks.gpu_micro",
+            "laplacianformer.bench.attention_scaling", "benchmarks.gpu_targets"} <= set(modules)
 
 
 def test_steps_write_every_file_the_table_reads(steps):

@@ -1,5 +1,5 @@
-"""Issue 29's target table (``bench/gpu_targets.py``) read from the first H200 run's committed files, from
-missing files and from small synthetic ones; the producers of its rows that are new (``bench/gpu_micro.py``,
+"""Issue 29's target table (``benchmarks/gpu_targets.py``) read from the first H200 run's committed files, from
+missing files and from small synthetic ones; the producers of its rows that are new (``benchmarks/gpu_micro.py``,
 the bf16-autocast rows of ``model_throughput`` and ``gpu_overhead``) at smoke sizes on the CPU."""
 
 import json
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from laplacianformer.bench import gpu_micro, gpu_overhead, gpu_targets, model_throughput
+from benchmarks import gpu_micro, gpu_targets
+from laplacianformer.bench import gpu_overhead, model_throughput
 
 H200 = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu_check_h200"
 

@@ -1,8 +1,8 @@
-"""bench/launch_census.py: the launch counter itself, and the ratchet on the launches of one Laplacian
+"""benchmarks/launch_census.py: the launch counter itself, and the ratchet on the launches of one Laplacian
 attention layer per Tiny stage at 512² (``LAUNCH_BUDGET``, today's counts; issue 29's targets in ``TARGETS``).
 
 On a CPU without a GPU: Triton's launchers record and skip (tests/benchmarks/test_launch_census.py never runs
-a kernel). The whole-backbone counts are the benchmark's (``python -m laplacianformer.bench.launch_census``).
+a kernel). The whole-backbone counts are the benchmark's (``python -m benchmarks.launch_census``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from laplacianformer.bench import launch_census as lc  # noqa: E402
+from benchmarks import launch_census as lc  # noqa: E402
 
 
 @triton.jit

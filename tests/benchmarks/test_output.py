@@ -65,8 +65,8 @@ def test_cli_bench_lists_and_refuses_in_one_line(capsys, tmp_path, monkeypatch):
     listed = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in listed] == list(registry.BENCHMARKS)
     for argv, needle in ((["bench", "nope"], "unknown benchmark 'nope'"),
-                         (["bench", "roofline", "--quick", "--publish"], "--publish: refused with --quick"),
-                         (["bench", "roofline", "--publish", "missing"], "--publish: missing: no such directory")):
+                         (["bench", "padding", "--quick", "--publish"], "--publish: refused with --quick"),
+                         (["bench", "padding", "--publish", "missing"], "--publish: missing: no such directory")):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert needle in err and err.count("\n") == 0, err
@@ -88,27 +88,31 @@ def test_quick_benchmark_in_a_checkout_leaves_git_status_clean(tmp_path, monkeyp
     same name) writes runs/bench/NAME/ only: ``git status --porcelain`` stays empty."""
     published = tmp_path / "benchmarks" / "results"
     published.mkdir(parents=True)
-    (published / "roofline_h100.json").write_text("{}\n")
+    (published / "padding_cpu.json").write_text("{}\n")
     shutil.copy(ROOT / ".gitignore", tmp_path / ".gitignore")
     _git(tmp_path, "init", "-q")
     _git(tmp_path, "add", "-A")
     _git(tmp_path, "commit", "-q", "-m", "published")
     before = _tree(tmp_path)
     monkeypatch.chdir(tmp_path)
-    assert main(["bench", "--quick", "roofline"]) == 0
+    assert main(["bench", "--quick", "padding"]) == 0
     assert _git(tmp_path, "status", "--porcelain") == ""
     after = _tree(tmp_path)
     new = sorted(k for k in set(after) - set(before) if not k.startswith(".git/"))
-    assert new == ["runs/bench/roofline/roofline_h100.json", "runs/bench/roofline/roofline_h100.md"]
-    assert json.loads(after[new[0]])["rows"]
+    assert new == ["runs/bench/padding/padding_cpu.json", "runs/bench/padding/padding_cpu.md"]
+    assert json.loads(after[new[0]])["results"]["rows"]
 
 
 def test_publish_writes_into_the_published_directory(tmp_path, monkeypatch):
-    from laplacianformer.bench import roofline
+    """The padding benchmark at smoke size with ``--publish``: its rows and table, in benchmarks/results only."""
+    from laplacianformer.bench import padding
 
-    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    published = tmp_path / "benchmarks" / "results"
+    published.mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    assert roofline.main(["--write", "--publish"]) == 0
-    assert sorted(p.name for p in (tmp_path / "benchmarks" / "results").iterdir()) == [
-        "roofline_h100.json", "roofline_h100.md"]
+    padding.main(["--max-len", "32", "--batch", "2", "--dim", "16", "--repeats", "1", "--publish"])
+    assert sorted(p.name for p in published.iterdir()) == ["padding_cpu.json", "padding_cpu.md"]
     assert not (tmp_path / "runs").exists()
+    rows = json.loads((published / "padding_cpu.json").read_text())["results"]["rows"]
+    assert [(r["max_len"], r["mode"]) for r in rows] == [(32, "infer"), (32, "train")]
+    assert all(r["ratio"] > 0 for r in rows) and "padded / per-sequence" in (published / "padding_cpu.md").read_text()

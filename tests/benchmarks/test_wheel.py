@@ -46,16 +46,19 @@ def _run(site: Path, cwd: Path, *argv: str) -> subprocess.CompletedProcess:
 
 
 def test_bench_list_and_a_quick_benchmark_outside_the_checkout(installed, tmp_path):
-    where = _run(installed, tmp_path, "-c", "import laplacianformer; print(laplacianformer.__file__)")
-    assert where.returncode == 0 and where.stdout.startswith(str(installed)), where.stdout + where.stderr
     listed = _run(installed, tmp_path, "-m", "laplacianformer", "bench", "--list")
     assert listed.returncode == 0, listed.stderr
     names = [line.split()[0] for line in listed.stdout.splitlines()]
-    assert {"kernels", "model_throughput", "model_cost", "padding", "roofline"} <= set(names)
+    assert {"kernels", "model_throughput", "model_cost", "padding", "startup"} <= set(names)
+    # the repository's one-off investigations and GPU-only studies (benchmarks/) are not in the wheel
+    moved = {"gpu_targets", "roofline", "launch_census", "cpu_pitfalls", "gpu_micro"}
+    assert not moved & set(names) and not any((installed / "laplacianformer" / "bench" / f"{m}.py").exists()
+                                              for m in moved)
     ran = _run(installed, tmp_path, "-m", "laplacianformer", "bench", "--quick", "padding")
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert written == ["runs/bench/padding/padding_cpu.json", "runs/bench/padding/padding_cpu.md"], written
-    # the benchmark's own process ran the installed copy (its command is the module file it ran)
+    # the benchmark's own process ran the installed copy (its command is the module file it ran; the child
+    # imports the copy its parent, ``python -m laplacianformer``, imported: so did the parent)
     command = json.loads((tmp_path / written[0]).read_text())["command"]
     assert str(installed / "laplacianformer" / "bench" / "padding.py") in command, command

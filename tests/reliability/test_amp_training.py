@@ -1,7 +1,7 @@
 """Mixed-precision training: bf16 and fp16 (GradScaler) steps stay finite, and an fp16 run killed with
 SIGKILL and resumed ends with the same weights as an uninterrupted one (the scaler state is restored).
 
-The 200-step comparison of off / bf16 / fp16 is ``python -m benchmarks.amp_training``.
+The 200-step comparison of off / bf16 / fp16 is ``python -m laplacianformer.bench.amp_training``.
 """
 
 from __future__ import annotations

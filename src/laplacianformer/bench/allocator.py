@@ -1,9 +1,9 @@
 """The CPU allocator setting of a timing run.
 
 By default glibc returns freed large blocks to the kernel (``munmap``, heap trimming), so a later tensor of
-that size starts on fresh pages and pays one page fault per 4 KiB on first touch (``laplacianformer bench
-cpu_pitfalls`` measures the cost per page). Which tensors pay depends on the order of every allocation in
-the process, so the same model's time moves between runs and between neighbouring variants.
+that size starts on fresh pages and pays one page fault per 4 KiB on first touch (the repository's
+``benchmarks/cpu_pitfalls.py`` measures the cost per page). Which tensors pay depends on the order of every
+allocation in the process, so the same model's time moves between runs and between neighbouring variants.
 ``RETAINED_HEAP_ENV`` (the ``--retain-heap`` option of the timing benchmarks) sets glibc's tunables so that
 freed memory stays mapped and is reused: times are then steady-state compute. Both are worth reporting;
 ``allocator`` in the JSON settings says which one a file holds.

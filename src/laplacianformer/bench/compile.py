@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import time
 from unittest import mock
 
 import torch
 
 from .harness import time_call
-from .options import add_timing_options, results_stem, start_timing_run
-from .report import markdown_table, report_header, write_json, write_text
+from .options import add_timing_options, start_timing_run, write_results
+from .report import markdown_table, report_header, write_text
 from ..models import create_model
 from ..ops import _runtime, laplacian_attention
 
@@ -104,9 +103,7 @@ def main(argv=None) -> None:
     load_before = start_timing_run(args, "laplacianformer.bench.compile", argv)
     rows = model_rows(args)
     overhead = overhead_rows(args)
-    load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
-    stem = results_stem(args, "compile")
-    write_json(stem.with_suffix(".json"), dict(models=rows, op_overhead=overhead, load_average=load), settings=vars(args))
+    stem, load = write_results(args, "compile", load_before, dict(models=rows, op_overhead=overhead))
     table = markdown_table(
         ["model", "size", "batch", "backend", "compile s", "eager ms", "compiled ms", "speed-up", "max |diff|"],
         [[r["model"], r["size"], r["batch"], r["backend"], r["compile_s"], r["eager_ms"], r["compiled_ms"],

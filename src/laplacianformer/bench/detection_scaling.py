@@ -34,8 +34,8 @@ import os
 import torch
 
 from .harness import inference_call, peak_heap_mib, peak_memory, round_robin, timed
-from .options import add_timing_options, results_stem, start_timing_run
-from .report import fit_exponent, markdown_table, plot_loglog, report_header, write_json, write_text
+from .options import add_timing_options, start_timing_run, write_results
+from .report import fit_exponent, markdown_table, plot_loglog, report_header, write_text
 from ..detection.builders import build_detector
 
 VARIANTS = {
@@ -223,10 +223,8 @@ def main(argv=None) -> None:
     args.omp_wait_policy = os.environ.get("OMP_WAIT_POLICY")
     rows, skipped = run(args)
     rel, exps = ratios(rows), exponents(rows)
-    load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
-    stem = results_stem(args, "detection_scaling")
-    write_json(stem.with_suffix(".json"), dict(rows=rows, skipped=skipped, ratios=rel, exponents=exps,
-                                               load_average=load), settings=vars(args))
+    stem, load = write_results(args, "detection_scaling", load_before,
+                               dict(rows=rows, skipped=skipped, ratios=rel, exponents=exps))
     text = report(args, rows, skipped, rel, exps, load)
     write_text(stem.with_suffix(".md"), text)
     print(text)

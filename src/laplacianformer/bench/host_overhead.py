@@ -16,14 +16,13 @@ Writes runs/bench/host_overhead/host_overhead_<device>.{json,md,png} (``--publis
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .harness import round_robin
-from .options import add_timing_options, results_stem, start_timing_run
-from .report import markdown_table, report_header, write_json, write_text
+from .options import add_timing_options, start_timing_run, write_results
+from .report import markdown_table, report_header, write_text
 from .stage_attention import make_layer_case, stage_inputs
 
 ATTNS = ("laplacian", "softmax")
@@ -112,9 +111,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     load_before = start_timing_run(args, "laplacianformer.bench.host_overhead", argv)
     rows = run(args)
-    load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
-    stem = results_stem(args, "host_overhead")
-    write_json(stem.with_suffix(".json"), dict(rows=rows, load_average=load), settings=vars(args))
+    stem, load = write_results(args, "host_overhead", load_before, dict(rows=rows))
     table = markdown_table(
         ["stage", "tokens", "C", "heads", "Laplacian ms", "SR-softmax ms", "Laplacian / SR-softmax", "target",
          "aten calls (Lap / SR)"],

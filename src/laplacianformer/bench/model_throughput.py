@@ -32,12 +32,11 @@ runs/bench/model_throughput/model_throughput_<device>[_retain].{json,md,png}. (`
 from __future__ import annotations
 
 import argparse
-import os
 
 from .harness import peak_heap_mib, peak_memory, round_robin
-from .options import add_autocast_option, add_timing_options, autocast_context, precision_name, results_stem, \
-    start_timing_run
-from .report import markdown_table, plot_loglog, report_header, write_json, write_text
+from .options import add_autocast_option, add_timing_options, autocast_context, precision_name, start_timing_run, \
+    write_results
+from .report import markdown_table, plot_loglog, report_header, write_text
 from ..cmdline import json_object
 from .model_cost import build_net, make_call, training_activation_mib
 
@@ -206,12 +205,9 @@ def main(argv=None) -> None:
     rel = ratios(rows)
     rec = ratios_to_laplacian(rows)
     ns = ratios_to_laplacian(rows, [a for a in args.attn if _ns_iters(a) is not None])
-    load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
-    stem = results_stem(args, "model_throughput")
-    if args.autocast and not args.out:
-        stem = stem.with_name(f"{stem.name}_{args.autocast}")
-    write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, recompute_ratios=rec, ns_iters_ratios=ns,
-                                               load_average=load), settings=vars(args))
+    stem, load = write_results(args, "model_throughput", load_before,
+                               dict(rows=rows, ratios=rel, recompute_ratios=rec, ns_iters_ratios=ns),
+                               variant=f"_{args.autocast}" if args.autocast else "")
     table = markdown_table(
         ["attn", "size", "mode", "batch", "median ms", "IQR ms", "CPU ms", "images/s", "peak RSS MiB", "peak heap MiB",
          "activations MiB"],

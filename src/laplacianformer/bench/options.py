@@ -13,6 +13,7 @@ import torch
 
 from .allocator import allocator_setting, reexec_with_retained_heap
 from .output import add_output_options, output_stem
+from .report import write_json
 
 
 def add_timing_options(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +40,24 @@ def results_stem(args: argparse.Namespace, name: str) -> Path:
     """Where a timing benchmark writes: stem ``<name>_<device type>[_retain]`` (``output.output_stem``)."""
     suffix = "_retain" if args.allocator == "glibc-retain" else ""
     return output_stem(args, name, f"{name}_{torch.device(args.device).type}{suffix}")
+
+
+def load_record(before: tuple[float, float, float]) -> dict:
+    """The machine's load over a run: the load averages before it (``start_timing_run``'s) and now, the CPUs."""
+    return dict(before=before, after=os.getloadavg(), cpus=os.cpu_count())
+
+
+def write_results(args: argparse.Namespace, name: str, load_before: tuple[float, float, float], results: dict, *,
+                  variant: str = "") -> tuple[Path, dict]:
+    """Writes a timing run's JSON: ``results`` and its ``load_average`` (``load_record``), with ``vars(args)`` as
+    the settings, at ``results_stem(args, name)`` + ``variant`` (unless ``--out`` names the stem) + ".json".
+    Returns the stem (for the run's other files) and the load record."""
+    load = load_record(load_before)
+    stem = results_stem(args, name)
+    if variant and not args.out:
+        stem = stem.with_name(stem.name + variant)
+    write_json(stem.with_suffix(".json"), dict(results, load_average=load), settings=vars(args))
+    return stem, load
 
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}

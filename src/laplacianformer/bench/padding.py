@@ -14,13 +14,12 @@ runs/bench/padding/padding_<device>.{json,md} (``--publish``: benchmarks/results
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 
 from .harness import time_call
-from .options import add_timing_options, results_stem, start_timing_run
-from .report import markdown_table, report_header, write_json, write_text
+from .options import add_timing_options, start_timing_run, write_results
+from .report import markdown_table, report_header, write_text
 from ..layers import LaplacianAttention
 
 
@@ -72,9 +71,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     load_before = start_timing_run(args, "laplacianformer.bench.padding", argv)
     rows = run(args)
-    load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
-    stem = results_stem(args, "padding")
-    write_json(stem.with_suffix(".json"), dict(rows=rows, load_average=load), settings=vars(args))
+    stem, load = write_results(args, "padding", load_before, dict(rows=rows))
     table = markdown_table(
         ["max len", "batch", "mode", "valid tokens", "padded tokens", "padded ms", "per-sequence ms",
          "padded / per-sequence"],

@@ -17,26 +17,22 @@ QUICK: dict[str, list[str]] = {
     "attention_scaling": ["--quick", "--no-memory", "--threads", "1"],
     "compile": ["--models", "laplacianformer_micro", "--size", "32", "--backend", "aot_eager", "--repeats", "1",
                 "--op-side", "8", "--op-repeats", "1"],
-    "cpu_pitfalls": ["--repeats", "1"],
     "detection_scaling": ["--model", "laplacianformer_micro", "--sizes", "64", "--fpn-channels", "16", "--repeats", "1",
                           "--memory", "heap", "--threads", "1", "--no-progress"],
     "gpu_overhead": ["--device", "cpu", "--model", "laplacianformer_micro", "--size", "32", "--batch", "1",
                      "--repeats", "1", "--no-compile"],
-    "gpu_micro": ["--device", "cpu", "--ns-matrices", "4", "--kernel-groups", "2", "--kernel-tokens", "256",
-                  "--kernel-dim", "16", "--repeats", "2"],
-    "gpu_targets": ["--measured", "benchmarks/results/gpu_check_h200"],
     "host_overhead": ["--model", "laplacianformer_micro", "--side", "8", "--repeats", "2", "--max-seconds", "1"],
     "kernels": ["--quick", "--devices", "cpu"],
-    "launch_census": ["--model", "laplacianformer_micro", "--size", "64", "--backbone-sizes", "64"],
     "model_cost": ["--sizes", "32", "64", "--repeats", "1", "--max-seconds", "2", "--cap-s", "10"],
     "model_throughput": ["--model", "laplacianformer_micro", "--sizes", "32", "--repeats", "1", "--no-memory"],
     "normalization": ["--sizes", "256", "--repeats", "1"],
     "padding": ["--max-len", "32", "--batch", "2", "--dim", "16", "--repeats", "1"],
-    "roofline": ["--write"],
     "startup": ["--repeats", "1"],
     "stage_attention": ["--model", "laplacianformer_micro", "--size", "64", "--repeats", "1"],
 }
-"""Every benchmark, with the arguments of its ``--quick`` run (seconds; smoke-test numbers, not results)."""
+"""Every benchmark, with the arguments of its ``--quick`` run (seconds; smoke-test numbers, not results). The
+repository's one-off investigations and GPU-only study scripts (``benchmarks/``: gpu_targets, roofline,
+launch_census, cpu_pitfalls, gpu_micro, ...) are not in the package and not listed here."""
 
 BENCHMARKS = tuple(sorted(QUICK))
 

@@ -21,14 +21,13 @@ fused C normalisation. Writes runs/bench/stage_attention/stage_attention_<device
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import torch
 
 from .harness import round_robin, timed_result
-from .options import add_timing_options, results_stem, start_timing_run
-from .report import markdown_table, report_header, write_json, write_text
+from .options import add_timing_options, start_timing_run, write_results
+from .report import markdown_table, report_header, write_text
 from ..layers.token_mixer import ATTENTIONS
 from ..ops.validation import resolve_landmarks
 from ..models import count_macs, create_model
@@ -250,12 +249,9 @@ def main(argv=None) -> None:
     if "laplacian" in args.attn:
         pieces = {s["stage"]: laplacian_pieces(args.model, s["stage"], s, args.batch, args.device) for s in shapes}
         pieces = {stage: steps for stage, steps in pieces.items() if steps is not None}
-    load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
-    stem = results_stem(args, "stage_attention")
-    if args.normalization != "auto" and not args.out:
-        stem = stem.with_name(f"{stem.name}_norm-{args.normalization}")
-    write_json(stem.with_suffix(".json"), dict(rows=rows, ratios=rel, laplacian_pieces=pieces, load_average=load),
-               settings=vars(args))
+    stem, load = write_results(args, "stage_attention", load_before,
+                               dict(rows=rows, ratios=rel, laplacian_pieces=pieces),
+                               variant=f"_norm-{args.normalization}" if args.normalization != "auto" else "")
     table = markdown_table(
         ["stage", "tokens", "C", "heads", "attn", "mode", "median ms", "IQR ms", "forward GMACs", "GMAC/s"],
         [[r["stage"] + 1, r["tokens"], r["channels"], r["heads"], r["attn"], r["mode"], r["median_ms"], r["iqr_ms"],

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 
+from .options import load_record
 from .output import add_output_options, output_stem
 from .process import package_env
 from .report import markdown_table, write_json, write_text
@@ -67,7 +68,7 @@ def main(argv=None) -> None:
             t = seconds(cmd, env)
             if round_:
                 runs[name].append(t)
-    load = dict(before=load_before, after=os.getloadavg(), cpus=os.cpu_count())
+    load = load_record(load_before)
     rows = []
     for name, ts in runs.items():
         wall, cpu = (statistics.median(t[i] for t in ts) for i in (0, 1))

@@ -9,6 +9,7 @@ Images are converted to grayscale (1 channel) or RGB (3 channels) and resized to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -102,19 +103,28 @@ def eight_bit(im):
     return Image.fromarray((arr / 257.0).round().clip(0, 255).astype(np.uint8), "L")
 
 
-def read_image(path: Path, img_size: int, in_chans: int) -> torch.Tensor:
-    """uint8 (in_chans, img_size, img_size); DataError naming the file when PIL cannot decode it."""
+def decode_image(path: Path, in_chans: int, resize: Callable) -> torch.Tensor:
+    """uint8 (in_chans, H, W) of an image file: 8-bit (``eight_bit``), grey or RGB, then ``resize`` (a PIL image
+    to a PIL image of H×W); DataError naming the file when PIL cannot decode it."""
     from PIL import Image
 
     try:
         with Image.open(path) as im:
-            im = eight_bit(im).convert("L" if in_chans == 1 else "RGB").resize((img_size, img_size), Image.BILINEAR)
+            im = resize(eight_bit(im).convert("L" if in_chans == 1 else "RGB"))
             arr = np.asarray(im, dtype=np.uint8)
     except Exception as e:  # PIL raises many types for corrupt files
         raise DataError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
     if arr.ndim == 2:
         arr = arr[:, :, None]
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
+
+
+def read_image(path: Path, img_size: int, in_chans: int) -> torch.Tensor:
+    """uint8 (in_chans, img_size, img_size): the whole image resized bilinearly; DataError naming the file when
+    PIL cannot decode it."""
+    from PIL import Image
+
+    return decode_image(path, in_chans, lambda im: im.resize((img_size, img_size), Image.BILINEAR))
 
 
 class FolderDataset(Dataset):

@@ -20,12 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..data import DataError
-from ..data.folder import eight_bit, read_image
+from ..data.folder import decode_image, read_image
 from .augment import normalize
 
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos")
@@ -90,17 +88,7 @@ class Preprocessing:
         path = Path(path)
         if self.whole_image:
             return read_image(path, self.size[0], self.in_chans)
-        from PIL import Image
-
-        try:
-            with Image.open(path) as im:
-                im = self._resize_crop(eight_bit(im).convert("L" if self.in_chans == 1 else "RGB"))
-                arr = np.asarray(im, dtype=np.uint8)
-        except Exception as e:  # PIL raises many types for corrupt files
-            raise DataError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
-        if arr.ndim == 2:
-            arr = arr[:, :, None]
-        return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
+        return decode_image(path, self.in_chans, self._resize_crop)
 
     def _resize_crop(self, im):
         """Scale (timm's eval rule for ``crop_mode``) and crop the centre ``size``."""
