@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .harness import round_robin

@@ -1,4 +1,5 @@
-"""Where a backbone's time goes: one attention layer per stage, laplacian vs gaussian vs softmax, side by side.
+"""Where a backbone's time goes: one attention layer per stage, laplacian vs gaussian vs softmax (any kernel family
+with --attn), side by side.
 
     python -m laplacianformer.bench.stage_attention                          # Tiny's four stages at 512², CPU
     python -m laplacianformer.bench.stage_attention --retain-heap            # steady state (see bench/allocator.py)
@@ -36,6 +37,10 @@ from ..ops.kernel import laplace_kernel
 from ..ops.newton_schulz import regularised_inverse
 from ..ops import configure
 from ..ops.normalization import normalize_nystrom, scale_whitened
+
+
+COMPARED = ("laplacian", "gaussian", "softmax")
+"""The attentions timed by default: the paper's kernel, the one it is compared with, SR-softmax."""
 
 
 class LayerOnGrid(torch.nn.Module):
@@ -232,7 +237,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="laplacianformer_tiny")
     p.add_argument("--size", type=int, default=512)
-    p.add_argument("--attn", nargs="+", default=list(ATTENTIONS), choices=list(ATTENTIONS))
+    p.add_argument("--attn", nargs="+", default=list(COMPARED), choices=list(ATTENTIONS),
+                   help=f"attentions to time (default {' '.join(COMPARED)}; any of {', '.join(ATTENTIONS)})")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--max-seconds", type=float, default=20.0, help="cap on timed seconds per (stage, mode) group")
