@@ -83,6 +83,8 @@ def test_choose_models_selected_matched_stand_in_and_missing(tmp_path):
     assert (lap["lam"], lap["seed"]) == (1.0, 0)  # λ 1 and 16 are equally far in log λ: the smaller, seed 0
     assert "not on this machine" in lap["stand_in"] and str(acc / "scale_inv_n-s0") in lap["stand_in"]
     assert "not trained yet" in got["cauchy"]["missing"] and "missing" in got["matern32"]
+    given = kernel_why.choose_models(record, sel, ["laplacian"], STUDY, runs, acc, lams={"laplacian": 16.0})["laplacian"]
+    assert (given["lam"], given["seed"], given["stand_in"], given["basis"]) == (16.0, 0, None, "λ given (--lam)")
 
 
 def test_stage_distances_are_the_pairs_the_kernel_sees():
@@ -176,4 +178,6 @@ def test_why_at_initialisation_writes_its_files(tmp_path, capsys):
     assert "Nyström error on stage 1" in (out / "why.md").read_text()
     assert kernels.main(["why", "--images", "0", "--out", str(out)]) == 2
     assert "images" in capsys.readouterr().err
+    assert kernels.main(["why", "--lam", "nope=1", "--out", str(out)]) == 2
+    assert "lam: expected FAMILY=LAM" in capsys.readouterr().err
     assert not math.isnan(s1["kernel"]["q"]["50"])

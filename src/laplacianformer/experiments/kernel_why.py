@@ -111,17 +111,20 @@ def _lam_of(label: str) -> float | None:
 
 
 def choose_models(record: dict | None, sel: dict | None, families: Sequence[str], study: Study, runs: Path,
-                  accuracy_runs: Path, seed: int = SEED) -> dict[str, dict]:
+                  accuracy_runs: Path, seed: int = SEED, lams: Mapping[str, float] | None = None) -> dict[str, dict]:
     """Per family the cell to analyse: ``{family, lam, seed, label, basis, wanted, stand_in, run_dir, weights,
     val_top1, test_top1}``, or ``{family, basis, wanted, missing}`` when no trained cell of the family has
-    its weights here. ``basis``: the selected λ when the family's selection is complete, else the matched λ.
+    its weights here. ``basis``: the λ given in ``lams``, else the selected λ when the family's selection is
+    complete, else the matched λ.
     The wanted cell (that λ, ``seed``) comes first, then the family's other finished cells by distance in
     log λ, then seed; a replacement is marked ``stand_in`` with the reason."""
     cells = (record or {}).get("cells", {})
     out = {}
     for family in families:
         fam = (sel or {}).get("families", {}).get(family)
-        if fam and fam.get("complete") and fam.get("selected_lam") is not None:
+        if family in (lams or {}):
+            lam, basis = float(lams[family]), "λ given (--lam)"
+        elif fam and fam.get("complete") and fam.get("selected_lam") is not None:
             lam, basis = float(fam["selected_lam"]), "λ selected on validation"
         else:
             lam, basis = float(study.matched[family]), "matched λ (this family's selection is not complete)"
@@ -458,6 +461,9 @@ def _plot_nystrom(path: Path, nystrom: Mapping[str, list[dict]], title: str) -> 
         ax.plot(toks, [r["error_exact_inverse"]["mean"] for r in rows], ":", color=line[0].get_color(), lw=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    toks = sorted({r["tokens"] for rows in nystrom.values() for r in rows})
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    ax.set_xticks(toks, [f"{t:,}" for t in toks])
     ax.set_xlabel("stage-1 tokens N (7×7 landmarks)")
     ax.set_ylabel("‖G − Ĝ‖_F / ‖G‖_F (mean ± sd over images)")
     ax.set_title(title + "\n(dotted: exact (W + εI)⁻¹)", fontsize=8)
@@ -549,6 +555,7 @@ def markdown(result: dict) -> str:
 
 
 def run(out: Path, *, study: Study, protocol: dict, families: Sequence[str] = SHIPPED, init: bool = False,
+        lams: Mapping[str, float] | None = None,
         study_out: Path = Path(STUDY_OUT), runs: Path = Path(KERNEL_RUNS), accuracy_runs: Path = Path(ACCURACY_RUNS),
         images: int = DIST_IMAGES, nystrom_images: int = NYSTROM_IMAGES, sizes: Sequence[int] = SIZES,
         progress: bool = True) -> dict:
@@ -557,12 +564,15 @@ def run(out: Path, *, study: Study, protocol: dict, families: Sequence[str] = SH
     head_dim = study.head_dim(protocol)
     sel = study.selection(record, head_dim) if record else None
     conf = study.confirmation(record, sel) if record and sel else None
+    lams = dict(lams or {})
     if init:
-        models = {f: {"family": f, "basis": "matched λ, initialisation (no trained weights)", "lam": float(study.matched[f]),
-                      "seed": SEED, "label": study.label(f, study.matched[f]), "stand_in": None, "run_dir": None}
-                  for f in families}
+        models = {}
+        for f in families:
+            lam = float(lams.get(f, study.matched[f]))
+            models[f] = {"family": f, "basis": f"{'given' if f in lams else 'matched'} λ, initialisation (no trained weights)",
+                         "lam": lam, "seed": SEED, "label": study.label(f, lam), "stand_in": None, "run_dir": None}
     else:
-        models = choose_models(record, sel, families, study, runs, accuracy_runs)
+        models = choose_models(record, sel, families, study, runs, accuracy_runs, lams=lams)
     rec = protocol["recipe"]
     n = max(images, nystrom_images)
     loaded = {s: protocol_images(rec["data"], s, n) for s in dict.fromkeys([rec["img_size"], *sizes])}
@@ -623,6 +633,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the accuracy study's run directories, for reused cells (default {ACCURACY_RUNS})")
     p.add_argument("--study", default=STUDY_OUT, help=f"the study's results, cells.json (default {STUDY_OUT})")
     p.add_argument("--families", nargs="+", default=list(SHIPPED), choices=list(SHIPPED))
+    p.add_argument("--lam", action="append", default=[], metavar="FAMILY=LAM",
+                   help="analyse FAMILY's cell at this λ instead of the selected or matched one (repeatable)")
     p.add_argument("--images", type=int, default=DIST_IMAGES, help=f"test images for the distances (default {DIST_IMAGES})")
     p.add_argument("--nystrom-images", type=int, default=NYSTROM_IMAGES,
                    help=f"test images per size for the Nyström error (default {NYSTROM_IMAGES})")
@@ -642,9 +654,19 @@ def main(argv=None, *, study: Study) -> int:
             if getattr(args, name) < 1:
                 raise ValueError(f"{name}: expected >= 1, got {getattr(args, name)}")
         torch.set_num_threads(args.threads)
+        lams = {}
+        for item in args.lam:
+            family, _, value = item.partition("=")
+            try:
+                lam = float(value)
+            except ValueError:
+                lam = -1.0
+            if family not in SHIPPED or not lam > 0:
+                raise ValueError(f"lam: expected FAMILY=LAM with FAMILY one of {list(SHIPPED)} and LAM > 0, got {item!r}")
+            lams[family] = lam
         out = Path(args.out or (f"{DEFAULT_OUT}/{INIT_SUBDIR}" if args.init else DEFAULT_OUT))
         run(out, study=study, protocol=build_protocol(PROTOCOL_NAME, VAL_PROTOCOL), families=args.families,
-            init=args.init, study_out=Path(args.study), runs=Path(args.runs), accuracy_runs=Path(args.accuracy_runs),
+            init=args.init, lams=lams, study_out=Path(args.study), runs=Path(args.runs), accuracy_runs=Path(args.accuracy_runs),
             images=args.images, nystrom_images=args.nystrom_images, sizes=args.sizes)
         return 0
 
