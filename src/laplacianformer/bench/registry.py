@@ -26,6 +26,7 @@ QUICK: dict[str, list[str]] = {
     "model_cost": ["--sizes", "32", "64", "--repeats", "1", "--max-seconds", "2", "--cap-s", "10"],
     "model_throughput": ["--model", "laplacianformer_micro", "--sizes", "32", "--repeats", "1", "--no-memory"],
     "normalization": ["--sizes", "256", "--repeats", "1"],
+    "onnx_deploy": ["--model", "laplacianformer_micro", "--sizes", "64", "--repeats", "1", "--no-memory"],
     "padding": ["--max-len", "32", "--batch", "2", "--dim", "16", "--repeats", "1"],
     "startup": ["--repeats", "1"],
     "stage_attention": ["--model", "laplacianformer_micro", "--size", "64", "--repeats", "1"],
