@@ -140,26 +140,33 @@ def run_cells(labels: list[str], seeds: list[int], *, protocol: dict, out: Path,
             config = {**protocol["recipe"], "attn": attn, "attn_kwargs": kwargs, "seed": seed, "progress": False,
                       "out": str(runs / f"{lb}-s{seed}"), "resume": True, "final_test": final_test}
             todo.append((cell_key(lb, seed), config))
+    return record_cells(todo, record, path, combination, jobs=jobs, train_fn=train_fn, progress=progress,
+                        name="accuracy")
+
+
+def record_cells(todo: list[tuple[str, dict]], record: dict, path: Path, configure, *, jobs: int = 1, train_fn=None,
+                 progress: bool = True, name: str = "accuracy") -> dict:
+    """Trains the ``todo`` cells ((``LABEL|seed=S``, training config)) and writes each into ``record`` and
+    ``path`` as it finishes: validation and test top-1, time, steps; ``configure(label) -> (attn, kwargs)``.
+    A cell interrupted by a signal raises KeyboardInterrupt (its checkpoint resumes it)."""
     write_json(path, record)
-    runner = CellRunner(jobs, train_fn)
     times = []
-    for i, (key, result, secs) in enumerate(runner.run(todo), 1):
+    for i, (key, result, secs) in enumerate(CellRunner(jobs, train_fn).run(todo), 1):
         lb, seed = key.split("|seed=")[0], int(key.split("|seed=")[1])
         if result.get("interrupted"):
             raise KeyboardInterrupt(f"{lb} seed {seed} was interrupted ({result['interrupted']}); rerun to resume")
-        attn, kwargs = combination(lb)
-        cell = {"label": lb, "seed": seed, "attn": attn, "attn_kwargs": _jsonable(kwargs),
-                "val_top1": _jsonable(result["top1"]), "eval_split": result.get("eval_split"),
-                "test_top1": _jsonable(result.get("final_test_top1")), "seconds": round(secs, 1),
-                **{k: _jsonable(result[k]) for k in ("steps", "params", "train_time_s", "history", "resumed")
-                   if k in result}}
-        record["cells"][key] = cell
+        attn, kwargs = configure(lb)
+        record["cells"][key] = {
+            "label": lb, "seed": seed, "attn": attn, "attn_kwargs": _jsonable(kwargs),
+            "val_top1": _jsonable(result["top1"]), "eval_split": result.get("eval_split"),
+            "test_top1": _jsonable(result.get("final_test_top1")), "seconds": round(secs, 1),
+            **{k: _jsonable(result[k]) for k in ("steps", "params", "train_time_s", "history", "resumed") if k in result}}
         write_json(path, record)
         times.append(secs)
         if progress:
             left = len(todo) - i
             eta = left * sum(times) / len(times) / min(jobs, max(left, 1))
-            print(f"[accuracy {i}/{len(todo)}] {lb} seed {seed}: val top-1 {100 * float(result['top1']):.2f} % in "
+            print(f"[{name} {i}/{len(todo)}] {lb} seed {seed}: val top-1 {100 * float(result['top1']):.2f} % in "
                   f"{_fmt_time(secs)}; {left} left, ETA {_fmt_time(eta)}", flush=True)
     return record
 

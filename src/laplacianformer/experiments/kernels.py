@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 
 from ..ops.kernel_families import SHIPPED, kernel_spec
-from .ablate import CellRunner, _fmt_time, build_protocol, canonical_attention
-from .accuracy import PROTOCOL_NAME, VAL_PROTOCOL, validation_split
+from .ablate import _fmt_time, build_protocol, canonical_attention
+from .accuracy import PROTOCOL_NAME, VAL_PROTOCOL, record_cells, validation_split
 from .common import environment, jsonable, markdown_table, pyplot, read_json, run_command, write_json
 from .protocol import same_protocol
 from .stats import describe, paired, verdict
@@ -205,26 +205,8 @@ def run_cells(labels: list[str], seeds: list[int], *, protocol: dict, out: Path,
             config = {**protocol["recipe"], "attn": attn, "attn_kwargs": kwargs, "seed": seed, "progress": False,
                       "out": str(runs / f"{lb.replace('@', '-')}-s{seed}"), "resume": True, "final_test": True}
             todo.append((key, config))
-    write_json(path, record)
-    times = []
-    for i, (key, result, secs) in enumerate(CellRunner(jobs, train_fn).run(todo), 1):
-        lb, seed = key.split("|seed=")[0], int(key.split("|seed=")[1])
-        if result.get("interrupted"):
-            raise KeyboardInterrupt(f"{lb} seed {seed} was interrupted ({result['interrupted']}); rerun to resume")
-        attn, kwargs = configuration(lb)
-        record["cells"][key] = {
-            "label": lb, "seed": seed, "attn": attn, "attn_kwargs": jsonable(kwargs),
-            "val_top1": jsonable(result["top1"]), "eval_split": result.get("eval_split"),
-            "test_top1": jsonable(result.get("final_test_top1")), "seconds": round(secs, 1),
-            **{k: jsonable(result[k]) for k in ("steps", "params", "train_time_s", "history", "resumed") if k in result}}
-        write_json(path, record)
-        times.append(secs)
-        if progress:
-            left = len(todo) - i
-            eta = left * sum(times) / len(times) / min(jobs, max(left, 1))
-            print(f"[kernels {i}/{len(todo)}] {lb} seed {seed}: val top-1 {100 * float(result['top1']):.2f} % in "
-                  f"{_fmt_time(secs)}; {left} left, ETA {_fmt_time(eta)}", flush=True)
-    return record
+    return record_cells(todo, record, path, configuration, jobs=jobs, train_fn=train_fn, progress=progress,
+                        name="kernels")
 
 
 def _per_seed(record: dict, lb: str, field: str) -> dict[int, float]:
