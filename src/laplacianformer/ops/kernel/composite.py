@@ -3,13 +3,22 @@ profile (``kernel_families``).
 
 Stores only the (..., N, M) result, never (..., N, M, d). This is the baseline the fused kernels are
 measured against (issue: the "torch.cdist(p=1) composite") and the portable fallback, including ONNX export.
+
+While a graph is exported to ONNX the L1 and L2 accumulations take ``export_distance`` instead of
+torch.cdist: ONNX has no pairwise-distance op, and cdist's translation as one broadcast formed the
+(..., N, M, d) tensor inside the graph (1.9 GB more peak memory than eager mode for Tiny at 1024²).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .. import _runtime
 from ..kernel_families import kernel_spec
+
+EXPORT_CHUNK = 8
+"""Features per step of ``export_distance``: its largest intermediate is (..., EXPORT_CHUNK, M, N). 0: the
+export records torch.cdist as eager mode runs it (the broadcast form before issue 42; for comparisons)."""
 
 
 def pairwise_distance(x: torch.Tensor, y: torch.Tensor, kernel: str) -> torch.Tensor:
@@ -20,6 +29,8 @@ def pairwise_distance(x: torch.Tensor, y: torch.Tensor, kernel: str) -> torch.Te
     the result is cast back.
     """
     spec = kernel_spec(kernel)
+    if (spec.l1 or spec.distance == "l2") and EXPORT_CHUNK and _runtime.onnx_exporting():
+        return export_distance(x, y, spec.l1)
     if spec.l1 or spec.distance == "l2":
         # L2 without the Gram expansion: its cancellation near r = 0 would reach r = √acc to first order
         half = x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16)
@@ -30,6 +41,33 @@ def pairwise_distance(x: torch.Tensor, y: torch.Tensor, kernel: str) -> torch.Te
     x2 = x.pow(2).sum(-1, keepdim=True)
     y2 = y.pow(2).sum(-1).unsqueeze(-2)
     return (x2 + y2 - 2.0 * (x @ y.transpose(-1, -2))).clamp_min(0.0)
+
+
+def export_distance(x: torch.Tensor, y: torch.Tensor, l1: bool, chunk: int | None = None) -> torch.Tensor:
+    """Σ_i |x_i - y_i| (``l1``) or Σ_i (x_i - y_i)² over the features, as a graph of standard ONNX ops with no
+    (..., N, M, d) tensor. x: (..., N, d), y: (..., M, d) -> (..., N, M); N and M may be graph sizes.
+
+    The features go in static steps of ``chunk`` (default ``EXPORT_CHUNK``; d is a fixed size per layer),
+    each a broadcast (..., chunk, M, N) tensor reduced over its features into an (..., M, N) sum (tokens last:
+    every broadcast row is N long). L1 as |a - b| = 2·max(a, b) - a - b: one broadcast op per step instead
+    of two (Sub, Abs), Σ_i x_i and Σ_i y_i subtracted once at the end, clamped at 0 (the cancellation's
+    rounding, a few ulp of Σ_i |x_i| + |y_i|, may fall below a zero distance). Squared L2 as Σ (x_i - y_i)²
+    (no Gram expansion, as the eager composite: docs/DESIGN.md §1.5)."""
+    chunk = chunk or EXPORT_CHUNK or x.shape[-1]
+    xt = x.transpose(-1, -2).unsqueeze(-2)  # (..., d, 1, N)
+    yt = y.transpose(-1, -2).unsqueeze(-1)  # (..., d, M, 1)
+    acc = None
+    for s in range(0, x.shape[-1], chunk):
+        xs, ys = xt[..., s : s + chunk, :, :], yt[..., s : s + chunk, :, :]
+        if l1:
+            part = torch.maximum(xs, ys).sum(-3)
+        else:
+            diff = xs - ys
+            part = (diff * diff).sum(-3)
+        acc = part if acc is None else acc + part
+    if l1:
+        acc = (2.0 * acc - xt.sum(-3) - yt.sum(-3)).clamp_min(0.0)
+    return acc.transpose(-1, -2)
 
 
 def laplace_kernel_composite(x: torch.Tensor, y: torch.Tensor, lam: float, kernel: str = "laplacian") -> torch.Tensor:
