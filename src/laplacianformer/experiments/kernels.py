@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ..ops.kernel_families import SHIPPED, kernel_spec
 from .ablate import _fmt_time, build_protocol, canonical_attention
-from .accuracy import PROTOCOL_NAME, VAL_PROTOCOL, record_cells, validation_split
+from .accuracy import PROTOCOL_NAME, VAL_PROTOCOL, _ci, _pts, record_cells, validation_split
 from .common import environment, jsonable, markdown_table, pyplot, read_json, run_command, write_json
 from .protocol import same_protocol
 from .stats import describe, paired, verdict
@@ -277,14 +277,6 @@ def detection_variants(sel: dict) -> dict[str, dict]:
 
 VERDICT_WORDS = {"reproduced": "wins", "reversed": "loses", "not_reproduced": "no difference (< 0.5 pt)",
                  "undecided": "undecided"}
-
-
-def _pts(x) -> str:
-    return "–" if x is None else f"{100 * x:.2f}"
-
-
-def _ci(ci) -> str:
-    return "–" if not ci else f"[{100 * ci[0]:+.2f}, {100 * ci[1]:+.2f}]"
 
 
 def selection_markdown(sel: dict) -> str:
