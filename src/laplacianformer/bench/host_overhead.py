@@ -76,26 +76,17 @@ def run(args) -> list[dict]:
 
 
 def plot(path, rows: list[dict], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    labels = [f"s{r['stage'] + 1} {r['hw'][0]}×{r['hw'][1]}" for r in rows]
+    fig, ax = figure(size=(7, 3.8))
     ax.bar(range(len(rows)), [r["ratio"] for r in rows], color=["tab:blue" if r["grid"] != "224" else "tab:orange"
                                                                   for r in rows])
     for i, r in enumerate(rows):
         if r["target"]:
             ax.plot([i - 0.4, i + 0.4], [r["target"]] * 2, "k--", lw=1)
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels(labels, fontsize=8, rotation=30)
-    ax.set_ylabel("Laplacian / SR-softmax layer time")
+    bar_labels(ax, [f"s{r['stage'] + 1} {r['hw'][0]}×{r['hw'][1]}" for r in rows],
+               "Laplacian / SR-softmax layer time", fontsize=8, rotation=30)
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> None:

@@ -62,6 +62,35 @@ def report_header(title: str, args, load: Mapping, extra: str = "") -> str:
     )
 
 
+def figure(*panels: int, size: tuple[float, float]):
+    """(fig, axes) of a new Agg figure with ``panels`` = (rows, columns) subplots (none: one)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*panels, figsize=size)
+
+
+def save_figure(fig, path: str | Path, title: str | None = None) -> Path:
+    """Lays ``fig`` out, writes it to ``path`` (PNG, 110 dpi) and closes it."""
+    import matplotlib.pyplot as plt
+
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def bar_labels(ax, labels: Sequence[str], ylabel: str, **tick_options) -> None:
+    """x ticks ``labels`` under bars 0..n-1 and the y label."""
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, **tick_options)
+    ax.set_ylabel(ylabel)
+
+
 def plot_loglog(path: str | Path, panels: Sequence[Mapping], *, xlabel: str, title: str | None = None) -> Path:
     """Side-by-side log-log panels.  panels: [{"ylabel": str, "series": {label: (xs, ys)}}, ...].
 
