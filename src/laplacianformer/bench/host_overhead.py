@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .harness import round_robin
 from .options import add_timing_options, start_timing_run, write_results
-from .report import markdown_table, report_header, write_text
+from .report import bar_labels, figure, markdown_table, report_header, save_figure, write_text
 from .stage_attention import make_layer_case, stage_inputs
 
 ATTNS = ("laplacian", "softmax")
