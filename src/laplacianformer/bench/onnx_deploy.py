@@ -17,7 +17,7 @@ exporter, dynamic batch, H and W, opset 18) at --export-size; every size then ru
 torch.cdist, whose translation broadcasts an (N, m, d) tensor (the form before issue 42). --ort-options
 picks onnxruntime's session settings (``SESSION_OPTIONS``). Targets of issue 42, printed and not asserted:
 onnxruntime / eager ≤ 1.2× in time, ≤ 1.5× in peak memory at the largest size, relative error ≤ 1e-4.
-Writes runs/bench/onnx_deploy/onnx_deploy_cpu.{json,md,png} (``--publish``: benchmarks/results/).
+Writes runs/bench/onnx_deploy/onnx_deploy_cpu_threads<N>.{json,md,png} (``--publish``: benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -203,7 +203,8 @@ def main(argv=None) -> None:
         del model
         rows = run(args, files)
     labels = list(files)
-    stem, load = write_results(args, "onnx_deploy", load_before, dict(rows=rows, targets=TARGETS))
+    stem, load = write_results(args, "onnx_deploy", load_before, dict(rows=rows, targets=TARGETS),
+                               variant=f"_threads{args.threads}")
     text = table(rows, labels)
     header = report_header(f"{args.model}: eager mode and onnxruntime, inference", args, load,
                            f"batch {args.batch}; {args.threads} threads; onnxruntime options {args.ort_options}")

@@ -1,11 +1,16 @@
 """Export of LaplacianFormer models to ONNX and ``torch.export`` programs whose input size is free.
 
 While exporting, the kernel primitives run on their composite backend (``ops/kernel/composite.py``; the
-fast paths refuse ONNX export in the op's registry, docs/DESIGN.md §6.3), whose L1 distance is
-``torch.cdist(p=1)``. Neither exporter translates it as we need (the TorchScript exporter's ``aten::cdist``
-adds 1e-6 to every difference and returned NaN in onnxruntime here; the dynamo exporter has no function for
-``aten._cdist_forward``), so both get one written with standard ONNX ops: |x_i - y_j| summed over the last
-axis (the broadcast (..., N, M, d) tensor exists only inside the ONNX graph).
+fast paths refuse ONNX export in the op's registry, docs/DESIGN.md §6.3), whose L1 and L2 distances are then
+``composite.export_distance``: the features in static steps of 8, each an (..., 8, M, N) broadcast reduced
+into an (..., M, N) sum, so the graph holds no (..., N, M, d) tensor (issue 42: with it, one Tiny forward at
+1024² raised onnxruntime's peak RSS by 1,874 MiB, now 330 MiB, eager mode 239 MiB; ``bench/onnx_deploy.py``,
+docs/DEPLOY.md). Only with
+``composite.EXPORT_CHUNK = 0`` (the form before, for comparisons) is ``torch.cdist`` recorded; neither
+exporter translates it as we need (the TorchScript exporter's ``aten::cdist`` adds 1e-6 to every difference
+and returned NaN in onnxruntime here; the dynamo exporter has no function for ``aten._cdist_forward``), so
+both get one written with standard ONNX ops: |x_i - y_j| summed over the last axis (a broadcast
+(..., N, M, d) tensor inside the graph).
 
 One graph for every input size, from any exporter call (``torch.export.export`` with ``Dim``s too): the
 landmark grid is cut to the token grid with shape arithmetic (``ops/validation.landmark_grid``), the

@@ -6,8 +6,10 @@ or each feature map of a ``features_only`` backbone):
 
     max_abs = max |ort - eager|,   relative = max |ort - eager| / max |eager|
 
-and the median wall time of ``runs`` onnxruntime calls. ``ExportMismatch`` (a ValueError naming the size)
-when a relative error exceeds the tolerance; the ``laplacianformer export`` command prints the table.
+and the median wall times of ``runs`` onnxruntime and eager calls, made in turn after the calls that gave
+the error (their warm-up), onnxruntime with as many intra-op threads as torch has. ``ExportMismatch`` (a
+ValueError naming the size) when a relative error exceeds the tolerance; the ``laplacianformer export``
+command prints the table. Time and peak memory of whole models: ``laplacianformer bench onnx_deploy``.
 """
 
 from __future__ import annotations
@@ -49,32 +51,35 @@ def check_onnx(model: nn.Module, path: str | os.PathLike, sizes, *, batch: int =
     """One row per (H, W) of ``sizes``: {"size", "max_abs", "relative", "ort_ms", "eager_ms"} (module docstring).
 
     model: the eager model (put in eval mode); path: its ONNX export; batch, in_chans: the input's (B, C);
-    runs: onnxruntime calls timed per size (median); tolerance: ExportMismatch when a relative error exceeds
-    it, after every size was measured (None: no check). Inputs are ``torch.randn`` with ``seed``."""
+    runs: onnxruntime and eager calls timed per size, in turn (medians); tolerance: ExportMismatch when a
+    relative error exceeds it, after every size was measured (None: no check). Inputs are ``torch.randn`` with
+    ``seed``."""
     require("onnxruntime")
     import onnxruntime as ort
 
     model.eval()
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     gen = torch.Generator().manual_seed(seed)
     rows = []
     for h, w in sizes:
         x = torch.randn(batch, in_chans, h, w, generator=gen)
-        start = time.perf_counter()
         with torch.no_grad():
             refs = [t.numpy() for t in _outputs(model(x))]
-        eager_ms = 1e3 * (time.perf_counter() - start)
-        times, outs = [], None
-        for _ in range(max(1, runs)):
-            start = time.perf_counter()
             outs = session.run(None, {name: x.numpy()})
-            times.append(1e3 * (time.perf_counter() - start))
-        if len(outs) != len(refs):
-            raise ExportMismatch(f"size {h}x{w}: {len(outs)} outputs, eager mode has {len(refs)}")
+            if len(outs) != len(refs):
+                raise ExportMismatch(f"size {h}x{w}: {len(outs)} outputs, eager mode has {len(refs)}")
+            times = {"ort": [], "eager": []}
+            for _ in range(max(1, runs)):
+                for key, call in (("ort", lambda: session.run(None, {name: x.numpy()})), ("eager", lambda: model(x))):
+                    start = time.perf_counter()
+                    call()
+                    times[key].append(1e3 * (time.perf_counter() - start))
         errors = [relative_error(o, r) for o, r in zip(outs, refs)]
         rows.append(dict(size=(h, w), max_abs=max(e[0] for e in errors), relative=max(e[1] for e in errors),
-                         ort_ms=statistics.median(times), eager_ms=eager_ms))
+                         ort_ms=statistics.median(times["ort"]), eager_ms=statistics.median(times["eager"])))
     bad = [r for r in rows if tolerance is not None and not r["relative"] <= tolerance]
     if bad:
         worst = max(bad, key=lambda r: r["relative"])
