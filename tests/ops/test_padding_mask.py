@@ -46,9 +46,14 @@ def check_against_alone(q, k, v, mask, lengths, tol=1e-10, **kw):
             torch.testing.assert_close(g[b : b + 1, :, :n_valid], r, rtol=tol, atol=tol)
 
 
+# every norm with the paper's kernel, every other family with the default norm (the mask reaches the kernel
+# rows and the normalisation's statistics independently)
+NORM_KERNELS = [(norm, KERNELS[0]) for norm in NORMS] + [(NORMS[0], kernel) for kernel in KERNELS[1:]]
+
+
 @pytest.mark.parametrize("norm,kernel,landmarks,reference", [
-    pytest.param(*case, id="-".join(map(str, case)))
-    for case in itertools.product(NORMS, KERNELS, (None, 8), (False, True))
+    pytest.param(norm, kernel, landmarks, reference, id="-".join(map(str, (norm, kernel, landmarks, reference))))
+    for (norm, kernel), landmarks, reference in itertools.product(NORM_KERNELS, (None, 8), (False, True))
 ])
 def test_padded_batch_matches_each_sequence_alone(seeded, norm, kernel, landmarks, reference):
     seed, gen = seeded
