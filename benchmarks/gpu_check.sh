@@ -8,9 +8,12 @@
 # holds the sum); each limit has its estimate beside it, from the first H200 run's logs and file times
 # (benchmarks/results/gpu_check_h200: the whole first run took 255 s, its Triton tests 61 s of pytest for 55 tests).
 #   1. machine               20 s (est.  5): machine.json; stops when no CUDA device is visible
-#   2. triton_tests         120 s (est. 100): the Triton-marked tests for real on CUDA (no interpreter), 86 tests with
-#                                            the streaming passes and the fused landmark solve (8 xdist workers where
-#                                            pytest-xdist is installed)
+#   2. triton_tests         120 s (est. 105): the Triton-marked tests for real on CUDA (no interpreter), 225 tests:
+#                                            every kernel and pass, the streaming passes and the fused landmark solve,
+#                                            each for every kernel family of the Triton profile (the Laplacian and
+#                                            Gaussian matrices, a case per kernel for exponential, matern32 and
+#                                            cauchy, the profile per id: 32 tests, about 80 more JIT compiles)
+#                                            (8 xdist workers where pytest-xdist is installed)
 #   3. census_tests          25 s (est. 20): tests/benchmarks/test_launch_census.py (launch counts on the hardware)
 #   4. gpu_overhead          30 s (est. 15): Tiny 512², batch 8, fp32: eager, device kernels, CUDA-graph replay
 #   5. gpu_overhead_bf16     30 s (est. 15): the same under bf16 autocast

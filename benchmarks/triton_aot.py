@@ -2,6 +2,7 @@
 targets, on a machine without a GPU (docs/KERNELS.md, "Compiling for GPUs without one").
 
     python -m benchmarks.triton_aot [--arch 80,90] [--strict] [--subset fast] [--json PATH] [--md PATH]
+                                    [--match WORDS] [--kernel NAMES]
 
 The specialisations come from the Triton modules themselves (``MODULES``): each defines
 ``aot_specialisations(d_max=128, m_max=128)`` yielding tuples
@@ -11,7 +12,8 @@ The specialisations come from the Triton modules themselves (``MODULES``): each 
 built by the same configuration functions its launchers call at run time. ``kernel`` is the
 ``@triton.jit`` function, ``signature`` maps every non-constexpr argument name to a Triton type string
 (``"*fp32"``, ``"*bf16"``, ``"i32"``, ``"fp32"``), ``constexprs`` maps the constexpr argument names to
-their values, ``label`` is ``"<family> key=value ..."`` (keys such as ``dtype``, ``kind``, ``d``, ``e``,
+their values, ``label`` is ``"<family> key=value ..."`` (keys such as ``dtype``, ``kid`` (the kernel family's
+id, the constexpr ``KID``), ``d``, ``e``,
 ``m``, ``v``, ``inj``, ``lw``, ``conv``; the fast subset filters on them), ``options`` (optional) further keyword
 options of ``triton.compile`` the launcher passes too (e.g. ``{"maxnreg": 255}``). Pointer arguments are compiled with 16-byte divisibility,
 as the runtime specialises them for torch allocations.
@@ -84,10 +86,10 @@ REGISTER_FILE = 64 * 1024
 """32-bit registers one block may use on sm_80 and sm_90: at 255 registers a thread, at most 8 warps."""
 """Largest dynamic shared memory one block may use (opt-in maximum): A100 (sm_80), H100/H200 (sm_90)."""
 
-FAST = {"dtype": {"fp32"}, "kind": {"L1"}, "d": {"64", "128"}, "m": {"64", "128"}, "inj": {"1"}, "lw": {"16"},
-        "conv": {"1"}}
+FAST = {"dtype": {"fp32"}, "kid": {"0"}, "d": {"64", "128"}, "m": {"64", "128"}, "inj": {"1"},
+        "lw": {"16"}, "conv": {"1"}}
 """The fast subset (the default test run): labels whose keys, where present, take these values, and e equal
-to d (to m where a label has no d): the model's path (float32 compute, L1, head dim 64, m = 49 padded to 64,
+to d (to m where a label has no d): the model's path (float32 compute, the Laplacian, head dim 64, m = 49 padded to 64,
 the injective normalisation, the 7 landmark columns of its 7 × 7 grid padded to 16, the streaming output
 pass with the layer's DWConv(V)) and the largest shapes."""
 
@@ -153,11 +155,17 @@ def _matches(word: str, label: str) -> bool:
 
 
 def collect(modules=MODULES, d_max: int = 128, m_max: int = 128, subset: str | None = None,
-            match: str | None = None) -> list[tuple]:
+            match: str | None = None, kernels: str | None = None) -> list[tuple]:
     """Every (kernel, signature, constexprs, num_warps, num_stages, label[, options]) of ``modules`` (in the fast
     subset, and matching every word of ``match``, when given: a ``key=value`` word or a whole family
     name is one of the label's words, any other word begins the family name, e.g. ``norm`` for every
-    normalisation kernel)."""
+    normalisation kernel; with ``kernels``, a comma-separated list of kernel family names, only the labels whose
+    ``kid=`` is one of theirs: the specialisations of those families, none of the family-independent kernels)."""
+    families = None
+    if kernels is not None:
+        from laplacianformer.ops.kernel_families import kernel_spec
+
+        families = {str(kernel_spec(name).id) for name in kernels.split(",")}
     specs = []
     for name in modules:
         mod = importlib.import_module(name)
@@ -165,6 +173,8 @@ def collect(modules=MODULES, d_max: int = 128, m_max: int = 128, subset: str | N
             if subset == "fast" and not in_fast_subset(spec[5]):
                 continue
             if match and not all(_matches(w, spec[5]) for w in match.split()):
+                continue
+            if families is not None and _label_fields(spec[5]).get("kid") not in families:
                 continue
             specs.append(spec)
     return specs
@@ -433,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--md", type=Path, default=None, help="write the Markdown tables here")
     ap.add_argument("--match", default=None, help="only labels matching every word: key=value words and family names are words of the label, "
                     "other words begin the family (e.g. 'matmul_fwd d=128 dtype=fp32', 'norm m=64')")
+    ap.add_argument("--kernel", default=None, help="only these kernel families' specialisations, comma-separated "
+                    "names (labels kid=ID; e.g. 'exponential,matern32,cauchy')")
     ap.add_argument("--module", action="append", default=None, help="module to collect (default: MODULES)")
     ap.add_argument("--quiet", action="store_true", help="print only the summary")
     args = ap.parse_args(argv)
@@ -441,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         if a not in SHARED_LIMIT:
             ap.error(f"--arch: expected among {sorted(SHARED_LIMIT)}, got {a}")
     specs = collect(args.module or MODULES, args.d_max, args.m_max, None if args.subset == "all" else args.subset,
-                    args.match)
+                    args.match, args.kernel)
     print(f"triton_aot: {len(specs)} specialisations x {len(archs)} targets", flush=True)
     rows: list[Row] = []
     t0 = time.perf_counter()

@@ -34,8 +34,8 @@ def test_specialisations_come_from_the_launchers():
 
     # the forward's configuration does not depend on d: one specialisation, labelled with the largest d,
     # the one the launcher uses at the model's d = 64
-    fwd = [s for s in specs if s[5].startswith("kernel_fwd dtype=fp32 kind=L1 ")]
-    assert [s[5] for s in fwd] == ["kernel_fwd dtype=fp32 kind=L1 d=128"]
+    fwd = [s for s in specs if s[5].startswith("kernel_fwd dtype=fp32 kid=0 ")]
+    assert [s[5] for s in fwd] == ["kernel_fwd dtype=fp32 kid=0 d=128"]
     assert {k: fwd[0][2][k] for k in kt.DISTANCE_BLOCK if k != "num_warps"} == \
         {k: v for k, v in kt.fwd_config(64).items() if k in kt.DISTANCE_BLOCK and k != "num_warps"}
     for kernel, sig, const, warps, stages, label, *options in specs:
@@ -50,11 +50,40 @@ def test_specialisations_come_from_the_launchers():
     assert len(norm) == 10, norm
     # the fused landmark solve on the model's path: L1, m = 49 -> 64, a 7-wide landmark row -> 16
     solve = {s[5] for s in fast if s[5].startswith("landmark_solve")}
-    assert solve == {f"landmark_solve dtype=fp32 kind=L1 m=64 lw=16 d={d}" for d in (64, 128)}, solve
+    assert solve == {f"landmark_solve dtype=fp32 kid=0 m=64 lw=16 d={d}" for d in (64, 128)}, solve
     # the streaming output pass on the model's path: with the layer's DWConv(V) fused (both forms in the full list)
-    assert {s[5] for s in fast if s[5].startswith("stream_out")} == {"stream_out dtype=fp32 kind=L1 m=64 e=64 inj=1 "
-                                                                      "conv=1"}
+    assert {s[5] for s in fast if s[5].startswith("stream_out")} == {"stream_out dtype=fp32 kid=0 m=64 e=64 "
+                                                                      "inj=1 conv=1"}
     assert {s[2]["CONV"] for s in specs if s[5].startswith("stream_out")} == {False, True}
+
+
+def test_every_kernel_family_is_enumerated():
+    """Every kernel that takes a family id (the constexpr KID) is enumerated for each id of the Triton profile,
+    labelled ``kid=<id>``, with the same other constexprs for every id; ``--kernel`` selects by family name."""
+    from laplacianformer.ops._triton_common import family_slope_reads_distance, family_sums_abs
+    from laplacianformer.ops.kernel.limits import TRITON_KERNEL_IDS
+
+    specs = triton_aot.collect()
+    by_kernel: dict[str, dict[int, set]] = {}
+    for kernel, sig, const, warps, stages, label, *options in specs:
+        if "KID" not in const:
+            assert "kid=" not in label, label
+            continue
+        assert f"kid={const['KID']}" in label.split(), label
+        rest = tuple(sorted((k, str(v)) for k, v in const.items() if k != "KID")) + (tuple(sorted(sig.items())), warps)
+        by_kernel.setdefault(kernel.__name__, {}).setdefault(const["KID"], set()).add(rest)
+    assert len(by_kernel) == 12, sorted(by_kernel)
+    for name, ids in by_kernel.items():
+        assert set(ids) == TRITON_KERNEL_IDS, name
+        # the family changes KID alone (the kernel op's backward: its warps and refusals per accumulation and per
+        # whether the slope reads the distance)
+        accumulation = ((lambda kid: (family_sums_abs(kid), family_slope_reads_distance(kid)))
+                        if name.startswith("laplace_d")
+                        else (lambda kid: None))
+        for group in {accumulation(kid) for kid in ids}:
+            assert len({frozenset(v) for kid, v in ids.items() if accumulation(kid) == group}) == 1, (name, group)
+    picked = triton_aot.collect(match="stream_out m=64 e=64", kernels="matern32,cauchy")
+    assert {s[2]["KID"] for s in picked} == {3, 4} and all("kid=" in s[5] for s in picked)
 
 
 def test_match_words():
@@ -196,11 +225,11 @@ def test_sass_mix_of_a_compiled_loop_matches_cuobjdump(tmp_path):
 
 
 def test_roofline_table_is_the_committed_one():
-    from laplacianformer.bench import roofline
+    from benchmarks import roofline
 
     data = json.loads((REPO_ROOT / "benchmarks" / "results" / "roofline_h100.json").read_text())
     assert data["rows"] == json.loads(json.dumps(roofline.cases())), \
-        "rerun python -m laplacianformer.bench.roofline --write --publish"
+        "rerun python -m benchmarks.roofline --write --publish"
     assert {r["kernel"] for r in data["rows"]} == {"kernel_fwd", "kernel_bwd", "ns_fwd", "ns_grad", "landmark_solve",
                                                     "stream_query", "stream_key", "stream_out", "bwd_query", "bwd_key",
                                                     "bwd_landmark_grad", "bwd_rows", "bwd_pool_grad"}

@@ -1,7 +1,9 @@
 """Passes C and E of the fused backward in Triton (ops/streaming/backward_landmarks_triton.py) against their
 specification, ``ops/streaming/backward_reference.py``, in float64.
 
-- ``landmark_grad_triton`` (pass C) equals ``landmark_grad`` for every norm, both kernels, m in {6, 16, 49}, d
+- ``landmark_grad_triton`` (pass C) equals ``landmark_grad`` for every norm, the Laplacian and the Gaussian (and an
+  injective case with the conv for each other family of the Triton profile: d = 40, its distance summed over two
+  chunks), m in {6, 16, 49}, d
   and e not powers of two, several (batch, head) groups: the ForwardState and passes A and B are the float64
   reference's (the landmark solve's L, W, W⁺ in float64), their sums cut into 3 random partials per group that
   add up to them (then cast to float32, as the row passes leave them); with a 3×3 depthwise conv, dweight and
@@ -26,6 +28,8 @@ import os
 import pytest
 import torch
 
+from laplacianformer.ops.kernel.limits import TRITON_KERNEL_IDS
+from laplacianformer.ops.kernel_families import KERNEL_FAMILIES
 from laplacianformer.ops.settings import AttentionSettings
 from laplacianformer.ops.streaming import backward_reference as br
 from laplacianformer.ops.streaming.landmarks import landmark_solve_reference
@@ -116,7 +120,8 @@ PASS_C_CASES = [
     ("rowsum", "gaussian", (8, 8), (4, 4), 1, 2, 16, 8, False, True),
     ("none", "laplacian", (8, 8), (4, 4), 1, 2, 20, 24, False, False),
     ("none", "gaussian", (10, 7), (7, 7), 2, 1, 16, 16, True, True),
-]
+] + [("injective", spec.name, (8, 8), (4, 4), 1, 1, 40, 16, False, True) for spec in KERNEL_FAMILIES.values()
+     if spec.id in TRITON_KERNEL_IDS and not spec.exp_of_accumulation]
 PASS_C_KEYS = ("d_mprime", "q_cov", "q_const", "k_const", "v_const", "d_marks", "dweight", "dbias")
 
 

@@ -20,6 +20,8 @@ import os
 import pytest
 import torch
 
+from laplacianformer.ops.kernel.limits import TRITON_KERNEL_IDS
+from laplacianformer.ops.kernel_families import KERNEL_FAMILIES
 from laplacianformer.ops.settings import AttentionSettings
 from laplacianformer.ops.streaming import backward_reference as ref
 from laplacianformer.ops.streaming.landmarks import landmark_solve_reference
@@ -127,6 +129,12 @@ CASES = [
     ("none", True, "laplacian", "2d", 1, 2, (10, 7), (4, 4), 16, 16),
     ("none", False, "gaussian", "1d", 1, 1, 70, 16, 24, 16),
 ]
+PROFILE_CASES = [case for spec in KERNEL_FAMILIES.values()
+                 if spec.id in TRITON_KERNEL_IDS and not spec.exp_of_accumulation
+                 for case in (("injective", True, spec.name, "2d", 1, 1, (8, 5), (2, 3), 20, 16),
+                              ("inline", False, spec.name, None, 1, 1, (8, 5), (2, 3), 16, 8))]
+"""The other kernel families of the Triton profile: K = Q (one A for both factors) with a whitened norm and the
+conv, K ≠ Q (two, each with its own distance) without."""
 
 
 def _id(case):
@@ -164,6 +172,15 @@ def test_row_grad_equals_the_reference(seeded, case):
     pdl = _check(case, gen)
     n = case[6][0] * case[6][1] if isinstance(case[6], tuple) else case[6]
     assert pdl.shape[1] == splits_for(n, case[4] * case[5])[0] == 3  # 70 rows: three splits
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("case", PROFILE_CASES, ids=_id)
+def test_row_grad_of_the_kernel_families(seeded, case):
+    """The other families' slope (``_triton_common.kernel_chain`` on the tiles' distances): 40 rows, two splits."""
+    _, gen = seeded
+    _check(case, gen)
 
 
 @pytest.mark.triton

@@ -5,7 +5,8 @@ The Triton tests (marked ``triton``: CUDA, or TRITON_INTERPRET=1, which ``test_t
 sets in a subprocess) take float32 q, k, v and G as strided head views of (B, N, H·d) token buffers, the float64
 forward state (landmark solve and ``forward_state``) cast to float32, and check: the per-split partials summed
 over the splits equal dM, Σ G and db (pass A) and dS', Σ dk̃ (pass B, fed pass A's own partials) for every norm,
-both kernels, K = Q and K ≠ Q, m in {4, 6, 16, 49}, N not a multiple of 32, splits of several tiles, d and e not
+the Laplacian and the Gaussian (the other kernel families of the Triton profile: a K ≠ Q injective case each),
+K = Q and K ≠ Q, m in {4, 6, 16, 49}, N not a multiple of 32, splits of several tiles, d and e not
 powers of two; the conv weight's partials equal the reference's DWConv weight gradient (a 2-D grid that is not
 square, a 1-D sequence); two runs are bitwise equal; every launch is among ``aot_specialisations``; sizes the
 kernels do not serve are refused with the argument named. float16 and bfloat16 q, k, v, G (and conv tokens and
@@ -21,6 +22,8 @@ import os
 import pytest
 import torch
 
+from laplacianformer.ops.kernel.limits import TRITON_KERNEL_IDS
+from laplacianformer.ops.kernel_families import KERNEL_FAMILIES
 from laplacianformer.ops.settings import AttentionSettings
 from laplacianformer.ops.streaming import backward_reference as ref
 from laplacianformer.ops.streaming.landmarks import landmark_solve_reference
@@ -81,7 +84,8 @@ CASES = [
     ("rowsum", "laplacian", True, 2, 1, (10, 7), (4, 4), 16, 8),
     ("rowsum", "gaussian", False, 1, 1, (15, 10), (7, 7), 16, 12),
     ("none", "gaussian", True, 1, 2, (8, 5), (2, 3), 16, 8),
-]
+] + [("injective", spec.name, False, 1, 1, (8, 5), (2, 3), 20, 8) for spec in KERNEL_FAMILIES.values()
+     if spec.id in TRITON_KERNEL_IDS and not spec.exp_of_accumulation]  # the other families: both passes, a case each
 
 
 def _case_id(c):

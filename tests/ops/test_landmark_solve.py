@@ -4,7 +4,8 @@
   equals the core's steps in float64 through the one dispatch point of ``attention_core``;
 - the Triton kernel (marked ``triton``: CUDA, or TRITON_INTERPRET=1, which ``test_triton_suite_under_interpreter``
   sets in a subprocess) equals the float64 reference to float32 round-off on grids that are not multiples of the
-  landmark grid, m = 49 and m < 49, d in {16, 32, 64}, both kernels, several (batch, head) groups read through
+  landmark grid, m = 49 and m < 49, d in {16, 32, 64}, every kernel family of the Triton profile (the Laplacian
+  and the Gaussian on every grid, a case each for the others), several (batch, head) groups read through
   the strides of a permuted q; keeps the best iterate on ill-conditioned W as the reference does; runs the
   whole operator; every launch is in the AOT list;
 - the registry's refusals, one per condition, and a training call, which never asks the op.
@@ -21,6 +22,8 @@ import torch
 from laplacianformer import laplacian_attention
 from laplacianformer.ops import _runtime, explain, use
 from laplacianformer.ops.dispatch import BackendRefused
+from laplacianformer.ops.kernel.limits import TRITON_KERNEL_IDS
+from laplacianformer.ops.kernel_families import KERNEL_FAMILIES
 from laplacianformer.ops.settings import AttentionSettings
 from laplacianformer.ops.streaming.landmarks import LANDMARK_SOLVE, landmark_solve, landmark_solve_reference
 
@@ -179,7 +182,8 @@ TRITON_CASES = [
     (1, 1, (10, 11), (7, 7), 64, "gaussian"),
     (2, 2, (1, 40), (1, 9), 16, "laplacian"),
     (1, 2, (30, 2), (6, 2), 16, "gaussian"),
-]
+] + [(1, 1, (8, 6), (4, 3), 20, spec.name) for spec in KERNEL_FAMILIES.values()
+     if spec.id in TRITON_KERNEL_IDS and not spec.exp_of_accumulation]
 
 
 @pytest.mark.triton

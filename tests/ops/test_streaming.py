@@ -22,6 +22,8 @@ import torch
 from laplacianformer import laplacian_attention
 from laplacianformer.ops import explain, use
 from laplacianformer.ops.dispatch import BackendRefused
+from laplacianformer.ops.kernel.limits import TRITON_KERNEL_IDS
+from laplacianformer.ops.kernel_families import KERNEL_FAMILIES
 from laplacianformer.ops.pooling import pool_landmarks
 from laplacianformer.ops.settings import AttentionSettings
 from laplacianformer.ops.streaming import STREAMED_NORMS, STREAMING, streaming_nystrom, streaming_nystrom_reference
@@ -378,6 +380,39 @@ def test_triton_conv_equals_reference(seeded, case, hw):
                                        s.norm_eps, None, conv64, scale_power(s.norm, s.norm_scale))
     err = ((got.cpu().double() - want).abs().max() / want.abs().max()).item()
     assert err < 1e-5, f"max error {err:.2e} relative to the largest output"
+
+
+PROFILE_FAMILIES = [spec.name for spec in KERNEL_FAMILIES.values()
+                    if spec.id in TRITON_KERNEL_IDS and not spec.exp_of_accumulation]
+"""The families whose Triton profile is not the in-place exp of the Laplacian and the Gaussian: a case each."""
+
+
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("kernel", PROFILE_FAMILIES)
+def test_triton_kernel_families_equal_reference(seeded, kernel):
+    """Every pass for the other families: K ≠ Q, masked, injective (query pass with Σ C_k, combine, key pass,
+    output) and K = Q, rowsum, with the conv on a 1-D sequence (key pass with Σ C_k, output with DWConv(V))."""
+    _, gen = seeded
+    f64 = lambda t: None if t is None else t.cpu().double()  # noqa: E731
+    (qs, ks, vv, marks, w_inv), s, mask = _triton_case(gen, "injective", False, True, 1, 1, 50, 20, 8, 16, kernel)
+    with use(streaming="triton"):
+        got = streaming_nystrom(qs, ks, vv, marks, w_inv, s, mask)
+    want = streaming_nystrom_reference(f64(qs), f64(ks), f64(vv), f64(marks), f64(w_inv), s.bandwidth, s.kernel,
+                                       s.norm, s.norm_eps, mask.cpu(), scale_power=scale_power(s.norm, s.norm_scale))
+    err = ((got.cpu().double() - want).abs().max() / want.abs().max()).item()
+    assert err < 1e-5, f"{kernel}: max error {err:.2e} relative to the largest output"
+    (qs, _, _, marks, w_inv), s, _ = _triton_case(gen, "rowsum", True, False, 1, 1, 7, 16, 8, 4, kernel)
+    tokens = torch.randn(1, 7, 8, generator=gen).to(DEVICE)
+    vv = tokens.view(1, 7, 1, 8).transpose(1, 2)
+    conv = _conv(gen, tokens, None, bias=False)
+    with use(streaming="triton"):
+        got = streaming_nystrom(qs, qs, vv, marks, w_inv, s, None, conv)
+    q64 = f64(qs)
+    want = streaming_nystrom_reference(q64, q64, f64(vv), f64(marks), f64(w_inv), s.bandwidth, s.kernel, s.norm,
+                                       s.norm_eps, None, ValueConv(f64(tokens), None, f64(conv.weight), None))
+    err = ((got.cpu().double() - want).abs().max() / want.abs().max()).item()
+    assert err < 1e-5, f"{kernel} with the conv: max error {err:.2e} relative to the largest output"
 
 
 @pytest.mark.triton

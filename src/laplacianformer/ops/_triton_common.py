@@ -1,5 +1,12 @@
-"""``@triton.jit`` building blocks shared by the Triton kernels (docs/DESIGN.md §6): the precision choice of
-a product, and masked loads and stores of a block of a row-major matrix.
+"""``@triton.jit`` building blocks shared by the Triton kernels (docs/DESIGN.md §6): the kernel families'
+profile, the precision choice of a product, and masked loads and stores of a block of a row-major matrix.
+
+- The kernel families (docs/DESIGN.md §1.5, ``kernel_families``): every kernel takes the family's id as the
+  constexpr ``KID``; ``sums_abs(KID)`` says what its distance loops accumulate (|x − y| or (x − y)²),
+  ``kernel_value(acc, scale, KID)`` is k = f(r / λ) from the accumulated distance and ``kernel_slope(acc, k, scale,
+  KID)`` dk/d(acc) (``kernel_chain``: dL/d(acc) from dL/dk), scale = −1 / λ the kernels' runtime argument, distance
+  and f as ``PROFILES`` says for the id. The Laplacian and the Gaussian (f = exp on the accumulation itself) keep
+  the code of before: exp(scale · acc) and the slope scale · k.
 
 - ``dot``: a float32 product, IEEE (``IEEE``) or the default (TF32 on GPUs that have it).
 - ``load_block`` / ``store_block``: rows ``rows`` (< R) and columns c0 .. c0 + BLOCK_C (< C) of the
@@ -15,8 +22,11 @@ Gated (triton at module level), imported only by the Triton modules.
 
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
+
 
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg")
 
@@ -42,6 +52,113 @@ def power_of_two_sizes(top: int, cap: int) -> list[int]:
     dimension the specs see only through ``next_power_of_2``."""
     bound = max(16, triton.next_power_of_2(min(top, cap)))
     return [x for x in (16, 32, 64, 128) if x <= bound]
+
+
+PROFILES = {0: ("l1", "exp"), 1: ("sq_l2", "exp"), 2: ("l2", "exp"), 3: ("l2", "matern32"),
+            4: ("sq_l2", "cauchy")}
+"""The Triton profile: kernel family id (``KernelSpec.id``) -> (its distance r, the form of f), k = f(r / λ) with
+"exp" f(u) = exp(−u), "matern32" (1 + √3 u) exp(−√3 u), "cauchy" 1 / (1 + u) (docs/KERNELS.md, "Kernel families").
+Its ids are ``kernel.limits.TRITON_KERNEL_IDS`` (pure Python, for the registry) and each distance is the
+registry's (tests/ops/test_kernel_triton.py holds both). A family with a new id and a known form is one entry
+here and in that set; a new form is a branch of ``kernel_value`` and ``kernel_slope``."""
+_FROM_VALUE = ("exp", "cauchy")
+"""The forms whose f′(u) is a function of f(u) alone (exp: −f, cauchy: −f²)."""
+_SQRT3 = tl.constexpr(math.sqrt(3.0))
+
+
+def family_sums_abs(kid: int) -> bool:
+    """Whether the distance loops of family id ``kid`` sum |x − y| (the "l1" distance), else (x − y)²."""
+    return PROFILES[kid][0] == "l1"
+
+
+def family_takes_root(kid: int) -> bool:
+    """Whether r = √acc (the "l2" distance), else r = acc."""
+    return PROFILES[kid][0] == "l2"
+
+
+def family_form(kid: int) -> str:
+    return PROFILES[kid][1]
+
+
+def family_exp_in_place(kid: int) -> bool:
+    """f = exp on r = acc (the Laplacian, the Gaussian): k = exp(scale · acc), dk/d(acc) = scale · k, scale = −1/λ."""
+    return PROFILES[kid][1] == "exp" and PROFILES[kid][0] != "l2"
+
+
+def family_slope_reads_distance(kid: int) -> bool:
+    """Whether dk/d(acc) reads the accumulated distance (else k alone gives it): a backward given only C (the
+    kernel op's without V, pass C's W) recomputes the distance for these."""
+    return PROFILES[kid][0] == "l2" or PROFILES[kid][1] not in _FROM_VALUE
+
+
+# the same predicates on the constexpr KID, evaluated at compile time (Triton lets them read globals, call nothing)
+sums_abs = triton.constexpr_function(family_sums_abs)
+slope_reads_distance = triton.constexpr_function(family_slope_reads_distance)
+_root = triton.constexpr_function(family_takes_root)
+_form = triton.constexpr_function(family_form)
+_exp_in_place = triton.constexpr_function(family_exp_in_place)
+
+
+@triton.jit
+def _argument(acc, scale, KID: tl.constexpr):
+    """u = r / λ = −scale · r: r = √acc for the "l2" distance, else acc."""
+    if _root(KID):
+        return tl.sqrt(acc) * -scale
+    return acc * -scale
+
+
+@triton.jit
+def kernel_value(acc, scale, KID: tl.constexpr):
+    """k = f(r / λ) of family id KID, elementwise, from the accumulated distance ``acc`` (float32, any shape; the
+    sum ``sums_abs`` says) and scale = −1 / λ, the kernels' runtime argument (docs/DESIGN.md §1.5): exp(scale · acc),
+    the code of before, for the in-place exp ids. Applied after the distance loop, never in it."""
+    if _exp_in_place(KID):
+        return tl.exp(acc * scale)
+    u = _argument(acc, scale, KID)
+    if _form(KID) == "exp":
+        k = tl.exp(-u)
+    elif _form(KID) == "matern32":
+        s = _SQRT3 * u
+        k = (1.0 + s) * tl.exp(-s)
+    else:
+        tl.static_assert(_form(KID) == "cauchy", "kernel_value: no Triton profile form for this id")
+        k = 1.0 / (1.0 + u)
+    return k
+
+
+@triton.jit
+def kernel_slope(acc, k, scale, KID: tl.constexpr):
+    """dk/d(acc) for k = ``kernel_value(acc)``, scale = −1 / λ: f′(u) / λ, times 1 / (2r) for the "l2" distance, 0
+    there where r = 0 (the minimal-norm subgradient, as ``KernelSpec.slope_of``; docs/DESIGN.md §1.5). f′ from k
+    where it is a function of it (exp −k, cauchy −k²; matern32 −3u·k / (1 + √3 u)), so that k = 0 (a masked tile
+    entry) gives 0."""
+    if _exp_in_place(KID):
+        return k * scale
+    if _form(KID) == "exp":
+        df = -k
+    elif _form(KID) == "matern32":
+        u = _argument(acc, scale, KID)
+        df = -3.0 * u * k / (1.0 + _SQRT3 * u)
+    else:
+        tl.static_assert(_form(KID) == "cauchy", "kernel_slope: no Triton profile form for this id")
+        df = -k * k
+    slope = df * -scale
+    if _root(KID):
+        pos = acc > 0.0
+        slope = tl.where(pos, slope * (0.5 / tl.sqrt(tl.where(pos, acc, 1.0))), 0.0)
+    return slope
+
+
+@triton.jit
+def kernel_chain(dk, k, acc, scale, KID: tl.constexpr, SCALE_FIRST: tl.constexpr = False):
+    """dL/d(acc) = dk · dk/d(acc) from dk = dL/dk, k and the accumulated distance (read only where
+    ``slope_reads_distance``), scale = −1 / λ. For the in-place exp ids the product of before, bit for bit:
+    (dk · k) · scale, or with ``SCALE_FIRST`` (scale · dk) · k (the order the row pass D had)."""
+    if _exp_in_place(KID):
+        if SCALE_FIRST:
+            return scale * dk * k
+        return dk * k * scale
+    return dk * kernel_slope(acc, k, scale, KID)
 
 
 @triton.jit

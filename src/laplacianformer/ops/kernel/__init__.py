@@ -35,7 +35,7 @@ from .composite import (
 from .cpu import laplace_kernel_cpu, laplace_kernel_grad_cpu, laplace_kernel_matmul_cpu, laplace_kernel_matmul_grad_cpu
 from .limits import TRITON_MAX_D as _TRITON_MAX_D
 from .limits import TRITON_MAX_E as _TRITON_MAX_E
-from .limits import TRITON_KERNEL_IDS, triton_unfit
+from .limits import kernel_unserved, triton_unfit
 from .naive import laplace_kernel_matmul_naive, laplace_kernel_naive, pairwise_l1_naive, pairwise_sq_l2_naive
 
 __all__ = [
@@ -100,8 +100,9 @@ def _cpu_auto_refusal(*_inputs) -> str | None:
 def _triton_refusal(*inputs) -> str | None:
     tensors = _tensors(inputs)
     spec = kernel_spec(_kernel_name(inputs))
-    if spec.id not in TRITON_KERNEL_IDS:
-        return f"kernel {spec.name!r}: the Triton kernels have no profile for its id {spec.id}"
+    why = kernel_unserved(spec)
+    if why is not None:
+        return why
     why = _custom_kernel_refusal(tensors, "cuda", _runtime.triton_interpreted())
     if why is not None:
         return why
@@ -132,16 +133,16 @@ def _naive_auto_refusal(*_inputs) -> str | None:
     return "the ground truth for tests (it materialises (..., N, M, d))"
 
 
-def _triton_kernel(*inputs):
+def _triton_kernel(x, y, lam, kernel):
     from .triton import laplace_kernel_triton
 
-    return laplace_kernel_triton(*inputs)
+    return laplace_kernel_triton(x, y, lam, kernel_spec(kernel).id)
 
 
-def _triton_matmul(*inputs):
+def _triton_matmul(x, y, v, lam, kernel):
     from .triton import laplace_kernel_matmul_triton
 
-    return laplace_kernel_matmul_triton(*inputs)
+    return laplace_kernel_matmul_triton(x, y, v, lam, kernel_spec(kernel).id)
 
 
 def _triton_kernel_grad(x, y, out, grad, lam, kernel):
@@ -150,7 +151,7 @@ def _triton_kernel_grad(x, y, out, grad, lam, kernel):
 
     m = y.shape[-2]
     dx, dy = laplace_kernel_bwd(flatten_batch(x), flatten_batch(y), grad.reshape(-1, x.shape[-2], m).contiguous(),
-                                out.reshape(-1, x.shape[-2], m).contiguous(), -1.0 / float(lam), kernel_spec(kernel).l1)
+                                out.reshape(-1, x.shape[-2], m).contiguous(), -1.0 / float(lam), kernel_spec(kernel).id)
     return dx.reshape(x.shape), dy.reshape(y.shape)
 
 
@@ -160,7 +161,7 @@ def _triton_matmul_grad(x, y, v, grad, lam, kernel):
 
     g3 = grad.reshape(-1, x.shape[-2], v.shape[-1]).contiguous()
     dx, dy, dv = laplace_matmul_bwd(flatten_batch(x), flatten_batch(y), flatten_batch(v), g3, -1.0 / float(lam),
-                                    kernel_spec(kernel).l1)
+                                    kernel_spec(kernel).id)
     return dx.reshape(x.shape), dy.reshape(y.shape), dv.reshape(v.shape)
 
 

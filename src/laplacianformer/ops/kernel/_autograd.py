@@ -2,7 +2,8 @@
 
 Both register a forward op ``fwd(x, y, scale, flag)`` (kernel matrix) or ``fwd(x, y, v, scale, flag)``
 (product with V) and a backward op taking the saved tensors, the contiguous output gradient, ``scale``
-and ``flag`` (the kernel, "laplacian" or "gaussian", on the CPU, "is L1" for Triton); these functions connect them.
+and ``flag`` (the kernel family: its name on the CPU, its id for Triton; ``scale`` 1 / λ); these functions
+connect them.
 """
 
 from __future__ import annotations

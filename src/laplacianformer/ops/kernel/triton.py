@@ -1,12 +1,18 @@
 """Fused Triton kernels for the kernel primitives (docs/DESIGN.md §1, §6); formulas in ``cpu.py``.
 
-- ``laplace_kernel_fwd_kernel``: C = exp(scale · D) tile by tile (scale = -1/lam), D the L1 or squared
-  L2 distance, fused in one pass (no raw-distance round trip).
+- ``laplace_kernel_fwd_kernel``: C = k(D) tile by tile, D the accumulated distance (L1, or squared L2: the
+  family's ``sums_abs``) and k the family's profile (``_triton_common.kernel_value``: exp(−D / lam) for the
+  Laplacian and the Gaussian), fused in one pass (no raw-distance round trip).
 - ``laplace_matmul_fwd_kernel``: C @ V with C recomputed per (BLOCK_N, BLOCK_M) tile and never stored.
 - ``laplace_dx_kernel`` / ``laplace_dy_kernel``: the backward, either from a given dL/dC and C
   (``laplace_kernel``) or recomputing C and dL/dC = dO Vᵀ tile by tile (``laplace_kernel_matmul``).
   dY and dV are reduced over N in fixed splits into float32 workspaces and summed by a second pass
-  (deterministic, no atomics). sign(0) = 0.
+  (deterministic, no atomics). sign(0) = 0; dL/dD = dL/dC · ``kernel_slope`` (−C / lam for the exp families;
+  the families whose slope reads the distance recompute it where C is given).
+
+Every kernel takes the kernel family's id as the constexpr ``KID`` (``KernelSpec.id``; docs/KERNELS.md,
+"Kernel families"): the distance loops accumulate what ``sums_abs(KID)`` says and the profile is applied after
+them.
 
 Register budget (docs/KERNELS.md): no tile grows with d or e. The forward sums the distance over d in a
 loop over single features into a register-blocked (R, C, TN, TM) accumulator (``_distance``: 64 x 64
@@ -34,9 +40,10 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from .._triton_common import dot, load_block, store_block
+from .._triton_common import (dot, family_slope_reads_distance, family_sums_abs, kernel_chain, kernel_value, load_block,
+                              slope_reads_distance, store_block, sums_abs)
 from ..layout import flatten_batch
-from .limits import TRITON_MAX_D, TRITON_MAX_E
+from .limits import TRITON_KERNEL_IDS, TRITON_MAX_D, TRITON_MAX_E
 from .limits import triton_unfit as unfit
 from ._autograd import register_kernel_autograd, register_matmul_autograd
 
@@ -49,22 +56,33 @@ MAX_E = TRITON_MAX_E
 
 
 @triton.jit
-def _distance_tile(x, y, L1: tl.constexpr):
+def _distance_tile(x, y, KID: tl.constexpr):
     diff = x[:, None, :] - y[None, :, :]
-    if L1:
+    if sums_abs(KID):
         return tl.sum(tl.abs(diff), axis=2)
     return tl.sum(diff * diff, axis=2)
 
 
 @triton.jit
-def _distance_chunks(Xb, Yb, rn, rm, N, M, D, L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+def _distance_chunks(Xb, Yb, rn, rm, N, M, D, KID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_D: tl.constexpr, NUM_D: tl.constexpr):
     """(BLOCK_N, BLOCK_M) distances, summed over d in NUM_D chunks of BLOCK_D (unrolled), as 3-D difference
     tiles reduced with ``tl.sum`` (warp shuffles): the backward's recomputed C on its 16 x 16 tiles."""
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k in tl.static_range(NUM_D):
         acc += _distance_tile(load_block(Xb, rn, N, D, k * BLOCK_D, BLOCK_D),
-                              load_block(Yb, rm, M, D, k * BLOCK_D, BLOCK_D), L1)
+                              load_block(Yb, rm, M, D, k * BLOCK_D, BLOCK_D), KID)
+    return acc
+
+
+@triton.jit
+def _distance_loop(Xb, Yb, rn, rm, N, M, D, KID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """``_distance_chunks`` over all of d in a loop of BLOCK_D chunks (not unrolled): the distance the backward
+    without V recomputes for a family whose slope reads it (``slope_reads_distance``)."""
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        acc += _distance_tile(load_block(Xb, rn, N, D, d0, BLOCK_D), load_block(Yb, rm, M, D, d0, BLOCK_D), KID)
     return acc
 
 
@@ -80,30 +98,30 @@ def _blocked_rows(r0, R: tl.constexpr, T: tl.constexpr, AXIS: tl.constexpr):
 
 
 @triton.jit
-def _accumulate_distance(acc, x, y, L1: tl.constexpr):
+def _accumulate_distance(acc, x, y, KID: tl.constexpr):
     diff = x - y
-    if L1:
+    if sums_abs(KID):
         return acc + tl.abs(diff)
     return acc + diff * diff
 
 
 @triton.jit
-def _distance(Xb, Yb, n0, m0, N, M, D, L1: tl.constexpr, R: tl.constexpr, C: tl.constexpr, TN: tl.constexpr,
+def _distance(Xb, Yb, n0, m0, N, M, D, KID: tl.constexpr, R: tl.constexpr, C: tl.constexpr, TN: tl.constexpr,
               TM: tl.constexpr, KU: tl.constexpr):
     """``_distance_strided`` of row-major X (N, D) and Y (M, D)."""
-    return _distance_strided(Xb, D, Yb, D, n0, m0, N, M, D, L1, R, C, TN, TM, KU)
+    return _distance_strided(Xb, D, Yb, D, n0, m0, N, M, D, KID, R, C, TN, TM, KU)
 
 
 @triton.jit
-def _distance_strided(Xb, sx, Yb, sy, n0, m0, N, M, D, L1: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+def _distance_strided(Xb, sx, Yb, sy, n0, m0, N, M, D, KID: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
                       TN: tl.constexpr, TM: tl.constexpr, KU: tl.constexpr):
     """Register-blocked distances: (R, C, TN, TM), element [r, c, i, j] = dist(x_{n0 + r·TN + i},
     y_{m0 + c·TM + j}) (0-based; rows >= N and landmarks >= M repeat the last one). X (N, D) with row stride
     sx, Y (M, D) with row stride sy, features contiguous, any float dtype (converted to float32 after each
     load: a no-op for float32).
 
-    A loop over the feature index k adds |x_nk - y_mk| (or its square) into the 4-D accumulator: each
-    thread holds R rows x C landmarks of it (the default layout puts the threads on the TN and TM axes) and
+    A loop over the feature index k adds |x_nk - y_mk| (or its square: ``sums_abs(KID)``) into the 4-D
+    accumulator: each thread holds R rows x C landmarks of it (the default layout puts the threads on the TN and TM axes) and
     loads their R + C features k as scalars, so a column costs R + C loads and 2·R·C FADDs per thread and
     no shuffles. The loads stay in the accumulator's layout (no shared-memory round trip) because each has
     fewer elements than the program has threads (R < TM, C < TN). KU columns per iteration, unrolled and
@@ -115,9 +133,9 @@ def _distance_strided(Xb, sx, Yb, sy, n0, m0, N, M, D, L1: tl.constexpr, R: tl.c
     for k0 in range(0, d_main, KU):
         for j in tl.static_range(KU):
             acc = _accumulate_distance(acc, tl.load(xp + (k0 + j)).to(tl.float32),
-                                       tl.load(yp + (k0 + j)).to(tl.float32), L1)
+                                       tl.load(yp + (k0 + j)).to(tl.float32), KID)
     for k in range(d_main, D):
-        acc = _accumulate_distance(acc, tl.load(xp + k).to(tl.float32), tl.load(yp + k).to(tl.float32), L1)
+        acc = _accumulate_distance(acc, tl.load(xp + k).to(tl.float32), tl.load(yp + k).to(tl.float32), KID)
     return acc
 
 
@@ -129,13 +147,13 @@ def _unblock(t, R: tl.constexpr, C: tl.constexpr, TN: tl.constexpr, TM: tl.const
 
 
 @triton.jit
-def _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, L1: tl.constexpr, AXIS: tl.constexpr,
+def _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, KID: tl.constexpr, AXIS: tl.constexpr,
                    BLOCK_D: tl.constexpr):
     """sum over AXIS of dL/dD · d dist / dx on the feature chunk d0 .. d0 + BLOCK_D: (BLOCK_N, BLOCK_D) for
     AXIS=1, (BLOCK_M, BLOCK_D) for AXIS=0."""
     x = load_block(Xb, rn, N, D, d0, BLOCK_D)
     y = load_block(Yb, rm, M, D, d0, BLOCK_D)
-    if L1:
+    if sums_abs(KID):
         diff = x[:, None, :] - y[None, :, :]
         s = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))
         return tl.sum(s * gp[:, :, None], axis=AXIS)
@@ -164,17 +182,17 @@ def _accumulate(acc, x, SUBTRACT: tl.constexpr):
 
 
 @triton.jit
-def _add_distance_grads(a0, a1, a2, a3, Xb, Yb, rn, rm, N, M, D, d0, gp, L1: tl.constexpr, AXIS: tl.constexpr,
+def _add_distance_grads(a0, a1, a2, a3, Xb, Yb, rn, rm, N, M, D, d0, gp, KID: tl.constexpr, AXIS: tl.constexpr,
                         BLOCK_D: tl.constexpr, NUM_D: tl.constexpr):
     """The dX (AXIS=1) or dY (AXIS=0) chunks from d0 on plus one tile's terms ``_sign_weighted``; dY takes
     them with a minus (d dist / dy = -d dist / dx)."""
-    a0 = _accumulate(a0, _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, L1, AXIS, BLOCK_D), AXIS == 0)
+    a0 = _accumulate(a0, _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0, gp, KID, AXIS, BLOCK_D), AXIS == 0)
     if NUM_D > 1:
-        a1 = _accumulate(a1, _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + BLOCK_D, gp, L1, AXIS, BLOCK_D), AXIS == 0)
+        a1 = _accumulate(a1, _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + BLOCK_D, gp, KID, AXIS, BLOCK_D), AXIS == 0)
     if NUM_D > 2:
-        a2 = _accumulate(a2, _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 2 * BLOCK_D, gp, L1, AXIS, BLOCK_D),
+        a2 = _accumulate(a2, _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 2 * BLOCK_D, gp, KID, AXIS, BLOCK_D),
                          AXIS == 0)
-        a3 = _accumulate(a3, _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 3 * BLOCK_D, gp, L1, AXIS, BLOCK_D),
+        a3 = _accumulate(a3, _sign_weighted(Xb, Yb, rn, rm, N, M, D, d0 + 3 * BLOCK_D, gp, KID, AXIS, BLOCK_D),
                          AXIS == 0)
     return a0, a1, a2, a3
 
@@ -206,12 +224,12 @@ def _store_chunks(P, a0, a1, a2, a3, rows, R, C, c0, BLOCK: tl.constexpr, NUM: t
 @triton.jit
 def laplace_kernel_fwd_kernel(
     X, Y, OUT, N, M, D, scale,
-    L1: tl.constexpr, R: tl.constexpr, C: tl.constexpr, TN: tl.constexpr, TM: tl.constexpr, KU: tl.constexpr,
+    KID: tl.constexpr, R: tl.constexpr, C: tl.constexpr, TN: tl.constexpr, TM: tl.constexpr, KU: tl.constexpr,
 ):
     """One (R·TN, C·TM) tile of C, stored in ``_distance``'s blocked layout (no conversion). X, Y float32."""
     pid_n, pid_m, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n0, m0 = pid_n * R * TN, pid_m * C * TM
-    c = tl.exp(_distance(X + b * N * D, Y + b * M * D, n0, m0, N, M, D, L1, R, C, TN, TM, KU) * scale)
+    c = kernel_value(_distance(X + b * N * D, Y + b * M * D, n0, m0, N, M, D, KID, R, C, TN, TM, KU), scale, KID)
     rows, cols = _blocked_rows(n0, R, TN, 0), _blocked_rows(m0, C, TM, 1)
     tl.store(OUT + b * N * M + rows * M + cols, c.to(OUT.dtype.element_ty), mask=(rows < N) & (cols < M))
 
@@ -229,7 +247,7 @@ def _product(acc, c, Vb, m0, M, E, e0, IEEE: tl.constexpr, BLOCK_M: tl.constexpr
 @triton.jit
 def laplace_matmul_fwd_kernel(
     X, Y, V, OUT, N, M, D, E, scale,
-    L1: tl.constexpr, IEEE: tl.constexpr, R: tl.constexpr, C: tl.constexpr, TN: tl.constexpr, TM: tl.constexpr,
+    KID: tl.constexpr, IEEE: tl.constexpr, R: tl.constexpr, C: tl.constexpr, TN: tl.constexpr, TM: tl.constexpr,
     KU: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """Columns e0 .. e0 + BLOCK_E (e0 = program_id(2) · BLOCK_E) of one block of R·TN rows of C @ V, looping
@@ -241,7 +259,8 @@ def laplace_matmul_fwd_kernel(
     acc = tl.zeros((R * TN, BLOCK_E), dtype=tl.float32)
     for m0 in range(0, M, C * TM):
         # landmarks >= M: C finite (the last landmark repeated), V rows 0
-        c = tl.exp(_distance(X + b * N * D, Y + b * M * D, n0, m0, N, M, D, L1, R, C, TN, TM, KU) * scale)
+        c = kernel_value(_distance(X + b * N * D, Y + b * M * D, n0, m0, N, M, D, KID, R, C, TN, TM, KU), scale,
+                         KID)
         lo, hi = tl.split(tl.permute(tl.reshape(c, (R, 2, C // 2, TN, TM)), (0, 2, 3, 4, 1)))
         acc = _product(acc, _unblock(lo, R, C // 2, TN, TM), Vb, m0, M, E, e0, IEEE, C // 2 * TM, BLOCK_E)
         acc = _product(acc, _unblock(hi, R, C // 2, TN, TM), Vb, m0 + C // 2 * TM, M, E, e0, IEEE, C // 2 * TM,
@@ -251,15 +270,16 @@ def laplace_matmul_fwd_kernel(
 
 @triton.jit
 def _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale,
-               L1: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr,
+               KID: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr, BLOCK_E: tl.constexpr,
                NUM_E: tl.constexpr):
     """dL/dD on one (BLOCK_N, BLOCK_M) tile, and the recomputed (HAS_V) or loaded C tile. With V,
-    dL/dC = dO Vᵀ is summed over e in NUM_E chunks of BLOCK_E."""
+    dL/dC = dO Vᵀ is summed over e in NUM_E chunks of BLOCK_E; without, a family whose slope reads the
+    distance recomputes it over all of d (``_distance_loop``)."""
     mask = (rn[:, None] < N) & (rm[None, :] < M)
     if HAS_V:
-        c = tl.exp(_distance_chunks(Xb, Yb, rn, rm, N, M, D, L1, BLOCK_N, BLOCK_M, BLOCK_D, NUM_D) * scale)
-        c = tl.where(mask, c, 0.0)
+        acc = _distance_chunks(Xb, Yb, rn, rm, N, M, D, KID, BLOCK_N, BLOCK_M, BLOCK_D, NUM_D)
+        c = tl.where(mask, kernel_value(acc, scale, KID), 0.0)
         g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k in tl.static_range(NUM_E):
             go = load_block(GOb, rn, N, E, k * BLOCK_E, BLOCK_E)
@@ -269,13 +289,16 @@ def _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale,
         offs = b * N * M + rn[:, None] * M + rm[None, :]
         c = tl.load(C + offs, mask=mask, other=0.0).to(tl.float32)
         g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    return g * c * scale, c
+        acc = c  # unread unless the slope reads the distance
+        if slope_reads_distance(KID):
+            acc = _distance_loop(Xb, Yb, rn, rm, N, M, D, KID, BLOCK_N, BLOCK_M, BLOCK_D)
+    return kernel_chain(g, c, acc, scale, KID), c
 
 
 @triton.jit
 def laplace_dx_kernel(
     X, Y, G, C, V, GO, DX, N, M, D, E, scale,
-    L1: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr,
+    KID: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
     BLOCK_E: tl.constexpr, NUM_E: tl.constexpr,
 ):
@@ -293,9 +316,9 @@ def laplace_dx_kernel(
     dx0, dx1, dx2, dx3 = _zero_chunks(BLOCK_N, BLOCK_D)
     for m0 in range(0, M, BLOCK_M):
         rm = m0 + tl.arange(0, BLOCK_M)
-        gp, _ = _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale, L1, HAS_V, IEEE,
+        gp, _ = _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale, KID, HAS_V, IEEE,
                            BLOCK_N, BLOCK_M, BLOCK_D, NUM_D, BLOCK_E, NUM_E)
-        dx0, dx1, dx2, dx3 = _add_distance_grads(dx0, dx1, dx2, dx3, Xb, Yb, rn, rm, N, M, D, d0, gp, L1, 1,
+        dx0, dx1, dx2, dx3 = _add_distance_grads(dx0, dx1, dx2, dx3, Xb, Yb, rn, rm, N, M, D, d0, gp, KID, 1,
                                                  BLOCK_D, NUM_D)
     _store_chunks(DX + b * N * D, dx0, dx1, dx2, dx3, rn, N, D, d0, BLOCK_D, NUM_D)
 
@@ -303,7 +326,7 @@ def laplace_dx_kernel(
 @triton.jit
 def laplace_dy_kernel(
     X, Y, G, C, V, GO, DY_PART, DV_PART, N, M, D, E, scale, ROWS_PER_SPLIT,
-    L1: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr,
+    KID: tl.constexpr, HAS_V: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
     BLOCK_E: tl.constexpr, NUM_E: tl.constexpr,
 ):
@@ -327,9 +350,9 @@ def laplace_dy_kernel(
     n_lo = split * ROWS_PER_SPLIT
     for n0 in range(n_lo, n_lo + ROWS_PER_SPLIT, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
-        gp, c = _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale, L1, HAS_V, IEEE,
+        gp, c = _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale, KID, HAS_V, IEEE,
                            BLOCK_N, BLOCK_M, BLOCK_D, NUM_D, BLOCK_E, NUM_E)
-        dy0, dy1, dy2, dy3 = _add_distance_grads(dy0, dy1, dy2, dy3, Xb, Yb, rn, rm, N, M, D, d0, gp, L1, 0,
+        dy0, dy1, dy2, dy3 = _add_distance_grads(dy0, dy1, dy2, dy3, Xb, Yb, rn, rm, N, M, D, d0, gp, KID, 0,
                                                  BLOCK_D, NUM_D)
         if HAS_V:
             dv0, dv1, dv2, dv3 = _add_products(dv0, dv1, dv2, dv3, tl.trans(c), GOb, rn, N, E, IEEE,
@@ -382,22 +405,25 @@ _BWD_WARPS = {
     ("dx", True, 64, 128): 16, ("dy", True, 64, 64): 16,
     ("dy", False, 64, 16): 16, ("dy", False, 64, 64): 16, ("dy", False, 32, 128): 16, ("dy", False, 128, 128): 16,
 }
-"""Exceptions to 8 warps for the backward with V, keyed (kernel, L1, d, e) with d, e powers of two: where
-ptxas, at 8 warps, caps registers at 128 and spills a few bytes (sm_80 and sm_90 swept by
-benchmarks/triton_aot.py)."""
+"""Exceptions to 8 warps for the backward with V, keyed (kernel, L1 accumulation, d, e) with d, e powers of two:
+where ptxas, at 8 warps, caps registers at 128 and spills a few bytes (sm_80 and sm_90 swept by
+benchmarks/triton_aot.py, every family)."""
 
 
-def bwd_config(d: int, e: int | None, kernel: str = "dx", l1: bool = True) -> dict:
-    """Launch configuration of ``laplace_dx_kernel`` (kernel "dx") / ``laplace_dy_kernel`` ("dy"); e None:
-    no V. Without V each program takes one 32-wide chunk of d (GROUPS programs along d); with V all of d
-    (the recomputed C needs the whole distance) and e in chunks of 32. 16 x 16 x BLOCK_D difference tiles."""
+def bwd_config(d: int, e: int | None, kernel: str = "dx", kid: int = 0) -> dict:
+    """Launch configuration of ``laplace_dx_kernel`` (kernel "dx") / ``laplace_dy_kernel`` ("dy") for the family
+    id ``kid``; e None: no V. Without V each program takes one 32-wide chunk of d (GROUPS programs along d); with V
+    all of d (the recomputed C needs the whole distance) and e in chunks of 32. 16 x 16 x BLOCK_D difference
+    tiles."""
     bd, nd = _chunks(d)
     if e is None:
-        warps = 4 if bd <= 16 else 8
+        # the dY kernel of a family whose slope reads the distance (it recomputes it over all of d): at 8 warps
+        # ptxas held it to 64 registers and spilled 8 bytes on sm_80; 16 warps, 64 registers, none
+        warps = 4 if bd <= 16 else 16 if kernel == "dy" and family_slope_reads_distance(kid) else 8
         return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=1, BLOCK_E=16, NUM_E=1, GROUPS=triton.cdiv(d, bd),
                     num_warps=warps, num_stages=1)
     be, ne = _chunks(e)
-    warps = 4 if bd <= 16 else _BWD_WARPS.get((kernel, l1, _pow2(d), _pow2(e)), 8)
+    warps = 4 if bd <= 16 else _BWD_WARPS.get((kernel, family_sums_abs(kid), _pow2(d), _pow2(e)), 8)
     return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=be, NUM_E=ne, GROUPS=1,
                 num_warps=warps, num_stages=1)
 
@@ -459,51 +485,51 @@ def aot_specialisations(d_max: int = MAX_D, m_max: int = 128):
 
     for dtype, tname in _TL.items():
         ieee = dtype == torch.float32
-        for l1 in (True, False):
-            kind = "L1" if l1 else "L2"
+        for kid in sorted(TRITON_KERNEL_IDS):
+            kind = f"kid={kid}"
             for d in dims:
                 yield from once(laplace_kernel_fwd_kernel, _signature(laplace_kernel_fwd_kernel, tname, _F32_XY),
-                                dict(fwd_config(d), L1=l1), f"kernel_fwd dtype={tname} kind={kind} d={d}")
+                                dict(fwd_config(d), KID=kid), f"kernel_fwd dtype={tname} {kind} d={d}")
                 for k, fam in ((laplace_dx_kernel, "kernel_bwd_dx"), (laplace_dy_kernel, "kernel_bwd_dy")):
                     if dtype != torch.float32:  # the backward upcasts half inputs (_backward)
                         continue
                     yield from once(k, _signature(k, tname, ("DY_PART", "DV_PART")),
-                                    dict(bwd_config(d, None, fam[-2:], l1), L1=l1, HAS_V=False, IEEE=True),
-                                    f"{fam} dtype={tname} kind={kind} d={d}")
+                                    dict(bwd_config(d, None, fam[-2:], kid), KID=kid, HAS_V=False, IEEE=True),
+                                    f"{fam} dtype={tname} {kind} d={d}")
                 for e in dims:
                     yield from once(laplace_matmul_fwd_kernel, _signature(laplace_matmul_fwd_kernel, tname, _F32_XY),
-                                    dict(matmul_fwd_config(d, e), L1=l1, IEEE=ieee),
-                                    f"matmul_fwd dtype={tname} kind={kind} d={d} e={e}")
-                    if dtype != torch.float32 or unfit(l1, d, e, dtype):  # upcast / refused: never launched
+                                    dict(matmul_fwd_config(d, e), KID=kid, IEEE=ieee),
+                                    f"matmul_fwd dtype={tname} {kind} d={d} e={e}")
+                    if dtype != torch.float32 or unfit(family_sums_abs(kid), d, e, dtype):  # upcast / refused
                         continue
                     for k, fam in ((laplace_dx_kernel, "matmul_bwd_dx"), (laplace_dy_kernel, "matmul_bwd_dy")):
                         yield from once(k, _signature(k, tname, ("DY_PART", "DV_PART")),
-                                        dict(bwd_config(d, e, fam[-2:], l1), L1=l1, HAS_V=True, IEEE=True),
-                                        f"{fam} dtype={tname} kind={kind} d={d} e={e}")
+                                        dict(bwd_config(d, e, fam[-2:], kid), KID=kid, HAS_V=True, IEEE=True),
+                                        f"{fam} dtype={tname} {kind} d={d} e={e}")
 
 
 @triton_op("laplacianformer::laplace_kernel_fwd", mutates_args=())
-def laplace_kernel_fwd(x: torch.Tensor, y: torch.Tensor, scale: float, l1: bool) -> torch.Tensor:
-    """exp(scale · D).  x: (B, N, d), y: (B, M, d) contiguous -> (B, N, M)."""
+def laplace_kernel_fwd(x: torch.Tensor, y: torch.Tensor, scale: float, kid: int) -> torch.Tensor:
+    """k(D) of family id ``kid``, scale = −1 / λ.  x: (B, N, d), y: (B, M, d) contiguous -> (B, N, M)."""
     b, n, d = x.shape
     m = y.shape[1]
     out = torch.empty(b, n, m, dtype=x.dtype, device=x.device)
     cfg = fwd_config(d)
     bn, bm = _block_rows(cfg)
     grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), b)
-    wrap_triton(laplace_kernel_fwd_kernel)[grid](x.float(), y.float(), out, n, m, d, scale, L1=l1, **cfg)
+    wrap_triton(laplace_kernel_fwd_kernel)[grid](x.float(), y.float(), out, n, m, d, scale, KID=kid, **cfg)
     return out
 
 
 @triton_op("laplacianformer::laplace_matmul_fwd", mutates_args=())
-def laplace_matmul_fwd(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale: float, l1: bool) -> torch.Tensor:
-    """exp(scale · D) @ V.  x: (B, N, d), y: (B, M, d), v: (B, M, e) contiguous -> (B, N, e)."""
+def laplace_matmul_fwd(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, scale: float, kid: int) -> torch.Tensor:
+    """k(D) @ V.  x: (B, N, d), y: (B, M, d), v: (B, M, e) contiguous -> (B, N, e)."""
     b, n, d = x.shape
     m, e = v.shape[1], v.shape[2]
     out = torch.empty(b, n, e, dtype=x.dtype, device=x.device)
     cfg = matmul_fwd_config(d, e)
     grid = (triton.cdiv(n, _block_rows(cfg)[0]), b, triton.cdiv(e, cfg["BLOCK_E"]))
-    wrap_triton(laplace_matmul_fwd_kernel)[grid](x.float(), y.float(), v, out, n, m, d, e, scale, L1=l1,
+    wrap_triton(laplace_matmul_fwd_kernel)[grid](x.float(), y.float(), v, out, n, m, d, e, scale, KID=kid,
                                                  IEEE=v.dtype == torch.float32, **cfg)
     return out
 
@@ -513,12 +539,12 @@ def _launch_meta(cfg: dict) -> tuple[dict, int]:
     return meta, meta.pop("GROUPS")
 
 
-def _backward(x, y, g, c, v, go, scale, l1):
+def _backward(x, y, g, c, v, go, scale, kid):
     if x.dtype != torch.float32:
         # half inputs: the float32 kernels on upcast copies (O(N·d) extra traffic against O(N·M·d) work);
         # the half variants hit ptxas register caps on sm_90 (docs/KERNELS.md, "Register budget")
         f = [t.float() if t is not None else None for t in (x, y, g, c, v, go)]
-        dx, dy, dv = _backward(*f, scale, l1)
+        dx, dy, dv = _backward(*f, scale, kid)
         return dx.to(x.dtype), dy.to(y.dtype), dv.to(v.dtype) if dv is not None else None
     b, n, d = x.shape
     m = y.shape[1]
@@ -529,16 +555,16 @@ def _backward(x, y, g, c, v, go, scale, l1):
     args = (g if g is not None else dummy, c if c is not None else dummy, v if has_v else dummy,
             go if go is not None else dummy)
     # the products with V run as float32 FMA for every input dtype (IEEE: it fits, see bwd_config)
-    meta, groups = _launch_meta(bwd_config(d, e if has_v else None, "dx", l1))
+    meta, groups = _launch_meta(bwd_config(d, e if has_v else None, "dx", kid))
     bn = meta["BLOCK_N"]
     wrap_triton(laplace_dx_kernel)[(triton.cdiv(n, bn), b, groups)](
-        x, y, *args, dx, n, m, d, e, scale, L1=l1, HAS_V=has_v, IEEE=True, **meta)
-    meta, groups = _launch_meta(bwd_config(d, e if has_v else None, "dy", l1))
+        x, y, *args, dx, n, m, d, e, scale, KID=kid, HAS_V=has_v, IEEE=True, **meta)
+    meta, groups = _launch_meta(bwd_config(d, e if has_v else None, "dy", kid))
     splits, rows = _splits(n, meta["BLOCK_N"])
     dy_part = torch.empty(b, splits, m, d, dtype=torch.float32, device=x.device)
     dv_part = torch.empty(b, splits, m, e, dtype=torch.float32, device=x.device) if has_v else dy_part
     wrap_triton(laplace_dy_kernel)[(triton.cdiv(m, meta["BLOCK_M"]), splits, b * groups)](
-        x, y, *args, dy_part, dv_part, n, m, d, e, scale, rows, L1=l1, HAS_V=has_v, IEEE=True, **meta)
+        x, y, *args, dy_part, dv_part, n, m, d, e, scale, rows, KID=kid, HAS_V=has_v, IEEE=True, **meta)
     dy = dy_part.sum(1).to(y.dtype)
     dv = dv_part.sum(1).to(v.dtype) if has_v else None
     return dx, dy, dv
@@ -546,34 +572,36 @@ def _backward(x, y, g, c, v, go, scale, l1):
 
 @triton_op("laplacianformer::laplace_kernel_bwd", mutates_args=())
 def laplace_kernel_bwd(
-    x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor, out: torch.Tensor, scale: float, l1: bool
+    x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor, out: torch.Tensor, scale: float, kid: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dX, dY) of exp(scale · D) given dL/dC ``grad`` and C ``out`` (B, N, M)."""
-    dx, dy, _ = _backward(x, y, grad.contiguous(), out, None, None, scale, l1)
+    """(dX, dY) of k(D) given dL/dC ``grad`` and C ``out`` (B, N, M)."""
+    dx, dy, _ = _backward(x, y, grad.contiguous(), out, None, None, scale, kid)
     return dx, dy
 
 
 @triton_op("laplacianformer::laplace_matmul_bwd", mutates_args=())
 def laplace_matmul_bwd(
-    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, scale: float, l1: bool
+    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, scale: float, kid: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dX, dY, dV) of exp(scale · D) @ V given dL/dO ``grad`` (B, N, e), recomputing C."""
-    return _backward(x, y, None, None, v, grad.contiguous(), scale, l1)
+    """(dX, dY, dV) of k(D) @ V given dL/dO ``grad`` (B, N, e), recomputing C."""
+    return _backward(x, y, None, None, v, grad.contiguous(), scale, kid)
 
 
 register_kernel_autograd(laplace_kernel_fwd, laplace_kernel_bwd)
 register_matmul_autograd(laplace_matmul_fwd, laplace_matmul_bwd)
 
 
-def laplace_kernel_triton(x: torch.Tensor, y: torch.Tensor, lam: float, kernel: str = "laplacian") -> torch.Tensor:
-    """exp(-dist(x_i, y_j) / lam).  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    out = laplace_kernel_fwd(flatten_batch(x), flatten_batch(y), -1.0 / float(lam), kernel == "laplacian")
+def laplace_kernel_triton(x: torch.Tensor, y: torch.Tensor, lam: float, kid: int = 0) -> torch.Tensor:
+    """k(x_i, y_j) of the kernel family with id ``kid`` (``KernelSpec.id``).  x: (..., N, d), y: (..., M, d) ->
+    (..., N, M)."""
+    out = laplace_kernel_fwd(flatten_batch(x), flatten_batch(y), -1.0 / float(lam), kid)
     return out.reshape(*x.shape[:-1], y.shape[-2])
 
 
 def laplace_kernel_matmul_triton(
-    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kernel: str = "laplacian"
+    x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kid: int = 0
 ) -> torch.Tensor:
-    """k(X, Y) @ V, fused.  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
-    out = laplace_matmul_fwd(flatten_batch(x), flatten_batch(y), flatten_batch(v), -1.0 / float(lam), kernel == "laplacian")
+    """k(X, Y) @ V, fused, for the family with id ``kid``.  x: (..., N, d), y: (..., M, d), v: (..., M, e) ->
+    (..., N, e)."""
+    out = laplace_matmul_fwd(flatten_batch(x), flatten_batch(y), flatten_batch(v), -1.0 / float(lam), kid)
     return out.reshape(*x.shape[:-1], v.shape[-1])

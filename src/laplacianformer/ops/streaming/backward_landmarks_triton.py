@@ -14,11 +14,12 @@ g = b·H + h; the row passes' partials (G, S, ·) are summed here in split order
   constant W⁺ᵀ db); whiten's dS' = Σ_s pass B's partials, T₁ = W⁺ dS'ᵀ, T₂ = W⁺ dS', dW⁺ += S T₁ + Sᵀ T₂ and
   the query covariance term (dS + dSᵀ)/n = (T₁ + T₂) W⁺ᵀ / n (dS = W⁺ dS' W⁺ᵀ), the key constant −(1/n) Σ dk̃
   from pass B; dW = −W⁺ᵀ dW⁺ W⁺ᵀ, and dL through W = k(L, L): with
-  G = dW ∘ W · (−1/λ), dL_a = Σ_j (G + Gᵀ)_aj slope(L_a − L_j) (slope = sign for L1, 2·diff for squared L2:
-  ``kernel_rows_grad``'s dx + dmarks, both arguments L), over d in chunks of ``BLOCK_D`` columns as an
-  (m, m, BLOCK_D) tile. With ``CONV`` the programs of batch 0 (g < H) also sum the conv's parameter gradients
-  of their head over the batch and the splits: dweight (C, 1, 3, 3) from pass A's per-tap partials, dbias (C,)
-  from its Σ G partials.
+  G = dW ∘ dk/dD (``_triton_common.kernel_chain``: dW ∘ W · (−1/λ) for the Laplacian and the Gaussian; a family
+  whose slope reads the distance sums D over d first, in the chunks below), dL_a = Σ_j (G + Gᵀ)_aj
+  slope(L_a − L_j) (slope = sign for the L1 accumulation, 2·diff for the squared L2 one: ``kernel_rows_grad``'s
+  dx + dmarks, both arguments L), over d in chunks of ``BLOCK_D`` columns as an (m, m, BLOCK_D) tile. With
+  ``CONV`` the programs of batch 0 (g < H) also sum the conv's parameter gradients of their head over the batch
+  and the splits: dweight (C, 1, 3, 3) from pass A's per-tap partials, dbias (C,) from its Σ G partials.
 - ``pool_grad_kernel`` (pass E, grid (splits, G) of ``limits.splits_for``): dq += Pᵀ dL in place, dL = dL_W +
   Σ_s pass D's partials (m, d) formed per d chunk in the prologue, P the adaptive average pooling of the
   (gh, gw) token grid to the (lh, lw) landmark grid (bins of ``F.adaptive_avg_pool2d``: output bin a of an axis
@@ -46,9 +47,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import distinct_launches, power_of_two_sizes, product_from_memory as _product
+from .._triton_common import distinct_launches, kernel_chain, power_of_two_sizes, slope_reads_distance, sums_abs
+from .._triton_common import product_from_memory as _product
+from ..kernel.limits import TRITON_KERNEL_IDS
 from .backward_stats_triton import POINTER_TYPES, check_alpha
-from .limits import BLOCK_ROWS, FLAGS, LOAD_DTYPES, MAX_D, MAX_M, splits_for, unfit
+from .limits import BLOCK_ROWS, FLAGS, LOAD_DTYPES, MAX_D, MAX_M, splits_for, triton_kernel_id, unfit
 from .triton import MAXNREG, _p2
 
 
@@ -94,7 +97,7 @@ def landmark_grad_kernel(WI, W, MARKS, COV, MP, KSUM, VSUM, PDM, PG, PDB, PDSP, 
                          DMP, QCOV, QCONST, KCONST, VCONST, DMARKS, DWEIGHT, DBIAS,
                          B, H, M, D, E, SPLITS, n, scale, alpha,
                          WHITEN: tl.constexpr, CENTRE_K: tl.constexpr, CENTRE_Q: tl.constexpr,
-                         ADD_MEAN: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr, L1: tl.constexpr,
+                         ADD_MEAN: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr, KID: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_K: tl.constexpr):
     """Pass C of group program_id(0) (module docstring). State: WI = W⁺, W, COV = S (G, M, M), MARKS (G, M, D),
@@ -183,8 +186,18 @@ def landmark_grad_kernel(WI, W, MARKS, COV, MP, KSUM, VSUM, PDM, PG, PDB, PDSP, 
     tl.store(S1 + slot_offs, _product(WIg, 1, M, S0, BLOCK_M, 1, M, M, M, BLOCK_M, BLOCK_M, BLOCK_K))
     tl.debug_barrier()
     dw = -_product(S1, BLOCK_M, 1, WIg, 1, M, M, M, M, BLOCK_M, BLOCK_M, BLOCK_K)
-    # G = dW ∘ W · (−1/λ); dL_a = Σ_j (G + Gᵀ)_aj slope(L_a − L_j), d in chunks
-    tl.store(S2 + slot_offs, dw * tl.load(W + g * M * M + sq_offs, mask=square, other=0.0) * scale)
+    # G = dW ∘ dk/dD (D recomputed where the slope reads it); dL_a = Σ_j (G + Gᵀ)_aj slope(L_a − L_j), d in chunks
+    w = tl.load(W + g * M * M + sq_offs, mask=square, other=0.0)
+    dist = w  # unread unless the slope reads the distance
+    if slope_reads_distance(KID):
+        dist = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            rd = d0 + tl.arange(0, BLOCK_D)
+            lm = tl.load(MARKS + g * M * D + rm[:, None] * D + rd[None, :], mask=rows[:, None] & (rd[None, :] < D),
+                         other=0.0)
+            diff = lm[:, None, :] - lm[None, :, :]
+            dist += tl.sum(diff * diff, axis=2)
+    tl.store(S2 + slot_offs, kernel_chain(dw, w, dist, scale, KID))
     tl.debug_barrier()
     gs = tl.load(S2 + slot_offs, cache_modifier=".cg") + tl.load(S2 + rm[None, :] * BLOCK_M + rm[:, None],
                                                                  cache_modifier=".cg")
@@ -194,7 +207,7 @@ def landmark_grad_kernel(WI, W, MARKS, COV, MP, KSUM, VSUM, PDM, PG, PDB, PDSP, 
         tile = rows[:, None] & (rd[None, :] < D)
         lm = tl.load(Lg + rm[:, None] * D + rd[None, :], mask=tile, other=0.0)
         diff = lm[:, None, :] - lm[None, :, :]
-        if L1:
+        if sums_abs(KID):
             slope = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))
         else:
             slope = 2.0 * diff
@@ -262,7 +275,7 @@ def launchable_maxnreg(num_warps: int) -> int:
     return min(MAXNREG, BLOCK_REGISTERS // (32 * num_warps))
 
 
-def landmark_grad_spec(m: int, e: int, l1: bool, flags: dict, conv: bool) -> dict:
+def landmark_grad_spec(m: int, e: int, kid: int, flags: dict, conv: bool) -> dict:
     """Pass C's launch: one program per group, 8 warps with up to 255 registers each (the whole register file
     of a block). Its up to nine m×m products read their operands in k-chunks of BLOCK_K from memory: with whole
     (64, 64) operands in registers the whitened norms spilled up to 912 bytes at 16 warps and 255 registers (a
@@ -272,7 +285,7 @@ def landmark_grad_spec(m: int, e: int, l1: bool, flags: dict, conv: bool) -> dic
     nothing depends on d."""
     block_m = _p2(m)
     return dict(WHITEN=flags["whiten"], CENTRE_K=flags["centre_k"], CENTRE_Q=flags["centre_q"],
-                ADD_MEAN=flags["add_mean"], ROWSUM=flags["rowsum"], CONV=conv, L1=l1, BLOCK_M=block_m,
+                ADD_MEAN=flags["add_mean"], ROWSUM=flags["rowsum"], CONV=conv, KID=kid, BLOCK_M=block_m,
                 BLOCK_E=min(_p2(e), 32), BLOCK_D=LANDMARK_GRAD_ELEMENTS // (block_m * block_m), BLOCK_K=16,
                 num_warps=8, num_stages=1, maxnreg=launchable_maxnreg(8))
 
@@ -318,8 +331,7 @@ def landmark_grad_triton(st, a: dict, b: dict | None, n: int, bandwidth: float, 
     why = unfit(norm, m, d, e, st.marks.dtype)
     if why is not None:
         raise ValueError(f"landmark_grad_triton: st: {why}")
-    if kernel not in ("laplacian", "gaussian"):
-        raise ValueError(f"landmark_grad_triton: kernel {kernel!r} is neither 'laplacian' nor 'gaussian'")
+    kid = triton_kernel_id("landmark_grad_triton", kernel)
     flags, groups = FLAGS[norm], bsz * h
     alpha = check_alpha("landmark_grad_triton", norm, alpha)
     for name, x, shape in (("marks", st.marks, (bsz, h, m, d)), ("w", st.w, (bsz, h, m, m)),
@@ -363,7 +375,7 @@ def landmark_grad_triton(st, a: dict, b: dict | None, n: int, bandwidth: float, 
     d_marks = torch.empty(bsz, h, m, d, **f32)
     dweight = torch.empty(h * e, 1, 3, 3, **f32) if conv else None
     dbias = torch.empty(h * e, **f32) if conv else None
-    meta, opts = _launch(landmark_grad_spec(m, e, kernel == "laplacian", flags, conv))
+    meta, opts = _launch(landmark_grad_spec(m, e, kid, flags, conv))
     work = torch.empty(groups, 4 * meta["BLOCK_M"] ** 2 + m * e, **f32)
     landmark_grad_kernel[(groups,)](wi, w, marks, cov, mp, k_sum, v_sum, pdm, pg, pdb, pdsp, pdkt, pdw, work,
                                     d_mprime, q_const if q_cov is None else q_cov, q_const, k_const, v_const, d_marks,
@@ -424,12 +436,12 @@ def _launches(m: int, e: int):
     """(kernel, spec, label) of every launch the launchers can make for m landmarks and e (pass C) or d (pass E)
     as powers of two (the specs depend on d only through pass E's BLOCK_D; pass C on e only through its
     column chunk, labelled ``ec``)."""
-    for l1 in (True, False):
-        kind = f"dtype=fp32 kind={'L1' if l1 else 'L2'}"
+    for kid in sorted(TRITON_KERNEL_IDS):
+        kind = f"dtype=fp32 kid={kid}"
         for norm, flags in FLAGS.items():
             inj = int(norm == "injective")
             for conv in (False, True):
-                yield (landmark_grad_kernel, landmark_grad_spec(m, e, l1, flags, conv),
+                yield (landmark_grad_kernel, landmark_grad_spec(m, e, kid, flags, conv),
                        f"bwd_landmark_grad {kind} m={m} ec={min(e, 32)} inj={inj} norm={norm} conv={int(conv)}")
     yield pool_grad_kernel, pool_grad_spec(m, e), f"bwd_pool_grad dtype=fp32 m={m} d={e}"
 
@@ -443,7 +455,8 @@ def aot_specialisations(d_max: int = 128, m_max: int = 128):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) ``landmark_grad_triton`` and
     ``pool_grad_triton`` can produce for m <= min(m_max, 64) and d, e <= min(d_max, 128), from the same ``*_spec``
     functions (benchmarks/triton_aot.py): m, d and e as powers of two (the specs see them only through
-    ``next_power_of_2``), every norm's flags, L1 and squared L2, with and without the conv, and pass E for each dq
+    ``next_power_of_2``), every norm's flags, every kernel family of the Triton profile, with and without the conv,
+    and pass E for each dq
     dtype (labels ``dtype=fp32|fp16|bf16``, DQ typed so); identical specialisations are yielded once per dtype,
     under the label of their first launch."""
     sizes = [(m, e) for m in power_of_two_sizes(m_max, MAX_M) for e in power_of_two_sizes(d_max, MAX_D)]

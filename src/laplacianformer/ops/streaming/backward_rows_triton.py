@@ -17,9 +17,10 @@ each program walking its split in tiles of ``BLOCK_ROWS`` rows, every row both a
   the (GH, GW) grid), written to dv;
 - query side: C_q, dC_q = G Mᵀ + q_const [+ (C_q − c̄) q_cov, ``whiten``]; ``rowsum`` (out = t / z, t = c M,
   z = c b): dC_q = (G Mᵀ) / z − b (c·(G Mᵀ)) / z², since G·t = c·(G Mᵀ) (no product with M beyond G Mᵀ);
-- the kernel derivative: A = scale · dC ∘ C (scale = −1/bandwidth; A_q + A_k in one matrix when K = Q),
-  dx_i = Σ_l A_il sign(x_i − L_l) (squared L2: 2 (x_i − L_l); sign(0) = 0) written to dq (and dk), and the
-  rows' part of dL, dL_l −= Σ_i A_il sign(x_i − L_l), in chunks of ``BLOCK_D`` features.
+- the kernel derivative: A = dC ∘ dk/dD (``_triton_common.kernel_chain`` on the tile's C and accumulated
+  distance D: −dC ∘ C / bandwidth for the Laplacian and the Gaussian; A_q + A_k in one matrix when K = Q),
+  dx_i = Σ_l A_il sign(x_i − L_l) (squared L2 accumulation: 2 (x_i − L_l); sign(0) = 0) written to dq (and
+  dk), and the rows' part of dL, dL_l −= Σ_i A_il sign(x_i − L_l), in chunks of ``BLOCK_D`` features.
 
 Why it is laid out so (ptxas, ``benchmarks/triton_aot.py --strict``: one kernel at 8 warps and ``MAXNREG``
 compiles without spills on sm_80 and sm_90; each simpler form below spilled, and 16 warps, which must stay
@@ -81,9 +82,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import distinct_launches, power_of_two_sizes
+from .._triton_common import distinct_launches, kernel_chain, kernel_value, power_of_two_sizes, sums_abs
+from ..kernel.limits import TRITON_KERNEL_IDS
 from .backward_stats_triton import POINTER_TYPES, check_alpha, dtype_name
-from .limits import FLAGS, MAX_D, MAX_M, splits_for, unfit
+from .limits import FLAGS, MAX_D, MAX_M, splits_for, triton_kernel_id, unfit
 from .triton import _square, config
 
 
@@ -102,38 +104,39 @@ def _marks_t(Lg, rm, cols, M, D):
 
 
 @triton.jit
-def _kernel_tile_dmn(X, xoff, sxn, Lg, rn, ok, M, D, scale, L1: tl.constexpr, BLOCK_N: tl.constexpr,
+def _kernel_tile_dmn(X, xoff, sxn, Lg, rn, ok, M, D, scale, KID: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Cᵀ = exp(scale · dist(x_i, l_l)) (BLOCK_M, BLOCK_N), landmarks × rows, 0 outside rows ``ok`` and
-    landmarks < M: the transpose of ``triton._kernel_tile`` from (BLOCK_D, BLOCK_M, BLOCK_N) difference tiles, whose
-    d chunk each thread sums itself (module docstring)."""
+    """(Cᵀ, Dᵀ): C = k(x_i, l_l) of family id KID (BLOCK_M, BLOCK_N), landmarks × rows, 0 outside rows ``ok`` and
+    landmarks < M, and the accumulated distance D it is the profile of (read by ``kernel_chain`` only where the
+    slope needs it): the transpose of ``triton._kernel_tile`` from (BLOCK_D, BLOCK_M, BLOCK_N) difference tiles,
+    whose d chunk each thread sums itself (module docstring)."""
     rm = tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         diff = _rows_t(X, xoff, sxn, rn, ok, cols, D)[:, None, :] - _marks_t(Lg, rm, cols, M, D)[:, :, None]
-        if L1:
+        if sums_abs(KID):
             acc += tl.sum(tl.abs(diff), axis=0)
         else:
             acc += tl.sum(diff * diff, axis=0)
-    return tl.where((rm[:, None] < M) & ok[None, :], tl.exp(acc * scale), 0.0)
+    return tl.where((rm[:, None] < M) & ok[None, :], kernel_value(acc, scale, KID), 0.0), acc
 
 
 @triton.jit
-def _rows_grad(a_t, X, xoff, sxn, DX, dxoff, sdxn, Lg, slab, rn, ok, rm, accumulate, M, D, L1: tl.constexpr,
+def _rows_grad(a_t, X, xoff, sxn, DX, dxoff, sdxn, Lg, slab, rn, ok, rm, accumulate, M, D, KID: tl.constexpr,
                BLOCK_D: tl.constexpr):
-    """The vjp of C = k(X, L) for the tile's rows ``rn`` from Aᵀ = scale · (dC ∘ C)ᵀ (BLOCK_M, BLOCK_N), in
+    """The vjp of C = k(X, L) for the tile's rows ``rn`` from Aᵀ = dL/dDᵀ (BLOCK_M, BLOCK_N) (``kernel_chain``), in
     chunks of BLOCK_D features ((BLOCK_D, BLOCK_M, BLOCK_N) tiles): dx_i = Σ_l A_il sign(x_i − l_l) (squared
     L2: 2 (x_i − l_l); sign(0) = 0) written to DX (group offset dxoff, row stride sdxn) in its dtype, and
     −Σ_i A_il sign(x_i − l_l) added to the (M, D) slab (its old value read when ``accumulate``, else taken as 0).
     X (group offset xoff, row stride sxn) the rows read."""
-    if not L1:
+    if not sums_abs(KID):
         a_t = 2.0 * a_t
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         in_d = cols[:, None] < D
         diff = _rows_t(X, xoff, sxn, rn, ok, cols, D)[:, None, :] - _marks_t(Lg, rm, cols, M, D)[:, :, None]
-        if L1:  # selects, not a product with sign(diff): 2 compares and 2 selects per element
+        if sums_abs(KID):  # selects, not a product with sign(diff): 2 compares and 2 selects per element
             part = tl.where(diff > 0.0, a_t[None, :, :], tl.where(diff < 0.0, -a_t[None, :, :], 0.0))
         else:
             part = a_t[None, :, :] * diff
@@ -170,7 +173,7 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
                     DQ, sdqb, sdqh, sdqn, DK, sdkb, sdkh, sdkn, DV, sdvb, sdvh, sdvn, PDL, WORK,
                     H, N, M, D, E, scale, eps, alpha, rows_per_split, SPLITS,
                     WHITEN: tl.constexpr, CENTRE_Q: tl.constexpr, CENTRE_K: tl.constexpr, ROWSUM: tl.constexpr,
-                    UNTIED: tl.constexpr, CONV: tl.constexpr, L1: tl.constexpr, BLOCK_N: tl.constexpr,
+                    UNTIED: tl.constexpr, CONV: tl.constexpr, KID: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EC: tl.constexpr):
     """Pass D for the rows of split program_id(0) of group program_id(1) (module docstring): dq, dk (UNTIED)
     and dv written, the split's part of dL into its slab of PDL (G, SPLITS, M, D); WORK (G, SPLITS,
@@ -227,8 +230,9 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
         rn = n0 + tl.arange(0, BLOCK_N)
         ok = (rn < N) & (rn < row_end)
         # key side: dC_k = dk̃ + k_const, dk̃ = r u + ds k̃ (S' + S'ᵀ) (whiten) or u, u = v dM'ᵀ. Rows outside
-        # ``ok`` and landmarks >= M keep finite values that meet C = 0 in A, so nothing else is masked.
-        ck_t = _kernel_tile_dmn(K, koff, skn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+        # ``ok`` and landmarks >= M keep finite values that meet C = 0 in A (every slope is a multiple of C), so
+        # nothing else is masked.
+        ck_t, distk_t = _kernel_tile_dmn(K, koff, skn, Lg, rn, ok, M, D, scale, KID, BLOCK_N, BLOCK_M, BLOCK_D)
         kt_t = ck_t
         if CENTRE_K:
             kt_t = ck_t - tl.load(vec_own + BLOCK_M + rm)[:, None]
@@ -248,7 +252,8 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
             kt_t = kt_t * r[None, :]
         else:
             dck_t = u_t
-        ak_t = scale * (dck_t + tl.load(vec_own + 3 * BLOCK_M + rm)[:, None]) * ck_t  # Aᵀ of the key side
+        # Aᵀ of the key side
+        ak_t = kernel_chain(dck_t + tl.load(vec_own + 3 * BLOCK_M + rm)[:, None], ck_t, distk_t, scale, KID, True)
         # dvᵀ = dM'ᵀ (r k̃)ᵀ + v_const [+ the conv's transpose of G], in chunks of e
         for e0 in range(0, E, BLOCK_EC):
             ce = e0 + rc
@@ -261,9 +266,9 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
                      mask=cols[:, None] & ok[None, :])
         # query side: dC_q = G Mᵀ (rowsum: / z − b (c·(G Mᵀ)) / z²) + q_const [+ (C_q − c̄) q_cov]
         if UNTIED:
-            cq_t = _kernel_tile_dmn(Q, qoff, sqn, Lg, rn, ok, M, D, scale, L1, BLOCK_N, BLOCK_M, BLOCK_D)
+            cq_t, distq_t = _kernel_tile_dmn(Q, qoff, sqn, Lg, rn, ok, M, D, scale, KID, BLOCK_N, BLOCK_M, BLOCK_D)
         else:
-            cq_t = ck_t
+            cq_t, distq_t = ck_t, distk_t
         dcq_t = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for e0 in range(0, E, BLOCK_EC):
             ce = e0 + rc
@@ -282,25 +287,25 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
         if WHITEN:
             dcq_t += tl.dot(tl.load(qcov_own + rm[:, None] * BLOCK_M + rm[None, :]),
                             cq_t - tl.load(vec_own + rm)[:, None], input_precision="ieee")
-        # the kernel derivative: Aᵀ = scale · (dC ∘ C)ᵀ -> dq (dk) and the program's slab of dL
-        aq_t = scale * dcq_t * cq_t
+        # the kernel derivative: Aᵀ = (dC ∘ dk/dD)ᵀ -> dq (dk) and the program's slab of dL
+        aq_t = kernel_chain(dcq_t, cq_t, distq_t, scale, KID, True)
         if UNTIED:
-            _rows_grad(aq_t, Q, qoff, sqn, DQ, dqoff, sdqn, Lg, slab, rn, ok, rm, n0 > lo, M, D, L1, BLOCK_D)
+            _rows_grad(aq_t, Q, qoff, sqn, DQ, dqoff, sdqn, Lg, slab, rn, ok, rm, n0 > lo, M, D, KID, BLOCK_D)
             tl.debug_barrier()  # the query rows' slab stores before the key rows' loads
-            _rows_grad(ak_t, K, koff, skn, DK, dkoff, sdkn, Lg, slab, rn, ok, rm, True, M, D, L1, BLOCK_D)
+            _rows_grad(ak_t, K, koff, skn, DK, dkoff, sdkn, Lg, slab, rn, ok, rm, True, M, D, KID, BLOCK_D)
         else:
-            _rows_grad(aq_t + ak_t, Q, qoff, sqn, DQ, dqoff, sdqn, Lg, slab, rn, ok, rm, n0 > lo, M, D, L1, BLOCK_D)
+            _rows_grad(aq_t + ak_t, Q, qoff, sqn, DQ, dqoff, sdqn, Lg, slab, rn, ok, rm, n0 > lo, M, D, KID, BLOCK_D)
         tl.debug_barrier()  # this tile's slab stores before the next tile's loads
 
 
-def row_grad_spec(m: int, d: int, e: int, l1: bool, flags: dict, untied: bool, conv: bool) -> dict:
+def row_grad_spec(m: int, d: int, e: int, kid: int, flags: dict, untied: bool, conv: bool) -> dict:
     """Constexprs and launch options of ``row_grad_kernel`` for m landmarks, head dim d, value dim e: the
     forward passes' ``config`` (BLOCK_ROWS rows, 8 warps) with BLOCK_D from m (``DIFFERENCE_ELEMENTS``: no tile
     depends on d) in place of their distance loop's unrolling."""
     cfg = config(m, d, e)
     cfg.pop("KU")
     return dict(WHITEN=flags["whiten"], CENTRE_Q=flags["centre_q"], CENTRE_K=flags["centre_k"],
-                ROWSUM=flags["rowsum"], UNTIED=untied, CONV=conv, L1=l1, BLOCK_EC=16,
+                ROWSUM=flags["rowsum"], UNTIED=untied, CONV=conv, KID=kid, BLOCK_EC=16,
                 BLOCK_D=DIFFERENCE_ELEMENTS // (cfg["BLOCK_N"] * cfg["BLOCK_M"]), **cfg)
 
 
@@ -375,9 +380,8 @@ def row_grad_triton(grad: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor, vv: 
     why = unfit(norm, m, d, e, qs.dtype)
     if why is not None:
         raise ValueError(f"row_grad_triton: {why}")
-    flags, l1, untied, groups = FLAGS[norm], kernel == "laplacian", ks is not qs, b * h
-    if kernel not in ("laplacian", "gaussian"):
-        raise ValueError(f"row_grad_triton: kernel {kernel!r}: expected 'laplacian' or 'gaussian'")
+    flags, untied, groups = FLAGS[norm], ks is not qs, b * h
+    kid = triton_kernel_id("row_grad_triton", kernel)
     for name, t, shape in (("grad", grad, (b, h, n, e)), ("ks", ks, (b, h, n, d)), ("vv", vv, (b, h, n, e))):
         if tuple(t.shape) != shape or t.dtype != qs.dtype:
             raise ValueError(f"row_grad_triton: {name}: expected {dtype_name(qs.dtype)} (qs's dtype) {shape}, got "
@@ -416,7 +420,7 @@ def row_grad_triton(grad: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor, vv: 
     cw = _f32(conv.weight) if conv is not None else vconst  # placeholder without a conv (unread)
     splits, rows = splits_for(n, groups)
     pdl = torch.empty(groups, splits, m, d, dtype=torch.float32, device=q.device)
-    meta, opts = _launch(row_grad_spec(m, d, e, l1, flags, untied, conv is not None))
+    meta, opts = _launch(row_grad_spec(m, d, e, kid, flags, untied, conv is not None))
     work = torch.empty(groups, splits, _work_size(meta), dtype=torch.float32, device=q.device)
     row_grad_kernel[(splits, groups)](
         gr, gr.stride(0), gr.stride(1), gr.stride(2), q, q.stride(0), q.stride(1), q.stride(2),
@@ -448,7 +452,8 @@ def _signature(constexprs: dict, dtype: str = "fp32") -> dict:
 def aot_specialisations(d_max: int = 128, m_max: int = 128):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) ``row_grad_triton`` can
     produce for m <= min(m_max, 64), e <= min(d_max, 128) and any d <= 128, from ``row_grad_spec`` (the
-    launcher's): the norm flags × L1 / squared L2 × K = Q / K ≠ Q × conv or not × m, e as powers of two (the
+    launcher's): the norm flags × the kernel families of the Triton profile × K = Q / K ≠ Q × conv or not × m, e
+    as powers of two (the
     spec depends on them only through ``next_power_of_2``, and not on d) × the data dtype (float32, then float16
     and bfloat16: labels ``dtype=fp32|fp16|bf16``, the data pointers typed so). Identical specialisations are
     yielded once per dtype, under the label of their first launch."""
@@ -461,10 +466,10 @@ def _launches(m_max: int, d_max: int, dtype: str = "fp32"):
     (``aot_specialisations``)."""
     for m in power_of_two_sizes(m_max, MAX_M):
         for e in power_of_two_sizes(d_max, MAX_D):
-            for l1 in (True, False):
+            for kid in sorted(TRITON_KERNEL_IDS):
                 for norm, flags in FLAGS.items():
                     for untied in (False, True):
                         for conv in (False, True):
-                            label = (f"bwd_rows dtype={dtype} kind={'L1' if l1 else 'L2'} m={m} e={e} norm={norm} "
+                            label = (f"bwd_rows dtype={dtype} kid={kid} m={m} e={e} norm={norm} "
                                      f"inj={int(norm == 'injective')} untied={int(untied)} conv={int(conv)}")
-                            yield row_grad_kernel, row_grad_spec(m, MAX_D, e, l1, flags, untied, conv), label
+                            yield row_grad_kernel, row_grad_spec(m, MAX_D, e, kid, flags, untied, conv), label

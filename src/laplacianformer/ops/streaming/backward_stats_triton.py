@@ -61,7 +61,8 @@ import triton
 import triton.language as tl
 
 from .._triton_common import distinct_launches, power_of_two_sizes
-from .limits import FLAGS, MAX_D, MAX_M, conv_unfit, splits_for, unfit
+from ..kernel.limits import TRITON_KERNEL_IDS
+from .limits import FLAGS, MAX_D, MAX_M, conv_unfit, splits_for, triton_kernel_id, unfit
 from .triton import _kernel_tile, _launch, _rows_contiguous, _square, _tile_triples, config
 from .triton import distance_budget  # noqa: F401  (read per module by benchmarks/triton_aot.py)
 
@@ -78,7 +79,7 @@ def _split_rows(rn, row_end, N):
 @triton.jit
 def query_grad_kernel(GR, sgb, sgh, sgn, Q, sqb, sqh, sqn, V, svb, svh, svn, L, WI, CMEAN, MP, KSUM, WORK,
                       PDM, PG, PDB, PDW, GH, GW, H, N, M, D, E, scale, alpha, rows_per_split, SPLITS,
-                      CENTRE_Q: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr, L1: tl.constexpr,
+                      CENTRE_Q: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr, KID: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr, BLOCK_E: tl.constexpr,
                       BLOCK_EC: tl.constexpr, BLOCK_T: tl.constexpr):
     """Pass A of group program_id(1), split program_id(0): GR, Q, V (B, H, N, ·) strided, L (G, M, D), WI (G, M, M),
@@ -114,7 +115,7 @@ def query_grad_kernel(GR, sgb, sgh, sgn, Q, sqb, sqh, sqn, V, svb, svh, svn, L, 
     for n0 in range(lo, row_end, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         ok = _split_rows(rn, row_end, N)
-        c = _kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU)
+        c = _kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, KID, BLOCK_N, BLOCK_M, KU)
         if CENTRE_Q:
             c = tl.where(ok[:, None] & landmarks[None, :], c - c_mean[None, :], 0.0)
         dt = tl.load(Gg + rn[:, None] * sgn + re[None, :], mask=ok[:, None] & cols[None, :], other=0.0)
@@ -131,7 +132,7 @@ def query_grad_kernel(GR, sgb, sgh, sgn, Q, sqb, sqh, sqn, V, svb, svh, svn, L, 
         for n0 in range(lo, row_end, BLOCK_N):
             rn = n0 + tl.arange(0, BLOCK_N)
             ok = _split_rows(rn, row_end, N)
-            ct = tl.trans(_kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU))  # cᵀ
+            ct = tl.trans(_kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, KID, BLOCK_N, BLOCK_M, KU))  # cᵀ
             if CENTRE_Q:
                 ct = tl.where(landmarks[:, None] & ok[None, :], ct - c_mean[:, None], 0.0)
             z = tl.where(ok, tl.sum(ct * b_vec[:, None], axis=0), 1.0)
@@ -169,7 +170,7 @@ def query_grad_kernel(GR, sgb, sgh, sgn, Q, sqb, sqh, sqn, V, svb, svh, svn, L, 
 @triton.jit
 def key_grad_kernel(K, skb, skh, skn, V, svb, svh, svn, L, WI, KMEAN, SP, PDM, WORK, PDSP, PDKT,
                     H, N, M, D, E, scale, eps, rows_per_split, SPLITS, DM_SPLITS,
-                    L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr,
+                    KID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr,
                     BLOCK_EC: tl.constexpr):
     """Pass B of group program_id(1), split program_id(0): K, V (B, H, N, ·) strided, L (G, M, D), WI, SP (G, M, M),
     KMEAN (G, M), PDM (G, DM_SPLITS, M, E) pass A's partials of dM -> PDSP (G, S, M, M), PDKT (G, S, M).
@@ -208,7 +209,7 @@ def key_grad_kernel(K, skb, skh, skn, V, svb, svh, svn, L, WI, KMEAN, SP, PDM, W
             dmp_t = tl.load(Dk + ce[:, None] * M + rm[None, :], mask=(ce[:, None] < E) & landmarks[None, :], other=0.0)
             v = tl.load(Vg + rn[:, None] * svn + ce[None, :], mask=ok[:, None] & (ce[None, :] < E), other=0.0)
             u = tl.dot(v.to(tl.float32), dmp_t, u, input_precision="tf32x3")
-        kt = _kernel_tile(Kg, skn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU)
+        kt = _kernel_tile(Kg, skn, Lg, n0, ok, N, M, D, scale, KID, BLOCK_N, BLOCK_M, KU)
         kt = tl.where(ok[:, None] & landmarks[None, :], kt - k_mean[None, :], 0.0)  # k̃ (rows × landmarks)
         a = tl.dot(kt, sp_sym, input_precision="ieee")  # k̃ (S' + S'ᵀ)
         s_row = 0.5 * tl.sum(a * kt, axis=1)
@@ -226,19 +227,19 @@ CHUNK_E = 16
 pass B spilled on sm_80: module docstring, "Register budget")."""
 
 
-def query_grad_spec(m, d, e, l1: bool, flags: dict, conv: bool = False) -> dict:
+def query_grad_spec(m, d, e, kid: int, flags: dict, conv: bool = False) -> dict:
     """Pass A: the forward passes' tiles (``triton.config``) plus the conv partials' (TAPS, BLOCK_E) tile and the
     CHUNK_E columns of M per product (rowsum)."""
-    return dict(CENTRE_Q=flags["centre_q"], ROWSUM=flags["rowsum"], CONV=conv, L1=l1, BLOCK_EC=CHUNK_E,
+    return dict(CENTRE_Q=flags["centre_q"], ROWSUM=flags["rowsum"], CONV=conv, KID=kid, BLOCK_EC=CHUNK_E,
                 BLOCK_T=TAPS, **config(m, d, e))
 
 
-def key_grad_spec(m, d, e, l1: bool) -> dict:
+def key_grad_spec(m, d, e, kid: int) -> dict:
     """Pass B: the forward passes' row and landmark tiles (``triton.config``), dM' in CHUNK_E columns (e itself
     takes no specialisation)."""
     cfg = config(m, d, e)
     cfg.pop("BLOCK_E")
-    return dict(L1=l1, BLOCK_EC=CHUNK_E, **cfg)
+    return dict(KID=kid, BLOCK_EC=CHUNK_E, **cfg)
 
 
 def _check_state(name: str, st, groups: int, m: int, d: int, e: int) -> None:
@@ -305,9 +306,10 @@ def query_grad_triton(grad: torch.Tensor, qs: torch.Tensor, vv: torch.Tensor, st
     if n == 0:
         raise ValueError("query_grad_triton: qs: empty input (N = 0)")
     alpha = check_alpha("query_grad_triton", norm, alpha)
+    kid = triton_kernel_id("query_grad_triton", kernel)
     groups = b * h
     _check_state("query_grad_triton", st, groups, m, d, e)
-    flags, l1 = FLAGS[norm], kernel == "laplacian"
+    flags = FLAGS[norm]
     gr, q, v = _rows_contiguous(grad), _rows_contiguous(qs), _rows_contiguous(vv)
     lm = _groups(st, "marks", groups, m, d)
     wi = _groups(st, "w_inv", groups, m, m)
@@ -322,7 +324,7 @@ def query_grad_triton(grad: torch.Tensor, qs: torch.Tensor, vv: torch.Tensor, st
     pdw = torch.empty(groups, splits, 9, e, **f32) if conv is not None else None
     work = torch.empty(groups, splits, m, e, **f32) if flags["rowsum"] else pg  # M per program (rowsum)
     gh, gw = (1, n) if conv is None or conv.hw is None else conv.hw
-    meta, opts = _launch(query_grad_spec(m, d, e, l1, flags, conv is not None))
+    meta, opts = _launch(query_grad_spec(m, d, e, kid, flags, conv is not None))
     query_grad_kernel[(splits, groups)](
         gr, gr.stride(0), gr.stride(1), gr.stride(2), q, q.stride(0), q.stride(1), q.stride(2),
         v, v.stride(0), v.stride(1), v.stride(2), lm, wi, cmean, mp, ksum, work,
@@ -349,6 +351,7 @@ def key_grad_triton(ks: torch.Tensor, vv: torch.Tensor, st, pdm: torch.Tensor, b
                          f"{n}, e), got {vv.dtype} {tuple(vv.shape)}")
     if n == 0:
         raise ValueError("key_grad_triton: ks: empty input (N = 0)")
+    kid = triton_kernel_id("key_grad_triton", kernel)
     groups = b * h
     if pdm.dim() != 4 or tuple(pdm.shape[::2]) != (groups, m) or pdm.shape[3] != e or pdm.shape[1] < 1 \
             or pdm.dtype != torch.float32:
@@ -366,7 +369,7 @@ def key_grad_triton(ks: torch.Tensor, vv: torch.Tensor, st, pdm: torch.Tensor, b
     pdsp = torch.empty(groups, splits, m, m, **f32)
     pdkt = torch.empty(groups, splits, m, **f32)
     work = torch.empty(groups, splits, e, m, **f32)  # dM'ᵀ per program
-    meta, opts = _launch(key_grad_spec(m, d, e, kernel == "laplacian"))
+    meta, opts = _launch(key_grad_spec(m, d, e, kid))
     key_grad_kernel[(splits, groups)](
         k, k.stride(0), k.stride(1), k.stride(2), v, v.stride(0), v.stride(1), v.stride(2), lm, wi, kmean, sp,
         dm_parts, work, pdsp, pdkt, h, n, m, d, e, -1.0 / float(bandwidth), float(eps), rows, splits, dm_parts.shape[1],
@@ -396,21 +399,22 @@ def _signature(kernel, constexprs: dict, dtype: str = "fp32") -> dict:
 def _launches(m: int, e: int, dtype: str = "fp32"):
     """(kernel, spec, label) of every launch of both launchers for these m, e and data dtype (the specs do not
     depend on d: ``config`` takes nothing from d; nor on the dtype, which only types the data pointers)."""
-    for l1 in (True, False):
-        kind = f"dtype={dtype} kind={'L1' if l1 else 'L2'}"
+    for kid in sorted(TRITON_KERNEL_IDS):
+        kind = f"dtype={dtype} kid={kid}"
         for norm, flags in FLAGS.items():
             inj = int(norm == "injective")
             for conv in (False, True):
-                yield (query_grad_kernel, query_grad_spec(m, MAX_D, e, l1, flags, conv),
+                yield (query_grad_kernel, query_grad_spec(m, MAX_D, e, kid, flags, conv),
                        f"bwd_query {kind} m={m} e={e} inj={inj} norm={norm} conv={int(conv)}")
-        yield key_grad_kernel, key_grad_spec(m, MAX_D, e, l1), f"bwd_key {kind} m={m} inj=1"  # e: no constexpr
+        yield key_grad_kernel, key_grad_spec(m, MAX_D, e, kid), f"bwd_key {kind} m={m} inj=1"  # e: no constexpr
 
 
 def aot_specialisations(d_max: int = 128, m_max: int = 128):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) ``query_grad_triton`` and
     ``key_grad_triton`` can produce for m <= min(m_max, 64), e <= min(d_max, 128) and any d <= 128, from the
     same ``*_spec`` functions (benchmarks/triton_aot.py): m and e as powers of two (the specs depend on them
-    only through ``next_power_of_2``), every norm's flags, L1 and squared L2, the conv on and off, and each data
+    only through ``next_power_of_2``), every norm's flags, every kernel family of the Triton profile, the conv on
+    and off, and each data
     dtype (float32, then float16 and bfloat16: labels ``dtype=fp32|fp16|bf16``, the data pointers typed so);
     identical specialisations once per dtype, under the label of their first launch."""
     sizes = [(m, e) for m in power_of_two_sizes(m_max, MAX_M) for e in power_of_two_sizes(d_max, MAX_D)]

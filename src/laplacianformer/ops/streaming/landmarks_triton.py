@@ -11,8 +11,9 @@ the specification is ``landmarks.landmark_solve_reference``.
    (lw, d) sums, A (lw, BLOCK_T) the 0/1 membership of the tokens' columns in the column bins (exact in
    TF32, so the "tf32x3" product keeps float32 accuracy); the sums divided by the bin areas are L, written
    to the output (the streaming passes read it).
-2. **W = k(L, L)** = exp(scale · dist), scale = −1/bandwidth, dist the L1 (``L1``) or squared L2 distance,
-   the convention of the streaming passes' ``_kernel_tile`` and of ``ops/kernel``: from L as written (read
+2. **W = k(L, L)** of the kernel family (constexpr ``KID``: ``_triton_common.kernel_value`` on the accumulated
+   distance, exp(−dist / bandwidth) for the Laplacian and the Gaussian), the convention of the streaming passes'
+   ``_kernel_tile`` and of ``ops/kernel``: from L as written (read
    back after a CTA barrier) by ``kernel.triton._distance``, the register-blocked loop over single features
    (each thread a (R, C) block of the (BM, BM) tile, no shuffles, no 3-D reduction). Written to W and, with
    eps on the diagonal, P = W + eps·I to the fourth slot of the per-matrix float32 scratch WORK (G, 4, BM, BM).
@@ -32,9 +33,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .._triton_common import kernel_value
+from ..kernel.limits import TRITON_KERNEL_IDS
 from ..kernel.triton import _blocked_rows, _distance
 from ..newton_schulz.triton import CHECK_EVERY, PRECISION, _onchip_block, onchip_config, onchip_iterate
-from .limits import MAX_D, MAX_M, solve_unfit
+from .limits import MAX_D, MAX_M, solve_unfit, triton_kernel_id
 from .triton import MAXNREG, TYPE_NAMES
 
 
@@ -64,7 +67,7 @@ def _pool_row(Qg, sqn, Lg, i, GH, GW, LH, LW, D, PRECISION: tl.constexpr, BLOCK_
 
 @triton.jit
 def landmark_solve_kernel(Q, sqb, sqh, sqn, L, W, WI, WORK, H, GH, GW, LH, LW, D, scale, eps, iters,
-                          L1: tl.constexpr, CHECK: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr,
+                          KID: tl.constexpr, CHECK: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr,
                           PRECISION: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_LW: tl.constexpr,
                           BLOCK_D: tl.constexpr, R: tl.constexpr, C: tl.constexpr, TN: tl.constexpr,
                           TM: tl.constexpr, KU: tl.constexpr):
@@ -77,7 +80,7 @@ def landmark_solve_kernel(Q, sqb, sqh, sqn, L, W, WI, WORK, H, GH, GW, LH, LW, D
     for i in range(0, LH):
         _pool_row(Qg, sqn, Lg, i, GH, GW, LH, LW, D, PRECISION, BLOCK_T, BLOCK_LW, BLOCK_D)
     tl.debug_barrier()  # L complete before any thread reads it back
-    w = tl.exp(_distance(Lg, Lg, 0, 0, M, M, D, L1, R, C, TN, TM, KU) * scale)
+    w = kernel_value(_distance(Lg, Lg, 0, 0, M, M, D, KID, R, C, TN, TM, KU), scale, KID)
     rows, cols = _blocked_rows(0, R, TN, 0), _blocked_rows(0, C, TM, 1)
     inside = (rows < M) & (cols < M)
     tl.store(W + g * M * M + rows * M + cols, w, mask=inside)
@@ -138,6 +141,7 @@ def landmark_solve_triton(qs: torch.Tensor, hw, grid, bandwidth: float, kernel: 
         raise ValueError(f"landmark_solve_triton: {why}")
     if gh * gw != n:
         raise ValueError(f"landmark_solve_triton: hw={hw} is not a grid of the N={n} tokens")
+    kid = triton_kernel_id("landmark_solve_triton", kernel)
     q = qs if qs.stride(-1) == 1 else qs.contiguous()
     meta, opts = _launch(config(m, d, lw, q.dtype))
     f32 = dict(dtype=torch.float32, device=q.device)
@@ -147,7 +151,7 @@ def landmark_solve_triton(qs: torch.Tensor, hw, grid, bandwidth: float, kernel: 
     work = torch.empty(b * h, 4, meta["BM"], meta["BM"], **f32)
     landmark_solve_kernel[(b * h,)](q, q.stride(0), q.stride(1), q.stride(2), marks, w, w_inv, work, h, gh, gw,
                                     lh, lw, d, -1.0 / float(bandwidth), float(eps), int(iters),
-                                    L1=kernel == "laplacian", CHECK=CHECK_EVERY, PRECISION=PRECISION, **meta, **opts)
+                                    KID=kid, CHECK=CHECK_EVERY, PRECISION=PRECISION, **meta, **opts)
     return marks, w, w_inv
 
 
@@ -159,7 +163,8 @@ _SIGNATURE = {"Q": "*fp32", "sqb": "i32", "sqh": "i32", "sqn": "i32", "L": "*fp3
 def aot_specialisations(d_max: int = 128, m_max: int = 128):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label[, options]) ``landmark_solve_triton`` can
     produce for m <= min(m_max, 64) and d <= min(d_max, 128), from ``config`` (benchmarks/triton_aot.py):
-    the block side BM and BLOCK_LW <= BM (lw <= m) and BLOCK_D as powers of two, L1 and squared L2, and q of
+    the block side BM and BLOCK_LW <= BM (lw <= m) and BLOCK_D as powers of two, every kernel family the Triton
+    profile has (``kernel.limits.TRITON_KERNEL_IDS``), and q of
     each dtype of ``limits.LOAD_DTYPES`` (float32 first, as before; Q typed ``*fp16|*bf16`` and the options
     ``{"maxnreg": MAXNREG}`` for the half ones, labels ``dtype=``)."""
     dims = lambda top, cap: [x for x in (16, 32, 64, 128) if x <= _p2(min(top, cap))]  # noqa: E731
@@ -167,10 +172,10 @@ def aot_specialisations(d_max: int = 128, m_max: int = 128):
         for bm in dims(m_max, MAX_M):
             for blw in (x for x in (16, 32, 64) if x <= bm):
                 for bd in dims(d_max, MAX_D):
-                    for l1 in (True, False):
+                    for kid in sorted(TRITON_KERNEL_IDS):
                         meta, opts = _launch(config(bm, bd, blw, dtype))
-                        meta = dict(meta, L1=l1, CHECK=CHECK_EVERY, PRECISION=PRECISION)
-                        label = f"landmark_solve dtype={name} kind={'L1' if l1 else 'L2'} m={bm} lw={blw} d={bd}"
+                        meta = dict(meta, KID=kid, CHECK=CHECK_EVERY, PRECISION=PRECISION)
+                        label = f"landmark_solve dtype={name} kid={kid} m={bm} lw={blw} d={bd}"
                         spec = (landmark_solve_kernel, dict(_SIGNATURE, Q=f"*{name}"), meta, opts["num_warps"],
                                 opts["num_stages"], label)
                         yield spec if "maxnreg" not in opts else spec + ({"maxnreg": opts["maxnreg"]},)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from ..kernel.limits import kernel_unserved
+from ..kernel_families import KERNEL_FAMILIES
 from ..validation import NORM_SCALE_POWERS
 
 MAX_M = 64
@@ -100,6 +102,19 @@ def solve_unfit(m: int, d: int, dtype: torch.dtype | None = None) -> str | None:
         return (f"dtype {dtype}: the fused landmark solve reads float32, float16 or bfloat16 (float64 runs the "
                 "step path)")
     return None
+
+
+def triton_kernel_id(who: str, kernel: str) -> int:
+    """The id (``KernelSpec.id``) a Triton launcher passes its kernels as the constexpr ``KID`` for the family named
+    ``kernel``: one of ``kernel.limits.TRITON_KERNEL_IDS``; ValueError starting with ``who`` for an unknown family or
+    one without a Triton profile."""
+    spec = KERNEL_FAMILIES.get(kernel) if isinstance(kernel, str) else None
+    if spec is None:
+        raise ValueError(f"{who}: kernel {kernel!r}: expected one of {list(KERNEL_FAMILIES)}")
+    why = kernel_unserved(spec)
+    if why is not None:
+        raise ValueError(f"{who}: {why}")
+    return spec.id
 
 
 def conv_unfit(conv, vv: torch.Tensor, mask: torch.Tensor | None, dtype: torch.dtype | None = None) -> str | None:

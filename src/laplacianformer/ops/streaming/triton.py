@@ -23,9 +23,11 @@ for the passes; each program walks its split in tiles of ``BLOCK_ROWS`` rows):
   borders), so the buffer is the layer's (B, N, C) "heads + DWConv(V)".
 
 Partials go to float32 workspaces (G, splits, ·), summed in a fixed order by the next kernel:
-deterministic, no atomics. Every C tile is exp(scale · dist), the distance summed in a register-blocked loop
-over single features, each thread adding one feature of its 2 rows × BLOCK_M / 16 landmarks per step
-(``_kernel_tile``: no warp shuffles, ``DISTANCE_LOOPS``; the backward's passes A and B use it too). Products:
+deterministic, no atomics. Every C tile is k(dist) of the kernel family (the constexpr ``KID``, its profile
+``_triton_common.kernel_value`` applied after the distance loop: exp(−dist / bandwidth) for the Laplacian and
+the Gaussian), the distance summed in a register-blocked loop over single features, each thread adding one
+feature of its 2 rows × BLOCK_M / 16 landmarks per step (``_kernel_tile``: no warp shuffles, ``DISTANCE_LOOPS``;
+the backward's passes A and B use it too). Products:
 the m×m ones and k̃ S' IEEE float32, the Gram and output products "tf32x3" (never
 plain TF32: the variances must keep float32 bits). q, k, v are read in place through their (batch, head,
 row) strides (last dim contiguous), in their dtype (float32, float16 or bfloat16, ``limits.LOAD_DTYPES``:
@@ -43,9 +45,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..kernel.limits import TRITON_KERNEL_IDS
 from ..kernel.triton import _distance_strided, _unblock
-from .._triton_common import distinct_launches, power_of_two_sizes, product_from_memory
-from .limits import BLOCK_ROWS, FLAGS, LOAD_DTYPES, MAX_D, MAX_M, conv_unfit, splits_for, unfit
+from .._triton_common import distinct_launches, kernel_value, power_of_two_sizes, product_from_memory
+from .limits import BLOCK_ROWS, FLAGS, LOAD_DTYPES, MAX_D, MAX_M, conv_unfit, splits_for, triton_kernel_id, unfit
 
 
 @triton.jit
@@ -63,28 +66,29 @@ SIDE = tl.constexpr(16)
 
 
 @triton.jit
-def _kernel_tile(X, sxn, Lg, n0, ok, N, M, D, scale, L1: tl.constexpr, BLOCK_N: tl.constexpr,
+def _kernel_tile(X, sxn, Lg, n0, ok, N, M, D, scale, KID: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_M: tl.constexpr, KU: tl.constexpr):
-    """exp(scale · dist(x_i, l_j)) for rows i = n0 .. n0 + BLOCK_N of X (row stride sxn, features contiguous)
-    and the M landmarks at Lg (M, D): (BLOCK_N, BLOCK_M), 0 outside rows ``ok`` and columns < M. The distance
+    """k(x_i, l_j) of family id KID (scale = −1 / bandwidth) for rows i = n0 .. n0 + BLOCK_N of X (row stride
+    sxn, features contiguous) and the M landmarks at Lg (M, D): (BLOCK_N, BLOCK_M), 0 outside rows ``ok`` and
+    columns < M. The distance
     is ``kernel.triton._distance_strided``'s register-blocked loop over single features on a SIDE × SIDE
     thread grid, each thread BLOCK_N / SIDE rows × BLOCK_M / SIDE landmarks (2 × 4 at m = 64), no shuffles;
     rows past N and landmarks past M read the last one and are zeroed here."""
     rm = tl.arange(0, BLOCK_M)
-    d = _distance_strided(X, sxn, Lg, D, n0, 0, N, M, D, L1, BLOCK_N // SIDE, BLOCK_M // SIDE, SIDE, SIDE, KU)
-    c = tl.exp(_unblock(d, BLOCK_N // SIDE, BLOCK_M // SIDE, SIDE, SIDE) * scale)
+    d = _distance_strided(X, sxn, Lg, D, n0, 0, N, M, D, KID, BLOCK_N // SIDE, BLOCK_M // SIDE, SIDE, SIDE, KU)
+    c = kernel_value(_unblock(d, BLOCK_N // SIDE, BLOCK_M // SIDE, SIDE, SIDE), scale, KID)
     return tl.where(ok[:, None] & (rm[None, :] < M), c, 0.0)
 
 
 @triton.jit
 def _query_tile(Qg, sqn, Lg, MASK, smb, b, n0, row_end, N, M, D, scale, shift, count, a, gram,
-                WHITEN: tl.constexpr, L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                WHITEN: tl.constexpr, KID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                 KU: tl.constexpr):
     """Pass 1's sums plus the tile of rows n0 .. n0 + BLOCK_N."""
     rn = n0 + tl.arange(0, BLOCK_N)
     ok = _valid_rows(MASK, smb, b, rn, row_end, N)
     rm = tl.arange(0, BLOCK_M)
-    c = _kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU)
+    c = _kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, KID, BLOCK_N, BLOCK_M, KU)
     d = tl.where(ok[:, None] & (rm[None, :] < M), c - shift[None, :], 0.0)
     count += tl.sum(ok.to(tl.float32), axis=0)
     a += tl.sum(d, axis=0)
@@ -96,7 +100,7 @@ def _query_tile(Qg, sqn, Lg, MASK, smb, b, n0, row_end, N, M, D, scale, shift, c
 @triton.jit
 def query_stats_kernel(Q, sqb, sqh, sqn, K, skb, skh, skn, L, MASK, smb, PCOUNT, PSHIFT, PSUM, PGRAM, PKSUM,
                        H, N, M, D, scale, rows_per_split, SPLITS,
-                       WHITEN: tl.constexpr, UNTIED: tl.constexpr, L1: tl.constexpr,
+                       WHITEN: tl.constexpr, UNTIED: tl.constexpr, KID: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr):
     split, g = tl.program_id(0), tl.program_id(1)
     b, h = g // H, g % H
@@ -107,20 +111,20 @@ def query_stats_kernel(Q, sqb, sqh, sqn, K, skb, skh, skn, L, MASK, smb, PCOUNT,
     # the shift: mean of the split's first tile of valid rows
     rn = lo + tl.arange(0, BLOCK_N)
     ok = _valid_rows(MASK, smb, b, rn, row_end, N)
-    first = tl.sum(_kernel_tile(Qg, sqn, Lg, lo, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU), axis=0)
+    first = tl.sum(_kernel_tile(Qg, sqn, Lg, lo, ok, N, M, D, scale, KID, BLOCK_N, BLOCK_M, KU), axis=0)
     shift = first / tl.maximum(tl.sum(ok.to(tl.float32), axis=0), 1.0)
     count = tl.sum(tl.zeros((BLOCK_N,), dtype=tl.float32), axis=0)
     a = tl.zeros((BLOCK_M,), dtype=tl.float32)
     gram = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
     for n0 in range(lo, row_end, BLOCK_N):
         count, a, gram = _query_tile(Qg, sqn, Lg, MASK, smb, b, n0, row_end, N, M, D, scale, shift, count, a, gram,
-                                     WHITEN, L1, BLOCK_N, BLOCK_M, KU)
+                                     WHITEN, KID, BLOCK_N, BLOCK_M, KU)
     ksum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if UNTIED:  # Σ C_k in a loop of its own (in the loop above, the second tile spilled registers on sm_90)
         for n0 in range(lo, row_end, BLOCK_N):
             rn = n0 + tl.arange(0, BLOCK_N)
             ok = _valid_rows(MASK, smb, b, rn, row_end, N)
-            ksum += tl.sum(_kernel_tile(Kg, skn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU), axis=0)
+            ksum += tl.sum(_kernel_tile(Kg, skn, Lg, n0, ok, N, M, D, scale, KID, BLOCK_N, BLOCK_M, KU), axis=0)
     part = g * SPLITS + split
     tl.store(PCOUNT + part, count)
     tl.store(PSHIFT + part * M + rm, shift, mask=rm < M)
@@ -204,7 +208,7 @@ def combine_kernel(PCOUNT, PSHIFT, PSUM, PGRAM, PKSUM, WI, NCOUNT, CMEAN, KMEAN,
 @triton.jit
 def key_pass_kernel(K, skb, skh, skn, V, svb, svh, svn, L, MASK, smb, KMEAN, SP, PM, PV, PK,
                     H, N, M, D, E, scale, eps, rows_per_split, SPLITS,
-                    WHITEN: tl.constexpr, CENTRE_K: tl.constexpr, ROWSUM: tl.constexpr, L1: tl.constexpr,
+                    WHITEN: tl.constexpr, CENTRE_K: tl.constexpr, ROWSUM: tl.constexpr, KID: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr, BLOCK_E: tl.constexpr):
     split, g = tl.program_id(0), tl.program_id(1)
     b, h = g // H, g % H
@@ -225,7 +229,7 @@ def key_pass_kernel(K, skb, skh, skn, V, svb, svh, svn, L, MASK, smb, KMEAN, SP,
     for n0 in range(lo, row_end, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         ok = _valid_rows(MASK, smb, b, rn, row_end, N)
-        k = _kernel_tile(Kg, skn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU)
+        k = _kernel_tile(Kg, skn, Lg, n0, ok, N, M, D, scale, KID, BLOCK_N, BLOCK_M, KU)
         if ROWSUM:
             ksum += tl.sum(k, axis=0)
         if CENTRE_K:
@@ -278,7 +282,7 @@ def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK,
                   V, svb, svh, svn, CW, CB, has_bias, GH, GW, SM, SV, SK, save,
                   H, N, M, D, E, scale, scale_power, rows_per_split, SPLITS,
                   CENTRE_Q: tl.constexpr, ADD_MEAN: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr,
-                  L1: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr,
+                  KID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr,
                   BLOCK_E: tl.constexpr):
     split, g = tl.program_id(0), tl.program_id(1)
     b, h = g // H, g % H
@@ -324,7 +328,7 @@ def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK,
         out = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32) + bias[None, :]
         if CONV:
             out = _conv_tile(out, Vg, svn, CW, CB, has_bias, h, rn, N, E, GH, GW, BLOCK_E)
-        c = _kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, L1, BLOCK_N, BLOCK_M, KU)
+        c = _kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, KID, BLOCK_N, BLOCK_M, KU)
         if CENTRE_Q:
             c = tl.where(rm[None, :] < M, c - c_mean[None, :], 0.0)
         if ROWSUM:  # (c M) / (c b_Σ) as (c / (c b_Σ)) M (rowsum adds no v̄)
@@ -384,10 +388,10 @@ def config(m: int, d: int, e: int) -> dict:
                 maxnreg=MAXNREG)
 
 
-def query_spec(m, d, e, l1: bool, whiten: bool, untied: bool) -> dict:
+def query_spec(m, d, e, kid: int, whiten: bool, untied: bool) -> dict:
     cfg = config(m, d, e)
     cfg.pop("BLOCK_E")
-    return dict(WHITEN=whiten, UNTIED=untied, L1=l1, **cfg)
+    return dict(WHITEN=whiten, UNTIED=untied, KID=kid, **cfg)
 
 
 def combine_spec(m, whiten: bool, untied: bool) -> dict:
@@ -397,13 +401,13 @@ def combine_spec(m, whiten: bool, untied: bool) -> dict:
     return dict(WHITEN=whiten, UNTIED=untied, BLOCK_M=_p2(m), BLOCK_K=16, num_warps=8, num_stages=1, maxnreg=MAXNREG)
 
 
-def key_spec(m, d, e, l1: bool, flags: dict) -> dict:
-    return dict(WHITEN=flags["whiten"], CENTRE_K=flags["centre_k"], ROWSUM=flags["rowsum"], L1=l1,
+def key_spec(m, d, e, kid: int, flags: dict) -> dict:
+    return dict(WHITEN=flags["whiten"], CENTRE_K=flags["centre_k"], ROWSUM=flags["rowsum"], KID=kid,
                 **config(m, d, e))
 
 
-def output_spec(m, d, e, l1: bool, flags: dict, conv: bool = False) -> dict:
-    return dict(CENTRE_Q=flags["centre_q"], ADD_MEAN=flags["add_mean"], ROWSUM=flags["rowsum"], CONV=conv, L1=l1,
+def output_spec(m, d, e, kid: int, flags: dict, conv: bool = False) -> dict:
+    return dict(CENTRE_Q=flags["centre_q"], ADD_MEAN=flags["add_mean"], ROWSUM=flags["rowsum"], CONV=conv, KID=kid,
                 **config(m, d, e))
 
 
@@ -453,7 +457,8 @@ def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks
     for name, t in (("ks", ks), ("vv", vv)):
         if t.dtype != qs.dtype:
             raise ValueError(f"streaming_triton: {name} is {t.dtype}, qs {qs.dtype}: q, k, v are read in one dtype")
-    flags, l1, untied, groups = FLAGS[norm], kernel == "laplacian", ks is not qs, b * h
+    kid = triton_kernel_id("streaming_triton", kernel)
+    flags, untied, groups = FLAGS[norm], ks is not qs, b * h
     q = _rows_contiguous(qs)
     k = q if not untied else _rows_contiguous(ks)
     v = _rows_contiguous(vv)
@@ -471,7 +476,7 @@ def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks
     pksum = torch.empty(groups, splits, m, **f32) if untied and flags["centre_k"] else pcount
     grid = (splits, groups)
     if flags["centre_k"]:
-        meta, opts = _launch(query_spec(m, d, e, l1, flags["whiten"], untied))
+        meta, opts = _launch(query_spec(m, d, e, kid, flags["whiten"], untied))
         query_stats_kernel[grid](q, q.stride(0), q.stride(1), q.stride(2), k, k.stride(0), k.stride(1), k.stride(2),
                                  lm, pad, smb, pcount, pshift, psum, pgram, pksum, h, n, m, d, scale, rows, splits,
                                  **meta, **opts)
@@ -492,7 +497,7 @@ def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks
     pm = torch.empty(groups, splits, m, e, **f32)
     pv = torch.empty(groups, splits, e, **f32)
     pk = torch.empty(groups, splits, m, **f32) if flags["rowsum"] else pv
-    meta, opts = _launch(key_spec(m, d, e, l1, flags))
+    meta, opts = _launch(key_spec(m, d, e, kid, flags))
     key_pass_kernel[grid](k, k.stride(0), k.stride(1), k.stride(2), v, v.stride(0), v.stride(1), v.stride(2), lm,
                           pad, smb, kmean, sp, pm, pv, pk, h, n, m, d, e, scale, float(eps), rows, splits,
                           **meta, **opts)
@@ -505,7 +510,7 @@ def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks
     if save:
         sm, sv, sk = torch.empty(groups, m, e, **f32), torch.empty(groups, e, **f32), torch.empty(groups, m, **f32)
     power = float(scale_power) if flags["whiten"] else 0.0  # α = 1 for the norms that do not whiten
-    meta, opts = _launch(output_spec(m, d, e, l1, flags, conv is not None))
+    meta, opts = _launch(output_spec(m, d, e, kid, flags, conv is not None))
     output_kernel[grid](q, q.stride(0), q.stride(1), q.stride(2), lm, wi, pad, smb, ncount, cmean, pm, pv, pk, out,
                         v, v.stride(0), v.stride(1), v.stride(2), cw, cb, has_bias, gh, gw, sm, sv, sk, int(save),
                         h, n, m, d, e, scale, power, rows, splits, **meta, **opts)
@@ -545,20 +550,20 @@ def _launches(m: int, e: int, dtype: str = "fp32"):
     """(kernel, spec, label) of every launch ``streaming_triton`` can make for these m, e and inputs of Triton
     type ``dtype`` (the specs do not depend on d: ``config`` takes nothing from d; the query pass does not depend
     on e either). The combine kernel reads only float32 workspaces: one specialisation, listed with fp32."""
-    for l1 in (True, False):
-        kind = f"dtype={dtype} kind={'L1' if l1 else 'L2'}"
+    for kid in sorted(TRITON_KERNEL_IDS):
+        kind = f"dtype={dtype} kid={kid}"
         for norm, flags in FLAGS.items():
             inj = int(norm == "injective")
             if flags["centre_k"]:
                 for untied in (False, True):
-                    yield (query_stats_kernel, query_spec(m, MAX_D, e, l1, flags["whiten"], untied),
+                    yield (query_stats_kernel, query_spec(m, MAX_D, e, kid, flags["whiten"], untied),
                            f"stream_query {kind} m={m} inj={inj} untied={int(untied)}")
                     if dtype == "fp32":
                         yield (combine_kernel, combine_spec(m, flags["whiten"], untied),
                                f"stream_combine dtype=fp32 m={m} inj={inj} untied={int(untied)}")
-            yield key_pass_kernel, key_spec(m, MAX_D, e, l1, flags), f"stream_key {kind} m={m} e={e} inj={inj}"
+            yield key_pass_kernel, key_spec(m, MAX_D, e, kid, flags), f"stream_key {kind} m={m} e={e} inj={inj}"
             for conv in (False, True):
-                yield (output_kernel, output_spec(m, MAX_D, e, l1, flags, conv),
+                yield (output_kernel, output_spec(m, MAX_D, e, kid, flags, conv),
                        f"stream_out {kind} m={m} e={e} inj={inj} conv={int(conv)}")
 
 
