@@ -31,7 +31,7 @@ import torch
 
 from .harness import inference_call, peak_memory, round_robin
 from .options import add_timing_options, start_timing_run, write_results
-from .report import markdown_table, report_header, write_text
+from .report import bar_labels, figure, markdown_table, report_header, save_figure, write_text
 
 TARGETS = dict(time=1.2, memory=1.5, error=1e-4)
 """Issue 42's targets: onnxruntime / eager time at every size, peak-memory ratio at the largest size, error."""
@@ -152,27 +152,17 @@ def table(rows: list[dict], labels: list[str]) -> str:
 
 
 def plot(path, rows: list[dict], labels: list[str], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = ["eager", *labels]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = figure(1, 2, size=(10, 3.8))
     width = 0.8 / len(names)
     for ax, key, ylabel in ((axes[0], "time_ms", "ms per forward (median)"),
                             (axes[1], "peak_mib", "peak RSS increment, MiB")):
         for i, name in enumerate(names):
             ys = [r[key].get(name, 0.0) or 0.0 for r in rows]
             ax.bar([j + (i - (len(names) - 1) / 2) * width for j in range(len(rows))], ys, width, label=name)
-        ax.set_xticks(range(len(rows)))
-        ax.set_xticklabels([f"{r['size']}²" for r in rows])
-        ax.set_ylabel(ylabel)
+        bar_labels(ax, [f"{r['size']}²" for r in rows], ylabel)
         ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, title)
 
 
 def main(argv=None) -> None:
