@@ -162,6 +162,24 @@ def kernel_chain(dk, k, acc, scale, KID: tl.constexpr, SCALE_FIRST: tl.constexpr
 
 
 @triton.jit
+def kernel_factor(acc, k, scale, KID: tl.constexpr):
+    """What ``factor_chain`` needs of a tile besides dL/dk, formed as soon as the tile is: dk/d(acc) for a family
+    whose slope reads the distance (the distance then dies with the tile: one (rows × landmarks) tile held, not
+    two), else k itself (the same tensor: nothing more held)."""
+    if slope_reads_distance(KID):
+        return kernel_slope(acc, k, scale, KID)
+    return k
+
+
+@triton.jit
+def factor_chain(dk, factor, scale, KID: tl.constexpr, SCALE_FIRST: tl.constexpr = False):
+    """``kernel_chain`` from ``kernel_factor``'s value: dk · slope, or the chain on k."""
+    if slope_reads_distance(KID):
+        return dk * factor
+    return kernel_chain(dk, factor, factor, scale, KID, SCALE_FIRST)
+
+
+@triton.jit
 def dot(a, b, IEEE: tl.constexpr):
     if IEEE:
         return tl.dot(a, b, input_precision="ieee")

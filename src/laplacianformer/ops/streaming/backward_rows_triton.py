@@ -17,8 +17,9 @@ each program walking its split in tiles of ``BLOCK_ROWS`` rows, every row both a
   the (GH, GW) grid), written to dv;
 - query side: C_q, dC_q = G Mᵀ + q_const [+ (C_q − c̄) q_cov, ``whiten``]; ``rowsum`` (out = t / z, t = c M,
   z = c b): dC_q = (G Mᵀ) / z − b (c·(G Mᵀ)) / z², since G·t = c·(G Mᵀ) (no product with M beyond G Mᵀ);
-- the kernel derivative: A = dC ∘ dk/dD (``_triton_common.kernel_chain`` on the tile's C and accumulated
-  distance D: −dC ∘ C / bandwidth for the Laplacian and the Gaussian; A_q + A_k in one matrix when K = Q),
+- the kernel derivative: A = dC ∘ dk/dD (``_triton_common.factor_chain`` on the tile's ``kernel_factor``, dk/dD
+  formed with the tile where it reads the distance D: −dC ∘ C / bandwidth for the Laplacian and the Gaussian;
+  A_q + A_k in one matrix when K = Q),
   dx_i = Σ_l A_il sign(x_i − L_l) (squared L2 accumulation: 2 (x_i − L_l); sign(0) = 0) written to dq (and
   dk), and the rows' part of dL, dL_l −= Σ_i A_il sign(x_i − L_l), in chunks of ``BLOCK_D`` features.
 
@@ -82,7 +83,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import distinct_launches, kernel_chain, kernel_value, power_of_two_sizes, sums_abs
+from .._triton_common import distinct_launches, factor_chain, kernel_factor, kernel_value, power_of_two_sizes, sums_abs
 from ..kernel.limits import TRITON_KERNEL_IDS
 from .backward_stats_triton import POINTER_TYPES, check_alpha, dtype_name
 from .limits import FLAGS, MAX_D, MAX_M, splits_for, triton_kernel_id, unfit
@@ -106,10 +107,10 @@ def _marks_t(Lg, rm, cols, M, D):
 @triton.jit
 def _kernel_tile_dmn(X, xoff, sxn, Lg, rn, ok, M, D, scale, KID: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """(Cᵀ, Dᵀ): C = k(x_i, l_l) of family id KID (BLOCK_M, BLOCK_N), landmarks × rows, 0 outside rows ``ok`` and
-    landmarks < M, and the accumulated distance D it is the profile of (read by ``kernel_chain`` only where the
-    slope needs it): the transpose of ``triton._kernel_tile`` from (BLOCK_D, BLOCK_M, BLOCK_N) difference tiles,
-    whose d chunk each thread sums itself (module docstring)."""
+    """(Cᵀ, Fᵀ): C = k(x_i, l_l) of family id KID (BLOCK_M, BLOCK_N), landmarks × rows, 0 outside rows ``ok`` and
+    landmarks < M, and F its ``kernel_factor`` (dk/dD where the slope reads the distance D, else C itself): the
+    transpose of ``triton._kernel_tile`` from (BLOCK_D, BLOCK_M, BLOCK_N) difference tiles, whose d chunk each
+    thread sums itself (module docstring)."""
     rm = tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
@@ -119,13 +120,14 @@ def _kernel_tile_dmn(X, xoff, sxn, Lg, rn, ok, M, D, scale, KID: tl.constexpr, B
             acc += tl.sum(tl.abs(diff), axis=0)
         else:
             acc += tl.sum(diff * diff, axis=0)
-    return tl.where((rm[:, None] < M) & ok[None, :], kernel_value(acc, scale, KID), 0.0), acc
+    c = tl.where((rm[:, None] < M) & ok[None, :], kernel_value(acc, scale, KID), 0.0)
+    return c, kernel_factor(acc, c, scale, KID)
 
 
 @triton.jit
 def _rows_grad(a_t, X, xoff, sxn, DX, dxoff, sdxn, Lg, slab, rn, ok, rm, accumulate, M, D, KID: tl.constexpr,
                BLOCK_D: tl.constexpr):
-    """The vjp of C = k(X, L) for the tile's rows ``rn`` from Aᵀ = dL/dDᵀ (BLOCK_M, BLOCK_N) (``kernel_chain``), in
+    """The vjp of C = k(X, L) for the tile's rows ``rn`` from Aᵀ = dL/dDᵀ (BLOCK_M, BLOCK_N) (``factor_chain``), in
     chunks of BLOCK_D features ((BLOCK_D, BLOCK_M, BLOCK_N) tiles): dx_i = Σ_l A_il sign(x_i − l_l) (squared
     L2: 2 (x_i − l_l); sign(0) = 0) written to DX (group offset dxoff, row stride sdxn) in its dtype, and
     −Σ_i A_il sign(x_i − l_l) added to the (M, D) slab (its old value read when ``accumulate``, else taken as 0).
@@ -232,7 +234,7 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
         # key side: dC_k = dk̃ + k_const, dk̃ = r u + ds k̃ (S' + S'ᵀ) (whiten) or u, u = v dM'ᵀ. Rows outside
         # ``ok`` and landmarks >= M keep finite values that meet C = 0 in A (every slope is a multiple of C), so
         # nothing else is masked.
-        ck_t, distk_t = _kernel_tile_dmn(K, koff, skn, Lg, rn, ok, M, D, scale, KID, BLOCK_N, BLOCK_M, BLOCK_D)
+        ck_t, fk_t = _kernel_tile_dmn(K, koff, skn, Lg, rn, ok, M, D, scale, KID, BLOCK_N, BLOCK_M, BLOCK_D)
         kt_t = ck_t
         if CENTRE_K:
             kt_t = ck_t - tl.load(vec_own + BLOCK_M + rm)[:, None]
@@ -253,7 +255,7 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
         else:
             dck_t = u_t
         # Aᵀ of the key side
-        ak_t = kernel_chain(dck_t + tl.load(vec_own + 3 * BLOCK_M + rm)[:, None], ck_t, distk_t, scale, KID, True)
+        ak_t = factor_chain(dck_t + tl.load(vec_own + 3 * BLOCK_M + rm)[:, None], fk_t, scale, KID, True)
         # dvᵀ = dM'ᵀ (r k̃)ᵀ + v_const [+ the conv's transpose of G], in chunks of e
         for e0 in range(0, E, BLOCK_EC):
             ce = e0 + rc
@@ -266,9 +268,9 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
                      mask=cols[:, None] & ok[None, :])
         # query side: dC_q = G Mᵀ (rowsum: / z − b (c·(G Mᵀ)) / z²) + q_const [+ (C_q − c̄) q_cov]
         if UNTIED:
-            cq_t, distq_t = _kernel_tile_dmn(Q, qoff, sqn, Lg, rn, ok, M, D, scale, KID, BLOCK_N, BLOCK_M, BLOCK_D)
+            cq_t, fq_t = _kernel_tile_dmn(Q, qoff, sqn, Lg, rn, ok, M, D, scale, KID, BLOCK_N, BLOCK_M, BLOCK_D)
         else:
-            cq_t, distq_t = ck_t, distk_t
+            cq_t, fq_t = ck_t, fk_t
         dcq_t = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for e0 in range(0, E, BLOCK_EC):
             ce = e0 + rc
@@ -288,7 +290,7 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
             dcq_t += tl.dot(tl.load(qcov_own + rm[:, None] * BLOCK_M + rm[None, :]),
                             cq_t - tl.load(vec_own + rm)[:, None], input_precision="ieee")
         # the kernel derivative: Aᵀ = (dC ∘ dk/dD)ᵀ -> dq (dk) and the program's slab of dL
-        aq_t = kernel_chain(dcq_t, cq_t, distq_t, scale, KID, True)
+        aq_t = factor_chain(dcq_t, fq_t, scale, KID, True)
         if UNTIED:
             _rows_grad(aq_t, Q, qoff, sqn, DQ, dqoff, sdqn, Lg, slab, rn, ok, rm, n0 > lo, M, D, KID, BLOCK_D)
             tl.debug_barrier()  # the query rows' slab stores before the key rows' loads
