@@ -150,7 +150,7 @@ def kernel_slope(acc, k, scale, KID: tl.constexpr):
 
 
 @triton.jit
-def kernel_chain(dk, k, acc, scale, KID: tl.constexpr, SCALE_FIRST: tl.constexpr = False):
+def kernel_chain(dk, k, acc, scale, KID: tl.constexpr, SCALE_FIRST: tl.constexpr):
     """dL/d(acc) = dk · dk/d(acc) from dk = dL/dk, k and the accumulated distance (read only where
     ``slope_reads_distance``), scale = −1 / λ. For the in-place exp ids the product of before, bit for bit:
     (dk · k) · scale, or with ``SCALE_FIRST`` (scale · dk) · k (the order the row pass D had)."""
@@ -172,7 +172,7 @@ def kernel_factor(acc, k, scale, KID: tl.constexpr):
 
 
 @triton.jit
-def factor_chain(dk, factor, scale, KID: tl.constexpr, SCALE_FIRST: tl.constexpr = False):
+def factor_chain(dk, factor, scale, KID: tl.constexpr, SCALE_FIRST: tl.constexpr):
     """``kernel_chain`` from ``kernel_factor``'s value: dk · slope, or the chain on k."""
     if slope_reads_distance(KID):
         return dk * factor

@@ -292,7 +292,7 @@ def _grad_tile(Xb, Yb, G, C, Vb, GOb, rn, rm, b, N, M, D, E, scale,
         acc = c  # unread unless the slope reads the distance
         if slope_reads_distance(KID):
             acc = _distance_loop(Xb, Yb, rn, rm, N, M, D, KID, BLOCK_N, BLOCK_M, BLOCK_D)
-    return kernel_chain(g, c, acc, scale, KID), c
+    return kernel_chain(g, c, acc, scale, KID, False), c
 
 
 @triton.jit

@@ -197,7 +197,7 @@ def landmark_grad_kernel(WI, W, MARKS, COV, MP, KSUM, VSUM, PDM, PG, PDB, PDSP, 
                          other=0.0)
             diff = lm[:, None, :] - lm[None, :, :]
             dist += tl.sum(diff * diff, axis=2)
-    tl.store(S2 + slot_offs, kernel_chain(dw, w, dist, scale, KID))
+    tl.store(S2 + slot_offs, kernel_chain(dw, w, dist, scale, KID, False))
     tl.debug_barrier()
     gs = tl.load(S2 + slot_offs, cache_modifier=".cg") + tl.load(S2 + rm[None, :] * BLOCK_M + rm[:, None],
                                                                  cache_modifier=".cg")
