@@ -29,10 +29,10 @@ class Serves:
     """What one backend serves; None (or True) means anything.
 
     what: how refusals name it ("the fused path", "the Triton kernels"); devices: tensor device types
-    (``interpreted``: CPU tensors too under TRITON_INTERPRET=1); dtypes; kernels: family ids; norms, with
-    ``form`` naming the backend's form of them in refusals; max_m / max_d / max_e: largest landmark count,
-    head dim and value dim, with ``limit_note`` saying why; masks: takes a key_padding_mask; grad: may run
-    under autograd."""
+    (``interpreted``: CPU tensors too under TRITON_INTERPRET=1); dtypes; kernels: family ids; norms, solvers
+    and ns_backwards (the variant lists of ``validation``), with ``form`` naming the backend's form of them in
+    refusals; max_m / max_d / max_e: largest landmark count, head dim and value dim, with ``limit_note``
+    saying why; masks: takes a key_padding_mask; grad: may run under autograd."""
 
     what: str
     devices: tuple[str, ...] | None = None
@@ -40,6 +40,8 @@ class Serves:
     dtypes: tuple[torch.dtype, ...] | None = None
     kernels: frozenset[int] | None = None
     norms: tuple[str, ...] | None = None
+    solvers: tuple[str, ...] | None = None
+    ns_backwards: tuple[str, ...] | None = None
     form: str = "fused"
     max_m: int | None = None
     max_d: int | None = None
@@ -50,8 +52,11 @@ class Serves:
 
 
 class Call(NamedTuple):
-    """One call as its op's backends see it: the tensors (devices, dtypes, requires_grad), the kernel family's
-    name, the norm, the sizes m (landmarks), d (head dim), e (value dim), whether a mask pads it."""
+    """One call as its op's backends see it: the tensors (devices, one dtype, requires_grad), the kernel
+    family's name, the norm, solver and Newton–Schulz backward, the sizes m (landmarks), d (head dim), e
+    (value dim), whether a mask pads it, and ``aux``: other tensors of the call (a mask, weights, statistics in
+    a dtype of their own), checked for their device and requires_grad but not their dtype. None: the call has
+    no such argument (nothing to check)."""
 
     tensors: tuple
     kernel: str | None = None
@@ -60,6 +65,9 @@ class Call(NamedTuple):
     d: int | None = None
     e: int | None = None
     masked: bool = False
+    solver: str | None = None
+    ns_backward: str | None = None
+    aux: tuple = ()
 
 
 def _devices(serves: Serves, tensors) -> str | None:
@@ -82,25 +90,37 @@ def _dtypes(serves: Serves, tensors) -> str | None:
 
 
 def _sizes(serves: Serves, call: Call) -> str | None:
+    """m (landmarks), d (head or feature dim), e (value dim) against the declared largest."""
     for name, size, limit in (("m", call.m, serves.max_m), ("d", call.d, serves.max_d), ("e", call.e, serves.max_e)):
         if limit is not None and size is not None and size > limit:
-            return f"{name}={size} > {limit}: {serves.what} take {name} <= {limit}{serves.limit_note}"
+            return f"{name}={size} > {limit} (the most {serves.what} take{serves.limit_note})"
+    return None
+
+
+def _variants(serves: Serves, call: Call) -> str | None:
+    """The first of the call's norm, solver and Newton–Schulz backward that ``serves`` has no form of."""
+    for name, value, served in (("norm", call.norm, serves.norms), ("solver", call.solver, serves.solvers),
+                                ("ns_backward", call.ns_backward, serves.ns_backwards)):
+        if served is not None and value is not None and value not in served:
+            return f"{name} {value!r} has no {serves.form} form (only {list(served)})"
     return None
 
 
 def unserved(serves: Serves, call: Call) -> str | None:
     """Why a backend declaring ``serves`` cannot take ``call``, or None: the first failed clause in the order
-    masks, norm, kernel family, device, dtype, empty input, sizes, gradient."""
+    masks, norm / solver / ns_backward, kernel family, device, dtype, empty input, sizes, gradient."""
     tensors = [t for t in call.tensors if isinstance(t, torch.Tensor)]
+    everything = tensors + [t for t in call.aux if isinstance(t, torch.Tensor)]
     if call.masked and not serves.masks:
         return f"a key_padding_mask is not supported by {serves.what}"
-    if serves.norms is not None and call.norm is not None and call.norm not in serves.norms:
-        return f"norm {call.norm!r} has no {serves.form} form (only {list(serves.norms)})"
+    why = _variants(serves, call)
+    if why is not None:
+        return why
     if serves.kernels is not None and call.kernel is not None:
         spec = kernel_spec(call.kernel)
         if spec.id not in serves.kernels:
             return f"kernel {spec.name!r}: {serves.what} have no profile for its id {spec.id}"
-    why = _devices(serves, tensors) or _dtypes(serves, tensors)
+    why = _devices(serves, everything) or _dtypes(serves, tensors)
     if why is not None:
         return why
     if any(t.numel() == 0 for t in tensors):
@@ -108,6 +128,6 @@ def unserved(serves: Serves, call: Call) -> str | None:
     why = _sizes(serves, call)
     if why is not None:
         return why
-    if not serves.grad and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return f"an input requires grad: {serves.what} are forward-only"
+    if not serves.grad and torch.is_grad_enabled() and any(t.requires_grad for t in everything):
+        return f"an input requires grad: {serves.what} run forward only"
     return None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from .. import _runtime
+from ..capabilities import Call, Serves, unserved
 from ..dispatch import Backend, Op
 from ..kernel_families import kernel_spec
 from ..validation import check_float_tensor, check_kernel, check_positive
@@ -33,9 +34,7 @@ from .composite import (
     pairwise_distance,
 )
 from .cpu import laplace_kernel_cpu, laplace_kernel_grad_cpu, laplace_kernel_matmul_cpu, laplace_kernel_matmul_grad_cpu
-from .limits import TRITON_MAX_D as _TRITON_MAX_D
-from .limits import TRITON_MAX_E as _TRITON_MAX_E
-from .limits import kernel_unserved, triton_unfit
+from .limits import TRITON_KERNEL_IDS, TRITON_MAX_D, TRITON_MAX_E, triton_unfit
 from .naive import laplace_kernel_matmul_naive, laplace_kernel_naive, pairwise_l1_naive, pairwise_sq_l2_naive
 
 __all__ = [
@@ -54,41 +53,33 @@ __all__ = [
     "pairwise_sq_l2_naive",
 ]
 
-_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+def _kernel_call(x, y, lam=4.0, kernel="laplacian") -> Call:
+    """The ``kernel`` op's arguments as the ``Call`` its backends' declarations are checked against."""
+    return Call((x, y), kernel=kernel, d=x.shape[-1])
 
 
-def _tensors(inputs) -> list[torch.Tensor]:
-    return [t for t in inputs if isinstance(t, torch.Tensor)]
+def _matmul_call(x, y, v, lam=4.0, kernel="laplacian") -> Call:
+    """The ``kernel_matmul`` op's arguments as its ``Call``."""
+    return Call((x, y, v), kernel=kernel, d=x.shape[-1], e=v.shape[-1])
 
 
-def _kernel_name(inputs) -> str:
-    """The family of a call (x, y[, v][, lam[, kernel]]): its ``kernel`` argument, else the default."""
-    return inputs[-1] if isinstance(inputs[-1], str) else "laplacian"
+CPU = Serves("the C loops", devices=("cpu",), dtypes=(torch.float32, torch.float64))
+TRITON = Serves("the Triton kernels", devices=("cuda",), interpreted=True,
+                dtypes=(torch.float32, torch.float16, torch.bfloat16), kernels=TRITON_KERNEL_IDS,
+                max_d=TRITON_MAX_D, max_e=TRITON_MAX_E,
+                limit_note="; four 32-wide chunks of a row of x and of dV, compiled and checked for register "
+                           "spills up to 128 only")
+"""What the cpu and triton backends of both ops serve (``ops/capabilities.py``); naive and composite serve all."""
 
 
-def _custom_kernel_refusal(tensors: list[torch.Tensor], device: str, interpreted: bool = False) -> str | None:
-    """What the cpu and triton backends both need: no ONNX export, one dtype, every tensor on ``device``
-    (or, with ``interpreted``, anywhere: Triton's interpreter runs on the CPU)."""
-    if _runtime.onnx_exporting():
-        return "torch.onnx export in progress (custom kernels are not exportable)"
-    dtypes = {t.dtype for t in tensors}
-    if len(dtypes) != 1:
-        return f"mixed dtypes {sorted(str(d) for d in dtypes)}"
-    devices = {t.device.type for t in tensors}
-    if devices != {device} and not interpreted:
-        hint = " (set TRITON_INTERPRET=1 to run Triton on the CPU)" if device == "cuda" else ""
-        return f"tensors on {sorted(devices)}, not {device}{hint}"
-    return None
+def _exportable() -> str | None:
+    """What no declaration says: custom kernels are not exportable."""
+    return "torch.onnx export in progress (custom kernels are not exportable)" if _runtime.onnx_exporting() else None
 
 
-def _cpu_refusal(*inputs) -> str | None:
-    tensors = _tensors(inputs)
-    why = _custom_kernel_refusal(tensors, "cpu")
-    if why is not None:
-        return why
-    if tensors[0].dtype not in (torch.float32, torch.float64):
-        return f"dtype {tensors[0].dtype} (the CPU path takes float32/float64)"
-    return None
+def _triton_ready() -> str | None:
+    ok, why = _runtime.triton_available()
+    return None if ok else why
 
 
 def _cpu_auto_refusal(*_inputs) -> str | None:
@@ -97,34 +88,34 @@ def _cpu_auto_refusal(*_inputs) -> str | None:
     return None
 
 
+def _triton_backward_unfit(call: Call) -> str | None:
+    """The backward with V that no launch configuration compiles without spills (``limits.triton_unfit``): refused
+    when a gradient may be needed."""
+    tensors = call.tensors
+    if call.e is None or not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        return None
+    return triton_unfit(kernel_spec(call.kernel).l1, call.d, call.e, tensors[0].dtype)
+
+
+def _cpu_refusal(*inputs) -> str | None:
+    return _exportable() or unserved(CPU, _kernel_call(*inputs))
+
+
+def _cpu_matmul_refusal(*inputs) -> str | None:
+    return _exportable() or unserved(CPU, _matmul_call(*inputs))
+
+
 def _triton_refusal(*inputs) -> str | None:
-    tensors = _tensors(inputs)
-    spec = kernel_spec(_kernel_name(inputs))
-    why = kernel_unserved(spec)
-    if why is not None:
-        return why
-    why = _custom_kernel_refusal(tensors, "cuda", _runtime.triton_interpreted())
-    if why is not None:
-        return why
-    if tensors[0].dtype not in _TRITON_DTYPES:
-        return f"dtype {tensors[0].dtype} (the Triton kernels take float32/float16/bfloat16)"
-    d = tensors[0].shape[-1]
-    if d > _TRITON_MAX_D:
-        return (f"feature dim d={d} > {_TRITON_MAX_D} (the kernels hold at most four 32-wide chunks of a row; "
-                "compiled and checked for register spills up to d=128 only)")
-    if len(tensors) > 2 and tensors[2].shape[-1] > _TRITON_MAX_E:
-        return (f"value dim e={tensors[2].shape[-1]} > {_TRITON_MAX_E} (the backward holds at most four 32-wide "
-                "chunks of dV; compiled and checked for register spills up to e=128 only)")
-    ok, why = _runtime.triton_available()
-    if not ok:
-        return why
-    if len(tensors) > 2 and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return triton_unfit(spec.l1, d, tensors[2].shape[-1], tensors[0].dtype)
-    return None
+    return _exportable() or unserved(TRITON, _kernel_call(*inputs)) or _triton_ready()
 
 
-def _triton_auto_refusal(*inputs) -> str | None:
-    if _tensors(inputs)[0].device.type != "cuda":
+def _triton_matmul_refusal(*inputs) -> str | None:
+    call = _matmul_call(*inputs)
+    return _exportable() or unserved(TRITON, call) or _triton_ready() or _triton_backward_unfit(call)
+
+
+def _triton_auto_refusal(x, *_inputs) -> str | None:
+    if x.device.type != "cuda":
         return "only chosen automatically for CUDA tensors (the interpreter is for tests)"
     return None
 
@@ -175,8 +166,8 @@ KERNEL = Op("kernel", [
 ], log="laplacianformer.ops.kernel", signature="laplace_kernel(x, y, lam, kernel): x (..., N, d), y (..., M, d)")
 
 KERNEL_MATMUL = Op("kernel_matmul", [
-    Backend("triton", _triton_matmul, _triton_refusal, _triton_auto_refusal, _triton_matmul_grad),
-    Backend("cpu", laplace_kernel_matmul_cpu, _cpu_refusal, _cpu_auto_refusal, laplace_kernel_matmul_grad_cpu),
+    Backend("triton", _triton_matmul, _triton_matmul_refusal, _triton_auto_refusal, _triton_matmul_grad),
+    Backend("cpu", laplace_kernel_matmul_cpu, _cpu_matmul_refusal, _cpu_auto_refusal, laplace_kernel_matmul_grad_cpu),
     Backend("naive", laplace_kernel_matmul_naive, auto_refusal=_naive_auto_refusal,
             grad=laplace_kernel_matmul_grad_composite),
     Backend("composite", laplace_kernel_matmul_composite, grad=laplace_kernel_matmul_grad_composite),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from .. import _runtime
+from ..capabilities import Call, Serves, unserved
 from ..dispatch import Backend, Op
 from ..validation import NS_BACKWARDS, SOLVERS, check_choice, check_float_tensor, check_positive, check_positive_int
 from . import native
@@ -53,32 +54,51 @@ __all__ = [
 ]
 
 TRITON_MAX_M = 128
-_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_NATIVE_DTYPES = (torch.float32, torch.float64)
 
 
-def _triton_refusal(p: torch.Tensor, *_rest) -> str | None:
-    """What both Triton kernels need (p: the solve's P or the backward's V, (..., m, m))."""
-    if _runtime.onnx_exporting():
-        return "torch.onnx export in progress (custom kernels are not exportable)"
-    if p.device.type != "cuda" and not _runtime.triton_interpreted():
-        return f"tensor on {p.device.type}, not cuda (set TRITON_INTERPRET=1 to run Triton on the CPU)"
-    if p.dtype not in _TRITON_DTYPES:
-        return f"dtype {p.dtype} (the Triton kernels take float32/float16/bfloat16)"
-    if p.shape[-1] > TRITON_MAX_M:
-        return (f"m={p.shape[-1]} > {TRITON_MAX_M} (one program per matrix, tiles through an L2-resident "
-                "scratch; compiled and checked for register spills up to m=128 only)")
+def _solve_call(p, iters=20, tol=None, symmetric=True) -> Call:
+    """The ``newton_schulz`` op's arguments as the ``Call`` its backends' declarations are checked against."""
+    return Call((p,), m=p.shape[-1])
+
+
+def _grad_call(v, grad_v) -> Call:
+    """The ``newton_schulz_grad`` op's arguments as its ``Call`` (the dtype and requires_grad are V's)."""
+    return Call((v,), m=v.shape[-1], aux=(grad_v,))
+
+
+TRITON = Serves("the Triton kernels", devices=("cuda",), interpreted=True,
+                dtypes=(torch.float32, torch.float16, torch.bfloat16), max_m=TRITON_MAX_M,
+                limit_note="; one program per matrix, tiles through an L2-resident scratch, compiled and checked "
+                           "for register spills up to m=128 only")
+CPU = Serves("the C loop", devices=("cpu",), dtypes=(torch.float32, torch.float64), grad=False)
+"""What the triton and cpu backends serve (``ops/capabilities.py``); torch serves everything."""
+
+
+def _exportable() -> str | None:
+    return "torch.onnx export in progress (custom kernels are not exportable)" if _runtime.onnx_exporting() else None
+
+
+def _triton_ready() -> str | None:
     ok, why = _runtime.triton_available()
     return None if ok else why
 
 
-def _triton_solve_refusal(p: torch.Tensor, iters: int = 20, tol: float | None = None, symmetric: bool = True):
+def _triton_options(p, iters=20, tol=None, symmetric=True) -> str | None:
+    """The solve's options the Triton kernel has no form of (not data: they change the iteration)."""
     if tol is not None:
         return ("tol given (the Triton kernel runs all iters steps, keeping the best checked iterate; it has "
                 "no batch-wide early stop)")
     if not symmetric:
         return "symmetric=False (the Triton kernel starts from alpha·P, the symmetric guess)"
-    return _triton_refusal(p)
+    return None
+
+
+def _triton_solve_refusal(*inputs) -> str | None:
+    return _exportable() or _triton_options(*inputs) or unserved(TRITON, _solve_call(*inputs)) or _triton_ready()
+
+
+def _triton_grad_refusal(*inputs) -> str | None:
+    return _exportable() or unserved(TRITON, _grad_call(*inputs)) or _triton_ready()
 
 
 def _triton_auto_refusal(p: torch.Tensor, *_rest) -> str | None:
@@ -87,27 +107,23 @@ def _triton_auto_refusal(p: torch.Tensor, *_rest) -> str | None:
     return None
 
 
-def _cpu_refusal(p: torch.Tensor, iters: int = 20, tol: float | None = None, symmetric: bool = True):
-    why = _runtime.capture_reason(modes=True)  # first: under torch.compile dynamo folds it
-    if why is not None:
-        return why
+def _cpu_only(p, iters=20, tol=None, symmetric=True) -> str | None:
+    """What the C loop needs besides its declaration: a symmetric P in a plain strided tensor, and the library."""
     if not symmetric:
         return "symmetric=False (the C loop assumes symmetric P)"
     if type(p) is not torch.Tensor:
         return f"a tensor subclass ({type(p).__name__}); the torch loop runs on it"
-    if not p.is_cpu:
-        return f"tensor on {p.device.type}, not cpu"
-    if p.dtype not in _NATIVE_DTYPES:
-        return f"dtype {p.dtype} (the C loop takes float32/float64)"
     if p.layout is not torch.strided:
         return f"layout {p.layout}, not strided"
-    if p.numel() == 0:
-        return "empty input"
-    if p.requires_grad and torch.is_grad_enabled():
-        return "p requires grad (the C loop is not differentiable; backward='unrolled' or autograd through it)"
-    if not native.available():
-        return f"C loop unavailable ({native.load_error()})"
     return None
+
+
+def _cpu_refusal(*inputs) -> str | None:
+    why = _runtime.capture_reason(modes=True)  # first: under torch.compile dynamo folds it
+    why = why or _cpu_only(*inputs) or unserved(CPU, _solve_call(*inputs))
+    if why is None and not native.available():
+        why = f"C loop unavailable ({native.load_error()})"
+    return why
 
 
 def _solve_triton(p, iters, tol=None, symmetric=True):
@@ -138,7 +154,7 @@ NEWTON_SCHULZ = Op("newton_schulz", [
 ], signature="newton_schulz_iterate(p, iters, tol, symmetric): p (..., m, m)")
 
 NEWTON_SCHULZ_GRAD = Op("newton_schulz_grad", [
-    Backend("triton", _grad_triton, _triton_refusal, _triton_auto_refusal),
+    Backend("triton", _grad_triton, _triton_grad_refusal, _triton_auto_refusal),
     Backend("torch", _grad_torch),
 ], signature="implicit_grad(v, grad_v): v, grad_v (..., m, m)")
 
