@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from laplacianformer.layers import NOTRACE_FUNCTIONS, fx_tracer_kwargs
-from laplacianformer.layers.laplacian_attention import laplacian_attention_leaf
+from laplacianformer.layers.scripting import laplacian_attention_leaf
 from laplacianformer.models import MODEL_CONFIGS, create_model
 
 timm = pytest.importorskip("timm")

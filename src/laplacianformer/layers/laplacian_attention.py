@@ -26,51 +26,24 @@ The operator settings are one ``AttentionSettings`` (``ops/settings.py``), made 
 constructor and held as ``settings``; every call passes it to the operator, ``recompute`` to the op
 ``recompute`` with the projection tensors.
 
-Scripting and tracing (``layers/tracing.py``): the landmark rule and the operator are one leaf,
-``laplacian_attention_leaf``: a Python call in TorchScript (``torch.jit.ignore``: a scripted model runs,
-it cannot be saved with ``torch.jit.save``) and one node in a torch.fx graph (``torch.fx.wrap``). A graph
-holds plain values only, so the leaf receives the settings as their ``key`` (a string; ``settings_key``)
-and looks the object up (``AttentionSettings.from_key``: no validation for the module's own settings).
+Scripting and tracing: ``attend`` calls ``layers.scripting.call_operator``, the operator with ``settings``
+(one node ``laplacian_attention_leaf`` of a torch.fx graph, which takes the settings as plain values);
+``torch.jit.script`` compiles the layer's script form (``__prepare_scriptable__``: ``layers/scripting.py``,
+the one module that knows TorchScript).
 """
 
-# no ``from __future__ import annotations``: TorchScript reads the leaf's annotations as real types
 from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
-from ..ops.attention import attention_from_qkv, attention_with_settings, attention_with_value_conv
+from ..ops.attention import attention_from_qkv, attention_with_value_conv
 from ..ops.dispatch import explain
 from ..ops.recompute import recompute_attention
-from ..ops.settings import OPERATOR_SETTINGS, AttentionSettings, settings_from
+from ..ops.settings import OPERATOR_SETTINGS, settings_from
 from ..ops.streaming import triton_device
+from .scripting import call_operator, script_form
 from .token_attention import SHELL_KWARGS, TokenAttention
-from .tracing import notrace
-
-
-@notrace
-@torch.jit.ignore
-def laplacian_attention_leaf(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    hw: Optional[Tuple[int, int]],
-    settings_key: str,
-    key_padding_mask: Optional[torch.Tensor] = None,
-    norm_gain: Optional[torch.Tensor] = None,
-    num_prefix_tokens: int = 0,
-) -> torch.Tensor:
-    """The operator (landmarks resolved per call by ``resolve_landmarks``, docs/DESIGN.md §2.2) for a layer.
-
-    q, k, v: (B, H, N, d); hw: the grid of the tokens after the ``num_prefix_tokens`` prefix tokens or None
-    (1-D) -> (B, H, N, d); settings_key: the ``AttentionSettings.key`` of the layer. A leaf for TorchScript and
-    torch.fx: the rule branches on the grid size and the operator dispatches to native kernels."""
-    return attention_with_settings(q, k, v, AttentionSettings.from_key(settings_key), hw=hw,
-                                   num_prefix_tokens=num_prefix_tokens, key_padding_mask=key_padding_mask,
-                                   norm_gain=norm_gain)
-
-
-torch.fx.wrap("laplacian_attention_leaf")
 
 
 class LaplacianAttention(TokenAttention):
@@ -106,8 +79,6 @@ class LaplacianAttention(TokenAttention):
     ``landmarks`` the landmark spec.
     """
 
-    __jit_unused_properties__ = ["attn_kwargs"]
-    __jit_ignored_attributes__ = ["settings", "_plans"]
     takes_prefix_tokens = True
     merges_value_conv = True
     trains_from_qkv = True
@@ -121,7 +92,6 @@ class LaplacianAttention(TokenAttention):
             settings["norm_scale"] = "inv_sqrt_n"
         # made and checked once; lam and qk_scale hold the kernel's defaults resolved for this head dim
         self.settings = settings_from(self.head_dim, settings, "LaplacianAttention")
-        self.settings_key = self.settings.key
         self.landmarks = self.settings.landmarks
         self._plans: dict = {}  # the lean host path's call signatures (ops.attention.attention_with_value_conv)
         like = self.proj.weight
@@ -175,10 +145,12 @@ class LaplacianAttention(TokenAttention):
 
         With a padding mask the landmark rule applies per sequence, from its valid tokens (docs/DESIGN.md §2.5), so
         each sequence of a padded batch gets what it gives alone."""
-        return laplacian_attention_leaf(q, k, v, hw, self.settings_key, key_padding_mask, self.norm_gain,
-                                        self.num_prefix_tokens)
+        return call_operator(q, k, v, self.settings, hw, key_padding_mask, self.norm_gain, self.num_prefix_tokens)
 
-    @torch.jit.unused
+    def __prepare_scriptable__(self):
+        """What ``torch.jit.script`` compiles for this layer: its script form (``layers.scripting.script_form``)."""
+        return script_form(self)
+
     def _attend_value_conv(self, x: torch.Tensor, v_tok: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
         """Eager inference without a mask or prefix tokens (the ``value_conv`` path, ``layers/plan.py``): x, v_tok
         (B, N, C) -> the heads merged + DWConv(V) (B, N, C) by ``ops.attention.attention_with_value_conv``,
@@ -190,12 +162,10 @@ class LaplacianAttention(TokenAttention):
         return attention_with_value_conv(q, k, v_tok, self.settings, hw=hw, weight=self.dwconv.weight,
                                          bias=self.dwconv.bias, norm_gain=self.norm_gain, plans=self._plans)
 
-    @torch.jit.unused
     def _fused_device(self, x: torch.Tensor) -> bool:
         """Whether the fused training passes take x's device (CUDA; the CPU under the Triton interpreter)."""
         return triton_device(x.device)
 
-    @torch.jit.unused
     def _attend_from_qkv(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
         """A training call where the Triton passes run (``_fused_device``): x (B, N, C) -> the heads merged +
         DWConv(V) (B, N, C) by ``ops.attention.attention_from_qkv`` from one product with the whole ``qkv``

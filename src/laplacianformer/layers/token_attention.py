@@ -13,8 +13,11 @@ weight, whose (B, N, 3C) output the op reads in place and whose gradient it retu
 Subclasses (``LaplacianAttention`` and the baselines) implement ``attend`` on (B, H, N, d) tensors with
 their functional op, so a model or a benchmark can swap any of them for another.
 
-TorchScript and torch.fx (``layers/tracing.py``): the argument checks and ``recompute`` run in eager mode
-only; an FX graph merges the heads out of place instead of in place (the same values).
+torch.fx (``layers/tracing.py``): the argument checks, the fused paths and ``recompute`` run in eager mode only;
+an FX graph merges the heads out of place instead of in place (the same values). ``_forward_plain``, the path
+every graph takes, is also what ``torch.jit.script`` compiles of the layer (with its helpers ``_attend_tokens``,
+the projections and ``_value_conv``), through the layer's script form (``layers/scripting.py``): those methods
+stay TorchScript-compatible; the layer files hold no scripting code.
 ``recompute`` (docs/DESIGN.md §5.5) runs ``_attend_recompute``: here activation checkpointing of the core;
 ``LaplacianAttention`` overrides it with the op ``recompute`` (``ops/recompute.py``: its lean form where it
 serves, else checkpointing); ``explain_recompute`` says which runs and why.
@@ -92,7 +95,7 @@ class TokenAttention(nn.Module):
         recompute: in training, keep only x and V (and landmark-sized tensors) for the backward and recompute
             the q/k products and the rest of the core there (docs/DESIGN.md §5.5): the lean recompute of
             the N×m kernel matrices where the layer has one (``LaplacianAttention``), else activation
-            checkpointing of ``attend``. Less memory, more time. Eager mode only (ignored when scripted or FX-traced).
+            checkpointing of ``attend``. Less memory, more time. Eager mode only (ignored in a scripted or FX-traced graph).
         num_prefix_tokens: P >= 0 tokens before the grid (a class token, register tokens; docs/DESIGN.md §2.7),
             for layers that take them (``takes_prefix_tokens``; ValueError otherwise): ``hw`` is then the grid
             of the N - P tokens after them, inferred as a square grid when not given (ValueError naming ``hw``
@@ -246,12 +249,10 @@ class TokenAttention(nn.Module):
             return y.squeeze(2).transpose(1, 2)
         return grid_to_tokens(self.dwconv(tokens_to_grid(v_tok, hw)))
 
-    @torch.jit.unused
     def _attend_value_conv(self, x: torch.Tensor, v_tok: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
         """x, v_tok (B, N, C) -> (B, N, C): the heads merged + DWConv(V), for layers with ``merges_value_conv``."""
         raise NotImplementedError
 
-    @torch.jit.unused
     def _path(self, x: torch.Tensor, mask: Optional[torch.Tensor], device_fused: bool) -> str:
         """The path of this call (``layers.plan.layer_path``, docs/DESIGN.md §5.7). Eager mode only."""
         grad_mode = torch.is_grad_enabled()
@@ -261,18 +262,15 @@ class TokenAttention(nn.Module):
                         torch.jit.is_tracing() or torch.compiler.is_compiling(), device_fused)
         return layer_path(traits, call)
 
-    @torch.jit.unused
     def _fused_device(self, x: torch.Tensor) -> bool:
         """Whether ``_attend_from_qkv`` runs on x's device (for layers with ``trains_from_qkv``)."""
         return False
 
-    @torch.jit.unused
     def _attend_from_qkv(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
         """x (B, N, C) -> the heads merged + DWConv(V) (B, N, C) from the one qkv product, for layers with
         ``trains_from_qkv`` on a device of ``_fused_device``."""
         raise NotImplementedError
 
-    @torch.jit.unused
     def _check_tokens(self, x: torch.Tensor, hw: Optional[Tuple[int, int]], mask: Optional[torch.Tensor]) -> None:
         """The checks of one eager call's tokens x (B, N, C): ``check_finite_inputs``, and the warning (once per
         layer) about prefix tokens the layer was not told of (``unstated_prefix_tokens``; timm's
@@ -292,7 +290,6 @@ class TokenAttention(nn.Module):
                 f"(attn_layer={name}.with_options(num_prefix_tokens={p})) to pool and convolve the {side}x{side} "
                 "grid after them (docs/DESIGN.md §2.7). Said once per layer.", UserWarning, stacklevel=3)
 
-    @torch.jit.unused
     def _layout(self, n: int, hw: Optional[Tuple[int, int]]) -> Optional[Tuple[int, int]]:
         """The checked grid of the tokens after the prefix (the square one when ``hw`` is None and there are
         prefix tokens; docs/DESIGN.md §2.7) for n tokens. Eager mode only."""
@@ -314,25 +311,32 @@ class TokenAttention(nn.Module):
 
         key_padding_mask: (B, N) bool, True = padding (docs/DESIGN.md §2.5); padded rows of the output are 0
         and padded inputs get no gradient. attn_mask / is_causal: rejected (ValueError saying why).
-        The checks run in eager mode only (not while scripting or FX tracing)."""
-        mask = key_padding_mask
-        recompute = False
-        if not torch.jit.is_scripting() and not is_fx_tracing():
-            reject_attn_mask(attn_mask, is_causal)
-            if x.dim() != 3 or x.shape[-1] != self.dim:
-                raise ValueError(f"x: expected (B, N, {self.dim}) tokens, got shape {tuple(x.shape)}")
-            hw = self._layout(x.shape[1], hw)
-            mask = check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
-            self._check_tokens(x, hw, mask)
-            path = self._path(x, mask, self._fused_device(x))
-            if path == "fused_training":  # the core and DWConv(V) fused, forward and backward
-                return self.proj_drop(self.proj(self.norm(self.attn_drop(self._attend_from_qkv(x, hw)))))
-            if path == "value_conv":  # eager inference: heads merged + DWConv(V) in one op call
-                merged = self._attend_value_conv(x, self._project_v(x), hw)
-                return self.proj_drop(self.proj(self.norm(self.attn_drop(merged))))
-            recompute = path == "recompute"
-        elif hw is None and self.num_prefix_tokens > 0:
-            hw = square_grid(x.shape[1], self.num_prefix_tokens)
+        The checks run in eager mode only (not while FX traces; a scripted layer: ``layers/scripting.py``)."""
+        if is_fx_tracing():  # a graph: no checks, no fused paths; the prefix grid from a leaf
+            if hw is None and self.num_prefix_tokens > 0:
+                hw = square_grid(x.shape[1], self.num_prefix_tokens)
+            return self._forward_plain(x, hw, key_padding_mask, False, False)
+        reject_attn_mask(attn_mask, is_causal)
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x: expected (B, N, {self.dim}) tokens, got shape {tuple(x.shape)}")
+        hw = self._layout(x.shape[1], hw)
+        mask = check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
+        self._check_tokens(x, hw, mask)
+        path = self._path(x, mask, self._fused_device(x))
+        if path == "fused_training":  # the core and DWConv(V) fused, forward and backward
+            return self.proj_drop(self.proj(self.norm(self.attn_drop(self._attend_from_qkv(x, hw)))))
+        if path == "value_conv":  # eager inference: heads merged + DWConv(V) in one op call
+            merged = self._attend_value_conv(x, self._project_v(x), hw)
+            return self.proj_drop(self.proj(self.norm(self.attn_drop(merged))))
+        # a torch.jit trace (hence the TorchScript ONNX exporter) records no in-place op on a view
+        return self._forward_plain(x, hw, mask, path == "recompute", not torch.jit.is_tracing())
+
+    def _forward_plain(self, x: torch.Tensor, hw: Optional[Tuple[int, int]], mask: Optional[torch.Tensor],
+                       recompute: bool, merge_in_place: bool) -> torch.Tensor:
+        """The plain path (``layers/plan.py``): the operator on the heads (``recompute``: recomputed in the
+        backward), then DWConv(V) added; x (B, N, C), hw the checked grid, mask (B, N) or None -> (B, N, C).
+        ``merge_in_place``: add the heads into DWConv(V) in place where autograd records no graph of them (an
+        FX graph or a torch.jit trace must not: graph passes drop or misrecord an in-place op on a view)."""
         b, n, c = x.shape
         if mask is not None:
             x = x.masked_fill(mask.unsqueeze(-1), 0.0)
@@ -340,17 +344,14 @@ class TokenAttention(nn.Module):
         if mask is not None:
             v_tok = v_tok.masked_fill(mask.unsqueeze(-1), 0.0)  # DWConv(V) reads padding as 0
         v = self._heads(v_tok)
-        if recompute and not torch.jit.is_scripting():
+        if recompute:
             heads = self._attend_recompute(x, v, hw, mask)
         else:
             heads = self._attend_tokens(x, v, hw, mask)
         if self.dwconv is None:
             out = heads.transpose(1, 2).reshape(b, n, c)
-        elif (not torch.jit.is_scripting() and (is_fx_tracing() or torch.jit.is_tracing())) or (
-                torch.is_grad_enabled() and (heads.requires_grad or v_tok.requires_grad)):
-            # out of place: autograd of an in-place add into a view clones and copies the gradient;
-            # an FX graph or a torch.jit trace (hence the TorchScript ONNX exporter) gets no in-place op on a
-            # view either (graph passes drop or misrecord it), same values
+        elif not merge_in_place or (torch.is_grad_enabled() and (heads.requires_grad or v_tok.requires_grad)):
+            # out of place: autograd of an in-place add into a view clones and copies the gradient
             out = self._value_conv(v_tok, hw) + heads.transpose(1, 2).reshape(b, n, c)
         else:
             # DWConv(V) in token layout, then the heads added into it: one pass merges the heads.

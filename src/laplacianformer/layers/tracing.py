@@ -1,11 +1,11 @@
-"""TorchScript and torch.fx support of the layers and models (docs/ARCHITECTURE.md, "Scripting and tracing").
+"""torch.fx support of the layers and models (docs/ARCHITECTURE.md, "Scripting and tracing"); TorchScript is
+``layers/scripting.py``'s.
 
 - ``is_fx_tracing()``: True while ``torch.fx`` traces symbolically. Python-only work (argument checks that
-  branch on shapes, activation checkpointing, in-place fast paths) is guarded by
-  ``if not torch.jit.is_scripting() and not is_fx_tracing():``; TorchScript drops such a branch at
-  compile time (``torch.jit.is_scripting()`` is a compile-time constant there), FX skips it while
-  tracing, so the scripted or traced graph computes what eager mode computes, without shape-dependent
-  Python control flow.
+  branch on shapes, activation checkpointing, fused and in-place fast paths) runs under
+  ``if not is_fx_tracing():``, so a traced graph computes what eager mode computes, without shape-dependent
+  Python control flow. It is ``@torch.jit.unused``: a model's scripted ``forward`` may name it after the
+  TorchScript check (``models/laplacianformer.py``), and TorchScript compiles the right side of an ``and``.
 - ``NOTRACE_FUNCTIONS``: the functions a traced graph keeps as one call (a leaf) instead of tracing
   into them: the attention operator and its landmark rule, padding by traced sizes. Each module that
   calls one also declares it with ``torch.fx.wrap`` at module level, so plain ``torch.fx.symbolic_trace``
@@ -13,9 +13,6 @@
   model registration when timm is installed).
 - ``fx_tracer_kwargs()``: tracer arguments (``autowrap_functions``) for tracers that take them, e.g.
   ``torchvision.models.feature_extraction.create_feature_extractor(..., tracer_kwargs=fx_tracer_kwargs())``.
-
-This module deliberately has no ``from __future__ import annotations``: TorchScript reads the
-annotations of ``@torch.jit.unused`` / ``@torch.jit.ignore`` functions as real objects, not strings.
 """
 
 from typing import Callable, List
@@ -43,8 +40,8 @@ except ImportError:  # older torch: the flag without the torch.compile distincti
 
 @torch.jit.unused
 def is_fx_tracing() -> bool:
-    """True while ``torch.fx`` traces symbolically (not under torch.compile/export); never called in
-    TorchScript (guard it with ``not torch.jit.is_scripting()``)."""
+    """True while ``torch.fx`` traces symbolically (not under torch.compile/export). Not TorchScript: a
+    scripted forward calls it only on a branch TorchScript drops."""
     return bool(_fx_flag())
 
 

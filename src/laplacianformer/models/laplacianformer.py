@@ -25,7 +25,8 @@ weights file's config to ``set_weights_config_reader``.
 
 TorchScript and torch.fx: every registered model scripts (``torch.jit.script``) and traces
 (``torch.fx.symbolic_trace``, timm's / torchvision's feature extractors) with eager's outputs; the
-attention operator is one leaf call in both (``layers/tracing.py``, docs/ARCHITECTURE.md).
+attention operator is one leaf call in both, and TorchScript compiles the attention layers' script forms
+(``layers/scripting.py``, docs/ARCHITECTURE.md).
 """
 
 # no ``from __future__ import annotations``: an FX graph copies the root module's forward annotations,
@@ -40,6 +41,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import DropPath, GridConv2d, get_token_mixer, grid_to_tokens, is_fx_tracing, tokens_to_grid
+from ..layers.scripting import script_view
 from ..ops.validation import check_finite
 from .registry import MODEL_CONFIGS, model_config
 
@@ -342,6 +344,12 @@ class LaplacianFormer(nn.Module):
             )
         if not x.is_floating_point():
             raise TypeError(f"x: expected a floating-point tensor, got dtype {x.dtype}")
+
+    def __prepare_scriptable__(self) -> "LaplacianFormer":
+        """What ``torch.jit.script`` compiles: a copy of the module tree with the same parameters
+        (``layers.scripting.script_view``), in which the attention layers become their script forms; this
+        model keeps its layers."""
+        return script_view(self)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set:
