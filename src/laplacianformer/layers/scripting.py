@@ -157,8 +157,16 @@ class ScriptForm:
         return layer
 
     def __reduce_ex__(self, protocol):
-        # pickled (and deep-copied) as the layer: the form's class is made at run time
-        return self.eager_layer().__reduce_ex__(protocol)
+        # pickled (and deep-copied) as the layer it views: the form's class is made at run time
+        return _rebuilt, (self.eager_layer().__reduce_ex__(protocol),)
+
+
+def _rebuilt(reduction: tuple):
+    """The object a ``__reduce_ex__`` result (callable, args[, state, ...]) stands for."""
+    obj = reduction[0](*reduction[1])
+    if len(reduction) > 2 and reduction[2] is not None:
+        obj.__setstate__(reduction[2])
+    return obj
 
 
 _FORMS: Dict[type, type] = {}

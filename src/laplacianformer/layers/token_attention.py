@@ -95,7 +95,8 @@ class TokenAttention(nn.Module):
         recompute: in training, keep only x and V (and landmark-sized tensors) for the backward and recompute
             the q/k products and the rest of the core there (docs/DESIGN.md §5.5): the lean recompute of
             the N×m kernel matrices where the layer has one (``LaplacianAttention``), else activation
-            checkpointing of ``attend``. Less memory, more time. Eager mode only (ignored in a scripted or FX-traced graph).
+            checkpointing of ``attend``. Less memory, more time. Eager mode only (a scripted or FX-traced graph
+            does not recompute).
         num_prefix_tokens: P >= 0 tokens before the grid (a class token, register tokens; docs/DESIGN.md §2.7),
             for layers that take them (``takes_prefix_tokens``; ValueError otherwise): ``hw`` is then the grid
             of the N - P tokens after them, inferred as a square grid when not given (ValueError naming ``hw``
