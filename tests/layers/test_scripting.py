@@ -137,8 +137,10 @@ def test_script_form_in_a_foreign_parent_is_the_layer():
     with torch.no_grad():
         assert torch.equal(parent(x), want)  # the eager path of the layer (its fused inference included)
         torch.testing.assert_close(scripted(x), want, **TOL)
+        torch.testing.assert_close(_script(parent)(x), want, **TOL)  # scripted again: a form of the layer
+    assert type(parent.attn).__mro__[1:] == type(form).__mro__[1:]
     for again in (pickle.loads(pickle.dumps(parent)), copy.deepcopy(parent)):
-        assert type(again.attn) is LaplacianAttention
+        assert type(again.attn) is LaplacianAttention and vars(again.attn).keys() == vars(layer).keys()
         with torch.no_grad():
             assert torch.equal(again(x), want)
     with_options = LaplacianAttention.with_options(num_prefix_tokens=1)(16, 2)

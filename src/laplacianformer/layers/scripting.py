@@ -153,7 +153,8 @@ class ScriptForm:
     def eager_layer(self) -> nn.Module:
         """The layer this form views, in its own class (same parameters and submodules)."""
         layer = object.__new__(self._eager_class)
-        layer.__dict__.update({k: v for k, v in self.__dict__.items() if k != "plain_settings"})
+        layer.__dict__.update({k: v for k, v in self.__dict__.items()
+                               if k not in _FORM_ATTRIBUTES and not k.startswith("__")})  # TorchScript's marks
         return layer
 
     def __reduce_ex__(self, protocol):
@@ -170,6 +171,8 @@ def _rebuilt(reduction: tuple):
 
 
 _FORMS: Dict[type, type] = {}
+_FORM_ATTRIBUTES = ("plain_settings",)
+"""What ``script_form`` adds to the layer's attributes (besides ``__jit_ignored_attributes__``)."""
 
 
 def _form_class(base: type) -> type:
@@ -200,6 +203,8 @@ def script_form(layer: nn.Module) -> nn.Module:
     """The layer's script form: a view of ``layer`` (its parameters and submodules, not copies) whose class is
     ``layer``'s with ``ScriptForm`` before it, holding the settings as ``plain_settings``. Its eager calls are
     the layer's; TorchScript compiles ``ScriptForm``'s methods."""
+    if isinstance(layer, ScriptForm):  # a form scripted again (left in a parent by an earlier script)
+        layer = layer.eager_layer()
     form = _shell_copy(layer, _form_class(type(layer)))
     form.plain_settings = plain_settings(layer.settings)
     # the eager state TorchScript has no type for (the settings object, the host path's call plans)
