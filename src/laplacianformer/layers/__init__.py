@@ -1,5 +1,5 @@
 """nn.Modules: one per attention mechanism, the token mixers by name, stochastic depth, the token-grid
-convolution helpers and the TorchScript / torch.fx support (``tracing``)."""
+convolution helpers, the torch.fx support (``tracing``) and the one TorchScript adapter (``scripting``)."""
 
 from .drop import DropPath, drop_path
 from .grid_conv import GridConv2d, conv2d_channels_last, conv_tokens, grid_to_tokens, tokens_to_grid
