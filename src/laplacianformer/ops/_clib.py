@@ -1,7 +1,7 @@
 """Build-at-first-use loader of the plain C sources of the CPU paths (docs/DESIGN.md §6).
 
-``CLibrary(src, signatures)`` serves ``ops/kernel/csrc/pairwise.c``, ``ops/newton_schulz/csrc/newton_schulz.c``
-and ``ops/csrc/normalization.c``; each module exports its ``load``, ``available`` and ``load_error``. The
+``CLibrary(src, signatures)`` serves ``ops/kernel/csrc/pairwise.c``, ``ops/newton_schulz/csrc/newton_schulz.c``,
+``ops/csrc/normalization.c`` and ``ops/csrc/grid.c``; each module exports its ``load``, ``available`` and ``load_error``. The
 sources have no Python or torch headers: ``cc -O3 -march=native -fopenmp`` builds one in a few seconds
 into a per-user cache (``$LAPLACIANFORMER_CACHE``, else ``$XDG_CACHE_HOME/laplacianformer``, else
 ``~/.cache/laplacianformer``), keyed by the source and the local headers it includes

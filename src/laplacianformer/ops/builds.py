@@ -6,7 +6,7 @@ imports those modules (so ``_clib`` itself imports none of them) and builds each
 
 from __future__ import annotations
 
-from . import _clib
+from . import _clib, grid_cpu as _grid  # noqa: F401  (registers grid.c)
 from .kernel import native as _kernel  # noqa: F401  (registers pairwise.c)
 from .newton_schulz import native as _newton_schulz  # noqa: F401  (registers newton_schulz.c)
 from .normalization import cpu as _normalization  # noqa: F401  (registers normalization.c)

@@ -4,7 +4,7 @@ DWConv(V), as a straight line of the backends the registries chose, without aski
 A layer's eager inference call (no padding mask, no prefix tokens, no gradient) runs the general path once per
 call signature (shapes, dtype, device, the backend choices of ``_runtime``, autocast) while recording which
 backend each dispatched op selected (``dispatch.selections``). When that trace is the one this module
-reproduces — pooling by ``matmul``, no fused landmark solve or streaming passes (``steps``), the C kernel rows,
+reproduces — pooling by the C loop (``grid_cpu``), no fused landmark solve or streaming passes (``steps``), the C kernel rows,
 the C Newton–Schulz and the C normalisation — the signature's later calls run ``lean_value_conv``: the same
 backend functions in the same order on the same tensors (same bits: tests/ops/test_lean.py), without the
 per-call checks, the landmark rule, the registries' refusals and the custom-op dispatch in between. Anything
@@ -24,14 +24,14 @@ from .newton_schulz import native as ns_native
 from .newton_schulz.naive import CHECK_EVERY, _cached_scaled_eye
 from .normalization.cpu import normalize_cpu
 from .normalization.reference import scale_whitened
-from .pooling import _pool_matmul
+from .grid_cpu import pool_grid_cpu
 from .settings import AttentionSettings
 from .validation import SHIPPED_NORMS, WHITENED_NORMS
 from .value_conv import ValueConv, add_value_conv
 
 __all__ = ["LEAN_BACKENDS", "lean_trace_fits", "lean_value_conv"]
 
-LEAN_BACKENDS = {"pooling": "matmul", "landmark_solve": "steps", "kernel": "cpu", "newton_schulz": "cpu",
+LEAN_BACKENDS = {"pooling": "cpu", "landmark_solve": "steps", "kernel": "cpu", "newton_schulz": "cpu",
                  "streaming": "steps", "normalization": "cpu"}
 """The backend of each op the lean path reproduces; a signature whose general call selected any other (or
 dispatched another op) keeps the general path."""
@@ -64,7 +64,7 @@ def lean_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Tensor, s: At
     b, n, c = v_tok.shape
     heads = q.shape[1]
     v = v_tok.reshape(b, n, heads, c // heads).transpose(1, 2)
-    marks = _pool_matmul(q, hw, grid)
+    marks = pool_grid_cpu(q, hw, grid)
     w = _kernel(marks, marks, s)
     m = w.shape[-1]
     p = w + _cached_scaled_eye(m, s.ns_eps, w.dtype, w.device) if s.ns_eps else w  # ``regularise`` in eager mode

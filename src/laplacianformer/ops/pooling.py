@@ -15,7 +15,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from . import _runtime
+from . import _runtime, grid_cpu
+from .capabilities import Call, Serves, unserved
 from .dispatch import Backend, Op
 
 __all__ = ["POOLING", "adaptive_pool_matrix", "landmarks_of", "masked_pool_matrix", "pool_landmarks",
@@ -124,7 +125,24 @@ def pool_landmarks_masked(x: torch.Tensor, landmarks: int, key_padding_mask: tor
     return masked_pool_matrix(key_padding_mask, landmarks, x.dtype)[:, None] @ x
 
 
+CPU = Serves("the C grid loops", devices=("cpu",), dtypes=(torch.float32, torch.float64), grad=False)
+"""What the ``cpu`` backend serves (``ops/capabilities.py``): CPU inference in float32 / float64."""
+
+
+def _cpu_refusal(x: torch.Tensor, hw, landmarks) -> str | None:
+    why = unserved(CPU, Call(tensors=(x,)))
+    if why is None:
+        why = _runtime.capture_reason()  # graphs and dispatch modes (the MAC counter) see the aten steps
+    sizes = (landmarks,) if hw is None else (*hw, *landmarks)
+    if why is None and not all(isinstance(s, int) for s in sizes):
+        why = "graph sizes (the C loop takes fixed sizes)"
+    if why is None and not grid_cpu.available():
+        why = f"C loops unavailable ({grid_cpu.load_error()})"
+    return why
+
+
 POOLING = Op("pooling", [
+    Backend("cpu", grid_cpu.pool_grid_cpu, refusal=_cpu_refusal),
     Backend("matmul", _pool_matmul),
     Backend("adaptive_avg_pool", _pool_reference),
 ], signature="pool_landmarks(x, hw, landmarks): x (B, H, N, d) -> (B, H, m, d)")

@@ -24,6 +24,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from . import _runtime, grid_cpu
+
 __all__ = ["ValueConv", "add_value_conv", "check_value_conv", "value_conv", "value_conv_heads"]
 
 
@@ -75,9 +77,14 @@ def value_conv(conv: ValueConv) -> torch.Tensor:
 
 
 def add_value_conv(heads: torch.Tensor, conv: ValueConv) -> torch.Tensor:
-    """DWConv(V) + heads (B, H, N, e) merged: a (B, H, N, e) view of the (B, N, C) sum. The heads are added
-    into the conv's output in place (one pass merges them) unless autograd or a torch.jit trace must see an
-    out-of-place add (the layer's rule, layers/token_attention.py)."""
+    """DWConv(V) + heads (B, H, N, e) merged: a (B, H, N, e) view of the (B, N, C) sum. CPU inference in eager
+    mode (no gradient, float32 / float64, the C library built) computes it in one C pass
+    (``grid_cpu.dwconv_merge_cpu``, docs/DESIGN.md §6.6); elsewhere the heads are added into the conv's output
+    in place (one pass merges them) unless autograd or a torch.jit trace must see an out-of-place add (the
+    layer's rule, layers/token_attention.py)."""
+    params = (conv.weight,) if conv.bias is None else (conv.weight, conv.bias)
+    if grid_cpu.serves(heads, conv.tokens, *params) and not _runtime.capturing():
+        return grid_cpu.dwconv_merge_cpu(heads, conv)
     out = value_conv(conv)
     b, n, c = out.shape
     h, e = heads.shape[1], heads.shape[3]

@@ -79,7 +79,9 @@ def scale_whitened(out: torch.Tensor, v: torch.Tensor, norm_scale: str = "one", 
     ``norm_scale`` "one", "inv_sqrt_n", "inv_n"; N the valid keys of each sequence.
     out, v: (B, H, N, e) (v with padded rows 0, as the operator holds it); gain: (H,) or None;
     key_padding_mask: (B, N) bool or None. Padded rows of the result are 0. Any backend's Z V enters here,
-    so one function scales them all (reference, C, Triton, fused, lean recompute)."""
+    so one function scales them all (reference, C, Triton, fused, lean recompute). Without a mask or gain the
+    scale is ``torch.lerp(v̄, out, α)`` (one pass), written into ``out`` (a backend's fresh output) where no
+    gradient is needed."""
     power = NORM_SCALE_POWERS[norm_scale]
     if power == 0.0 and gain is None:
         return out
@@ -98,6 +100,10 @@ def scale_whitened(out: torch.Tensor, v: torch.Tensor, norm_scale: str = "one", 
         alpha = count.pow(-power)
     if gain is not None:
         alpha = gain.to(out.dtype).view(1, -1, 1, 1) * alpha
+    elif valid is None and isinstance(alpha, float):  # the same formula, one pass: into the fresh output if it may
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (out.requires_grad or v.requires_grad)):
+            return torch.lerp(v_bar, out, alpha)
+        return torch.lerp(v_bar, out, alpha, out=out)
     scaled = v_bar + alpha * (out - v_bar)
     return scaled if valid is None else scaled * valid
 
