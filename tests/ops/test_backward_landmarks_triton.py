@@ -33,7 +33,7 @@ from laplacianformer.ops.kernel_families import KERNEL_FAMILIES
 from laplacianformer.ops.settings import AttentionSettings
 from laplacianformer.ops.streaming import backward_reference as br
 from laplacianformer.ops.streaming.landmarks import landmark_solve_reference
-from laplacianformer.ops.streaming.limits import FLAGS, output_alpha
+from laplacianformer.ops.streaming.limits import output_alpha, whitens
 from laplacianformer.ops.value_conv import ValueConv
 
 TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -89,13 +89,12 @@ def _pass_c_case(gen, norm, kernel, hw, grid, b, h, d, e, tied, conv, alpha=1.0)
         value_conv = ValueConv(tokens, hw, weight, bias)
     a = br.query_grad_pass(grad, qs, vv, st, s.bandwidth, kernel, norm, value_conv, alpha)
     bk = None
-    if FLAGS[norm]["whiten"]:
+    if whitens(norm):
         bk = br.key_grad_pass(ks, vv, st, st.w_inv.transpose(-1, -2) @ a["dm"], s.bandwidth, kernel, s.norm_eps)
     want = br.landmark_grad(st, a, bk, n, s.bandwidth, kernel, norm, alpha)
     want.update(dweight=a["dweight"], dbias=a["dbias"])
     groups = b * h
-    parts = dict(pdm=_partials(gen, a["dm"], groups), pg=_partials(gen, a["g_sum"], groups),
-                 pdb=None if a["db"] is None else _partials(gen, a["db"], groups), pdw=None)
+    parts = dict(pdm=_partials(gen, a["dm"], groups), pg=_partials(gen, a["g_sum"], groups), pdw=None)
     if conv:
         pdw = _conv_partials(grad, qs, vv, tokens, st, hw, weight, bias, s.bandwidth, kernel, norm)
         parts["pdw"] = _partials(gen, pdw[None], groups)
@@ -112,14 +111,12 @@ def _pass_c_case(gen, norm, kernel, hw, grid, b, h, d, e, tied, conv, alpha=1.0)
 PASS_C_CASES = [
     ("injective", "laplacian", (10, 7), (7, 7), 1, 2, 16, 16, False, True),
     ("injective", "gaussian", (8, 8), (4, 4), 2, 1, 20, 24, True, False),
-    ("injective_nomean", "laplacian", (6, 5), (2, 3), 2, 2, 16, 8, False, True),
-    ("injective_nomean", "gaussian", (10, 7), (7, 7), 1, 1, 32, 16, True, False),
+    ("injective", "laplacian", (6, 5), (2, 3), 2, 2, 16, 8, False, True),
+    ("injective", "gaussian", (10, 7), (7, 7), 1, 1, 32, 16, True, False),
     ("inline", "laplacian", (8, 8), (4, 4), 2, 2, 16, 40, False, True),
     ("inline", "gaussian", (6, 5), (2, 3), 1, 2, 20, 8, True, False),
-    ("rowsum", "laplacian", (10, 7), (7, 7), 2, 1, 16, 16, True, False),
-    ("rowsum", "gaussian", (8, 8), (4, 4), 1, 2, 16, 8, False, True),
-    ("none", "laplacian", (8, 8), (4, 4), 1, 2, 20, 24, False, False),
-    ("none", "gaussian", (10, 7), (7, 7), 2, 1, 16, 16, True, True),
+    ("inline", "laplacian", (10, 7), (7, 7), 2, 1, 16, 16, True, False),
+    ("inline", "gaussian", (10, 7), (7, 7), 2, 1, 16, 16, True, True),
 ] + [("injective", spec.name, (8, 8), (4, 4), 1, 1, 40, 16, False, True) for spec in KERNEL_FAMILIES.values()
      if spec.id in TRITON_KERNEL_IDS and not spec.exp_of_accumulation]
 PASS_C_KEYS = ("d_mprime", "q_cov", "q_const", "k_const", "v_const", "d_marks", "dweight", "dbias")
@@ -139,8 +136,7 @@ def test_landmark_grad_equals_reference(seeded, case):
     _, gen = seeded
     args, want = _pass_c_case(gen, *case)
     got = landmark_grad_triton(*args)
-    flags = FLAGS[case[0]]
-    assert (got["q_cov"] is None) == (not flags["whiten"]) and (got["dweight"] is None) == (not case[9])
+    assert (got["q_cov"] is None) == (not whitens(case[0])) and (got["dweight"] is None) == (not case[9])
     errors = {}
     for key in PASS_C_KEYS:
         if want[key] is None:
@@ -209,7 +205,7 @@ def test_pool_grad_1d_without_partials(seeded):
 @needs_triton
 @pytest.mark.parametrize("case,power", [(PASS_C_CASES[2], 0.5), (("injective", "gaussian", (8, 8), (4, 4), 1, 2, 16,
                                                                  8, False, True), 1.0)],
-                         ids=["injective_nomean-m6-p0.5", "injective-m16-p1"])
+                         ids=["injective-m6-p0.5", "injective-m16-p1"])
 def test_landmark_grad_with_output_scale(seeded, case, power):
     """α = N^-p: pass C equals ``landmark_grad(..., alpha=)`` on pass A's α-scaled dM (q_const reads M = α W⁺ M');
     a float16 conv weight is accepted (only its shape is read), dweight and dbias float32."""
@@ -226,7 +222,7 @@ def test_landmark_grad_with_output_scale(seeded, case, power):
         assert got[key].dtype == torch.float32, key
         if want[key].any():
             errors[key] = _rel(got[key], want[key])
-    assert "q_const" in errors or not FLAGS[case[0]]["centre_q"]
+    assert "q_const" in errors or not whitens(case[0])
     assert all(err < 1e-4 for err in errors.values()), errors
 
 
@@ -304,9 +300,9 @@ def test_refusals_name_the_argument(seeded):
     from laplacianformer.ops.streaming.backward_landmarks_triton import landmark_grad_triton, pool_grad_triton
 
     _, gen = seeded
-    args, _ = _pass_c_case(gen, *PASS_C_CASES[2])  # injective_nomean, m = 6, with a conv
+    args, _ = _pass_c_case(gen, *PASS_C_CASES[2])  # injective, m = 6, with a conv
     st, a, b = args[:3]
-    with pytest.raises(ValueError, match="b: norm 'injective_nomean' whitens"):
+    with pytest.raises(ValueError, match="b: norm 'injective' whitens"):
         landmark_grad_triton(st, a, None, *args[3:])
     with pytest.raises(ValueError, match=r"a\['pdm'\]: expected shape"):
         landmark_grad_triton(st, dict(a, pdm=a["pdm"][:, :, :5]), b, *args[3:])
@@ -316,11 +312,13 @@ def test_refusals_name_the_argument(seeded):
         landmark_grad_triton(br.ForwardState(*(x.double() for x in st)), a, b, *args[3:])
     with pytest.raises(ValueError, match=r"st.marks: expected float32"):
         landmark_grad_triton(st._replace(marks=st.marks.half()), a, b, *args[3:])
-    with pytest.raises(ValueError, match=r"landmark_grad_triton: alpha=0.5: norm 'none' has no whitened part"):
-        landmark_grad_triton(st, a, None, *args[3:6], "none", alpha=0.5)
+    with pytest.raises(ValueError, match=r"landmark_grad_triton: alpha=0.5: norm 'inline' has no whitened part"):
+        landmark_grad_triton(st, a, None, *args[3:6], "inline", alpha=0.5)
+    with pytest.raises(ValueError, match=r"landmark_grad_triton: st: norm 'rowsum' has no streaming form"):
+        landmark_grad_triton(st, a, None, *args[3:6], "rowsum")
     big = br.ForwardState(*(torch.zeros(1, 1, 65, 65) if x.shape[-2:] == (6, 6) else x for x in st))
     big = big._replace(marks=torch.zeros(1, 1, 65, 16))
-    with pytest.raises(ValueError, match="m=65 landmarks"):
+    with pytest.raises(ValueError, match=r"m=65 > 64 \(the most the streaming passes take"):
         landmark_grad_triton(big, a, b, *args[3:])
     dq, d_marks_w, pdl = _pool_case(gen, (6, 5), (2, 3), 1, 1, 8)
     with pytest.raises(ValueError, match=r"hw=\(5, 5\) is not a grid of the N=30 tokens"):

@@ -25,7 +25,7 @@ from laplacianformer.ops.kernel_families import KERNEL_FAMILIES
 from laplacianformer.ops.settings import AttentionSettings
 from laplacianformer.ops.streaming import backward_reference as ref
 from laplacianformer.ops.streaming.landmarks import landmark_solve_reference
-from laplacianformer.ops.streaming.limits import FLAGS, output_alpha, splits_for
+from laplacianformer.ops.streaming.limits import output_alpha, splits_for, whitens
 from laplacianformer.ops.value_conv import ValueConv
 
 TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -65,7 +65,7 @@ def _case(gen, norm, tied, kernel, conv, b, h, hw, grid, d, e, dtype=torch.float
         conv64 = ValueConv(v_tok, hw if conv == "2d" else None, weight, None)
     a = ref.query_grad_pass(grad, q, v, st, s.bandwidth, kernel, norm, alpha=alpha)
     bpass = None
-    if FLAGS[norm]["whiten"]:
+    if whitens(norm):
         bpass = ref.key_grad_pass(k, v, st, st.w_inv.transpose(-1, -2) @ a["dm"], s.bandwidth, kernel, EPS)
     c = ref.landmark_grad(st, a, bpass, n, s.bandwidth, kernel, norm, alpha)
     want = ref.row_grad_pass(grad, q, k, v, st, c, s.bandwidth, kernel, norm, EPS, conv64, alpha)
@@ -113,21 +113,20 @@ def _close(got: torch.Tensor, want: torch.Tensor, name: str, tol: float = 1e-4):
     assert err < tol, f"{name}: relative max error {err:.2e}"
 
 
-# (norm, tied, kernel, conv, b, h, hw (grid or N), landmark grid (or m), d, e): every norm, K = Q and K ≠ Q, both
+# (norm, tied, kernel, conv, b, h, hw (grid or N), landmark grid (or m), d, e): every streamed norm, K = Q and K ≠ Q, both
 # kernels, m in {4, 6, 16, 49}, N = 70 (10 × 7 and 7 × 10 grids, not a multiple of 32: three splits of one tile),
 # d and e not powers of two, e over several 16-column chunks, the conv on 2-D grids that are not square, on a 1-D
 # sequence and off
 CASES = [
     ("injective", True, "laplacian", "2d", 2, 2, (10, 7), (4, 4), 16, 16),
     ("injective", False, "gaussian", None, 1, 2, (10, 7), (2, 3), 20, 24),
-    ("injective_nomean", True, "gaussian", "1d", 1, 2, 70, 16, 16, 8),
-    ("injective_nomean", False, "laplacian", "2d", 1, 1, (7, 10), (7, 7), 16, 16),
+    ("injective", True, "gaussian", "1d", 1, 2, 70, 16, 16, 8),
+    ("injective", False, "laplacian", "2d", 1, 1, (7, 10), (7, 7), 16, 16),
     ("inline", True, "laplacian", None, 2, 1, (7, 10), (7, 7), 32, 40),
     ("inline", False, "gaussian", "2d", 1, 2, (10, 7), (2, 2), 16, 16),
-    ("rowsum", True, "gaussian", "1d", 1, 2, 70, 6, 12, 16),
-    ("rowsum", False, "laplacian", None, 2, 1, (10, 7), (2, 2), 16, 24),
-    ("none", True, "laplacian", "2d", 1, 2, (10, 7), (4, 4), 16, 16),
-    ("none", False, "gaussian", "1d", 1, 1, 70, 16, 24, 16),
+    ("inline", True, "gaussian", "1d", 1, 2, 70, 6, 12, 16),
+    ("inline", False, "laplacian", None, 2, 1, (10, 7), (2, 2), 16, 24),
+    ("inline", False, "gaussian", "1d", 1, 1, 70, 16, 24, 16),
 ]
 PROFILE_CASES = [case for spec in KERNEL_FAMILIES.values()
                  if spec.id in TRITON_KERNEL_IDS and not spec.exp_of_accumulation
@@ -222,7 +221,7 @@ def test_half_inputs_and_outputs(seeded, dtype, case):
 @pytest.mark.parametrize("case,power", [(CASES[0], 0.5), (CASES[3], 1.0)], ids=lambda x: f"p{x}"
                          if isinstance(x, float) else _id(x))
 def test_output_scale_alpha(seeded, case, power):
-    """α = N^-p (p = ½ and 1, injective and injective_nomean, with the conv): the reference's passes A, C, D with
+    """α = N^-p (p = ½ and 1, injective, K = Q and K ≠ Q, with the conv): the reference's passes A, C, D with
     the same α (M = α W⁺ M' in dC_q)."""
     _, gen = seeded
     alpha = output_alpha(case[0], power, 70.0)
@@ -255,11 +254,11 @@ def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     launched = record_launches(module, "row_grad_kernel")
     _, gen = seeded
     for case in [("injective", False, "laplacian", "2d", 1, 1, (5, 8), (2, 3), 8, 24),
-                 ("rowsum", True, "gaussian", None, 1, 1, 40, 33, 16, 8)]:
+                 ("inline", True, "gaussian", None, 1, 1, 40, 33, 16, 8)]:
         inputs, conv64, _, s = _case(gen, *case)
         _run(inputs, conv64, s, case[2], case[0], case[1])
     assert len(launched) == 2 and set(launched) <= enumerated, set(launched) - enumerated
-    case = ("injective_nomean", True, "gaussian", "1d", 1, 1, 40, 6, 8, 8)  # bfloat16: the *bf16 specialisation
+    case = ("injective", True, "gaussian", "1d", 1, 1, 40, 6, 8, 8)  # bfloat16: the *bf16 specialisation
     inputs, conv64, _, s = _case(gen, *case, dtype=torch.bfloat16)
     _run(inputs, conv64, s, case[2], case[0], case[1], torch.bfloat16, alpha=0.5)
     assert len(launched) == 3 and launched[2] in half, launched[2]

@@ -4,7 +4,7 @@ specification, ``backward_reference.query_grad_pass`` and ``key_grad_pass`` run 
 The Triton tests (marked ``triton``: CUDA, or TRITON_INTERPRET=1, which ``test_triton_suite_under_interpreter``
 sets in a subprocess) take float32 q, k, v and G as strided head views of (B, N, H·d) token buffers, the float64
 forward state (landmark solve and ``forward_state``) cast to float32, and check: the per-split partials summed
-over the splits equal dM, Σ G and db (pass A) and dS', Σ dk̃ (pass B, fed pass A's own partials) for every norm,
+over the splits equal dM and Σ G (pass A) and dS', Σ dk̃ (pass B, fed pass A's own partials) for every streamed norm,
 the Laplacian and the Gaussian (the other kernel families of the Triton profile: a K ≠ Q injective case each),
 K = Q and K ≠ Q, m in {4, 6, 16, 49}, N not a multiple of 32, splits of several tiles, d and e not
 powers of two; the conv weight's partials equal the reference's DWConv weight gradient (a 2-D grid that is not
@@ -27,7 +27,7 @@ from laplacianformer.ops.kernel_families import KERNEL_FAMILIES
 from laplacianformer.ops.settings import AttentionSettings
 from laplacianformer.ops.streaming import backward_reference as ref
 from laplacianformer.ops.streaming.landmarks import landmark_solve_reference
-from laplacianformer.ops.streaming.limits import FLAGS, output_alpha, splits_for
+from laplacianformer.ops.streaming.limits import output_alpha, splits_for, whitens
 from laplacianformer.ops.value_conv import ValueConv
 
 TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -78,12 +78,12 @@ def _split_sum(part: torch.Tensor, b: int, h: int) -> torch.Tensor:
 CASES = [
     ("injective", "laplacian", True, 2, 2, (10, 7), (2, 3), 16, 8),
     ("injective", "gaussian", False, 1, 2, (10, 7), (4, 4), 20, 20),  # d = 20: the distance loop's tail
-    ("injective_nomean", "laplacian", False, 1, 1, (15, 10), (7, 7), 16, 16),
-    ("injective_nomean", "gaussian", True, 8, 4, (20, 15), (2, 2), 8, 8),
+    ("injective", "laplacian", False, 1, 1, (15, 10), (7, 7), 16, 16),
+    ("injective", "gaussian", True, 8, 4, (20, 15), (2, 2), 8, 8),
     ("inline", "laplacian", False, 1, 2, (10, 7), (4, 4), 16, 16),
-    ("rowsum", "laplacian", True, 2, 1, (10, 7), (4, 4), 16, 8),
-    ("rowsum", "gaussian", False, 1, 1, (15, 10), (7, 7), 16, 12),
-    ("none", "gaussian", True, 1, 2, (8, 5), (2, 3), 16, 8),
+    ("inline", "laplacian", True, 2, 1, (10, 7), (4, 4), 16, 8),
+    ("inline", "gaussian", False, 1, 1, (15, 10), (7, 7), 16, 12),
+    ("inline", "gaussian", True, 1, 2, (8, 5), (2, 3), 16, 8),
 ] + [("injective", spec.name, False, 1, 1, (8, 5), (2, 3), 20, 8) for spec in KERNEL_FAMILIES.values()
      if spec.id in TRITON_KERNEL_IDS and not spec.exp_of_accumulation]  # the other families: both passes, a case each
 
@@ -101,7 +101,7 @@ def _m(grid):
 @needs_triton
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_passes_a_and_b_equal_the_reference(seeded, case):
-    """Pass A's partials summed over the splits are dM, Σ G and db; pass B fed them gives dS' and Σ dk̃."""
+    """Pass A's partials summed over the splits are dM and Σ G; pass B fed them gives dS' and Σ dk̃."""
     from laplacianformer.ops.streaming.backward_stats_triton import key_grad_triton, query_grad_triton
 
     _, gen = seeded
@@ -116,12 +116,7 @@ def test_passes_a_and_b_equal_the_reference(seeded, case):
     assert all(t.dtype == torch.float32 for t in (a["pdm"], a["pg"])) and a["pdw"] is None
     assert _err(_split_sum(a["pdm"], b, h), want["dm"]) < TOL
     assert _err(_split_sum(a["pg"], b, h), want["g_sum"]) < TOL
-    if FLAGS[norm]["rowsum"]:
-        assert a["pdb"].shape == (groups, splits, m)
-        assert _err(_split_sum(a["pdb"], b, h), want["db"]) < TOL
-    else:
-        assert a["pdb"] is None
-    if not FLAGS[norm]["whiten"]:
+    if not whitens(norm):
         return
     key = key_grad_triton(qs if tied else ks, vv, st32, a["pdm"], s.bandwidth, kernel, s.norm_eps)
     d_mprime = st64.w_inv.transpose(-1, -2) @ want["dm"]
@@ -166,8 +161,8 @@ def _conv_case(gen, hw, n, b, h, e, bias, dtype=torch.float32):
 
 @pytest.mark.triton
 @needs_triton
-@pytest.mark.parametrize("norm,hw,n,grid", [("injective", (10, 7), 70, (2, 3)), ("rowsum", None, 40, 4)],
-                         ids=["injective-10x7", "rowsum-1d"])
+@pytest.mark.parametrize("norm,hw,n,grid", [("injective", (10, 7), 70, (2, 3)), ("inline", None, 40, 4)],
+                         ids=["injective-10x7", "inline-1d"])
 def test_conv_weight_partials_equal_the_reference(seeded, norm, hw, n, grid):
     """dweight[h·e + j, 0, t // 3, t % 3] = Σ_b Σ_s pdw[b·H + h, s, t, j] equals the reference's DWConv weight
     gradient (the (1, N) grid for a 1-D sequence, where the taps of the top and bottom rows are 0), and the
@@ -193,14 +188,14 @@ def test_conv_weight_partials_equal_the_reference(seeded, norm, hw, n, grid):
     if hw is None:
         assert not dweight[:, :, 0::2].any()  # the (1, N) grid: no neighbour above or below
     plain = query_grad_triton(grad, qs, vv, st32, s.bandwidth, s.kernel, norm)
-    for name in ("pdm", "pg", "pdb"):
+    for name in ("pdm", "pg"):
         assert (got[name] is None and plain[name] is None) or torch.equal(got[name], plain[name])
 
 
 @pytest.mark.triton
 @needs_triton
 def test_two_runs_are_bitwise_equal(seeded):
-    """Fixed splits summed in a fixed order, no atomics: the same bits twice (pass A with rowsum and the conv,
+    """Fixed splits summed in a fixed order, no atomics: the same bits twice (pass A of both norms with the conv,
     pass B)."""
     from laplacianformer.ops.streaming.backward_stats_triton import key_grad_triton, query_grad_triton
 
@@ -208,7 +203,7 @@ def test_two_runs_are_bitwise_equal(seeded):
     (grad, qs, ks, _), st32, *_rest, s = _case(gen, "injective", "gaussian", False, 1, 2, (10, 7), (4, 4), 16, 8)
     vv, conv, *_ = _conv_case(gen, (10, 7), 70, 1, 2, 8, bias=True)
     runs = [query_grad_triton(grad, qs, vv, st32, s.bandwidth, "gaussian", norm, conv)
-            for norm in ("injective", "injective", "rowsum", "rowsum")]
+            for norm in ("injective", "injective", "inline", "inline")]
     for one, two in (runs[:2], runs[2:]):
         for name, t in one.items():
             assert (t is None and two[name] is None) or torch.equal(t, two[name]), name
@@ -228,10 +223,10 @@ def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     launched = record_launches(bw, "query_grad_kernel", "key_grad_kernel")
     _, gen = seeded
     for case in [("injective", "laplacian", False, 1, 1, (8, 5), (7, 7), 16, 24),
-                 ("rowsum", "gaussian", True, 1, 1, (8, 5), (2, 2), 16, 8)]:
+                 ("inline", "gaussian", True, 1, 1, (8, 5), (2, 2), 16, 8)]:
         (grad, qs, ks, vv), st32, *_rest, s = _case(gen, *case)
         a = bw.query_grad_triton(grad, qs, vv, st32, s.bandwidth, case[1], case[0])
-        if FLAGS[case[0]]["whiten"]:
+        if whitens(case[0]):
             bw.key_grad_triton(ks, vv, st32, a["pdm"], s.bandwidth, case[1], s.norm_eps)
     (grad, qs, _, _), st32, *_rest, s = _case(gen, "inline", "laplacian", True, 1, 2, (8, 5), (2, 2), 16, 8)
     vv, conv, *_ = _conv_case(gen, (8, 5), 40, 1, 2, 8, bias=False)
@@ -239,7 +234,7 @@ def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     assert len(launched) == 4 and set(launched) <= enumerated, set(launched) - enumerated
     assert any(("CONV", "True") in meta for name, meta, *_ in launched if name == "query_grad_kernel")
     # bfloat16 data: both kernels' launches among the specialisations whose data pointers are typed *bf16
-    case = ("injective_nomean", "gaussian", False, 1, 1, (8, 5), (2, 2), 16, 8)
+    case = ("injective", "gaussian", False, 1, 1, (8, 5), (2, 2), 16, 8)
     (grad, qs, ks, vv), st32, *_rest, s = _case(gen, *case, dtype=torch.bfloat16)
     a = bw.query_grad_triton(grad, qs, vv, st32, s.bandwidth, "gaussian", case[0], alpha=0.5)
     bw.key_grad_triton(ks, vv, st32, a["pdm"], s.bandwidth, "gaussian", s.norm_eps)
@@ -283,9 +278,9 @@ def test_sizes_not_served_are_refused(seeded):
         key_grad_triton(torch.zeros(1, 1, 40, 129, device=DEVICE), vv, st32, pdm, *args, s.norm_eps)
 
 
-# (dtype, norm, kernel, tied, conv): K ≠ Q with a whitened norm (pass B) and the conv, K = Q with rowsum (db's loop)
+# (dtype, norm, kernel, tied, conv): K ≠ Q with the whitened norm (pass B) and the conv, K = Q with inline
 HALF_CASES = [(dtype, *case) for dtype in (torch.float16, torch.bfloat16)
-              for case in (("injective", "laplacian", False, True), ("rowsum", "gaussian", True, False))]
+              for case in (("injective", "laplacian", False, True), ("inline", "gaussian", True, False))]
 
 
 @pytest.mark.triton
@@ -315,12 +310,10 @@ def test_half_inputs_equal_the_reference_on_their_values(seeded, case):
     assert all(t is None or t.dtype == torch.float32 for t in a.values())
     assert _err(_split_sum(a["pdm"], b, h), want["dm"]) < TOL
     assert _err(_split_sum(a["pg"], b, h), want["g_sum"]) < TOL
-    if FLAGS[norm]["rowsum"]:
-        assert _err(_split_sum(a["pdb"], b, h), want["db"]) < TOL
     if with_conv:
         dweight = a["pdw"].reshape(b, h, -1, 9, e).sum((0, 2)).permute(0, 2, 1).reshape(h * e, 1, 3, 3)
         assert _err(dweight, want["dweight"]) < TOL
-    if FLAGS[norm]["whiten"]:
+    if whitens(norm):
         key = key_grad_triton(ks, vv, st32, a["pdm"], s.bandwidth, kernel, s.norm_eps)
         want_b = ref.key_grad_pass(k64, v64, st64, st64.w_inv.transpose(-1, -2) @ want["dm"], s.bandwidth, kernel,
                                    s.norm_eps)
@@ -330,7 +323,7 @@ def test_half_inputs_equal_the_reference_on_their_values(seeded, case):
 
 @pytest.mark.triton
 @needs_triton
-@pytest.mark.parametrize("norm,power", [("injective", 0.5), ("injective_nomean", 1.0)])
+@pytest.mark.parametrize("norm,power", [("injective", 0.5), ("injective", 1.0)])
 def test_output_scale_alpha(seeded, norm, power):
     """α = N^-p (p = ½, 1): pass A's dM is α Σ cᵀ dt (``query_grad_pass(..., alpha=)``), the conv's and Σ G's
     partials unchanged; pass B fed it gives the reference's dS' and Σ dk̃ of that dM. α = 1 (p = 0) is bitwise the

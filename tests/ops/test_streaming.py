@@ -140,7 +140,7 @@ def test_reference_conv_term_is_the_layers_conv(seeded, hw):
     torch.testing.assert_close(value_conv_heads(vv, conv), want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("norm", ["injective", "rowsum"])
+@pytest.mark.parametrize("norm", STREAMED_NORMS)
 @pytest.mark.parametrize("hw,landmarks", [((9, 13), (3, 4)), (None, 7)], ids=["9x13", "1d"])
 def test_reference_with_conv_equals_the_core_then_the_conv(seeded, norm, hw, landmarks):
     """``attention_with_value_conv`` with the passes' specification (conv in the output pass) against the steps
@@ -167,7 +167,6 @@ def test_shifted_covariance_keeps_float32_bits():
     """The query pass's shifted sums against E[ccᵀ] − c̄c̄ᵀ, both float32, on kernel rows of mean² about 1000 times
     their variance (q of small spread around a common offset, d = 64, 7×7 pooled landmarks): the plain form
     loses about 1e-4 of S (relative Frobenius error), the shifted one stays near float32 round-off."""
-    from laplacianformer.ops.streaming.limits import FLAGS
     from laplacianformer.ops.kernel_families import kernel_spec
     from laplacianformer.ops.streaming.reference import combine_queries, kernel_rows, query_pass
 
@@ -180,7 +179,7 @@ def test_shifted_covariance_keeps_float32_bits():
     c = kernel_rows(q, marks, 32.0, kernel_spec("laplacian"))
     c_mean = c.mean(2, keepdim=True)
     plain = c.transpose(-1, -2) @ c / 4096 - c_mean.transpose(-1, -2) @ c_mean
-    shifted = combine_queries(query_pass(q, q, marks, torch.ones(1, 1, 4096, 1), 32.0, kernel_spec("laplacian"), FLAGS["injective"]))[3]
+    shifted = combine_queries(query_pass(q, q, marks, torch.ones(1, 1, 4096, 1), 32.0, kernel_spec("laplacian"), True))[3]
     error = lambda s: ((s.double() - exact).norm() / exact.norm()).item()  # noqa: E731
     assert error(plain) > 1e-5 and error(shifted) < 1e-6, (error(plain), error(shifted))
 
@@ -220,9 +219,9 @@ def test_forced_backends_refuse_with_the_reason(seeded, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the device check; no kernel runs here
     _, gen = seeded
     cases = [
-        (dict(m=65), "m=65 landmarks: the streaming passes take m <= 64"),
-        (dict(d=129), "d=129, e=8: the streaming passes take d, e <= 128"),
-        (dict(e=130), "d=16, e=130"),
+        (dict(m=65), r"m=65 > 64 \(the most the streaming passes take; register tiles\)"),
+        (dict(d=129), r"d=129 > 128 \(the most the streaming passes take"),
+        (dict(e=130), r"e=130 > 128"),
         (dict(n=0), "empty input"),
     ]
     for kwargs, reason in cases:
@@ -238,7 +237,7 @@ def test_forced_backends_refuse_with_the_reason(seeded, monkeypatch):
     for backend in ("triton", "torch"):
         with use(streaming=backend):
             assert streaming_nystrom(q, q, v, marks, w_inv, s, mask) is None  # a gradient: not asked, the steps run
-            with pytest.raises(ValueError, match="requires grad: the streaming passes are forward"):
+            with pytest.raises(ValueError, match="requires grad: the streaming passes run forward only"):
                 STREAMING(q, q, v, marks, w_inv, s, mask)  # the registry itself refuses
     with torch.no_grad(), use(streaming="torch"):
         assert streaming_nystrom(q, q, v, marks, w_inv, s, mask) is not None  # no gradient: served
@@ -307,10 +306,10 @@ TRITON_CASES = [
     ("injective", True, False, 1, 2, 75, 32, 16, 16),
     ("injective", False, True, 1, 1, 100, 16, 24, 49),
     ("injective", False, False, 1, 1, 40, 5, 8, 16),
-    ("injective_nomean", True, True, 2, 1, 50, 16, 8, 4),
+    ("inline", True, True, 2, 1, 50, 16, 8, 4),
     ("inline", False, False, 1, 1, 70, 20, 16, 16),
-    ("rowsum", True, True, 2, 1, 60, 16, 8, 4),
-    ("none", False, False, 1, 1, 90, 32, 16, 16),
+    ("injective", True, True, 2, 1, 60, 16, 8, 4),
+    ("inline", False, False, 1, 1, 90, 32, 16, 16),
 ]
 
 
@@ -358,9 +357,9 @@ def test_triton_equals_reference(seeded, case):
 @pytest.mark.triton
 @needs_triton
 @pytest.mark.parametrize("case,hw", [(("injective", False, False, 1, 2, 117, 16, 16, 16), (9, 13)),
-                                     (("rowsum", True, False, 2, 1, 7, 16, 8, 4), (1, 7)),
+                                     (("inline", True, False, 2, 1, 7, 16, 8, 4), (1, 7)),
                                      (("inline", True, False, 1, 2, 40, 16, 24, 4), None)],
-                         ids=["injective-9x13", "rowsum-1x7", "inline-1d-e24"])
+                         ids=["injective-9x13", "inline-1x7", "inline-1d-e24"])
 def test_triton_conv_equals_reference(seeded, case, hw):
     """The output pass with the DWConv(V) term against the float64 reference (V read in place as the head view
     of its tokens; e = 24 is not a power of two; no bias in the 1-D case)."""
@@ -392,7 +391,7 @@ PROFILE_FAMILIES = [spec.name for spec in KERNEL_FAMILIES.values()
 @pytest.mark.parametrize("kernel", PROFILE_FAMILIES)
 def test_triton_kernel_families_equal_reference(seeded, kernel):
     """Every pass for the other families: K ≠ Q, masked, injective (query pass with Σ C_k, combine, key pass,
-    output) and K = Q, rowsum, with the conv on a 1-D sequence (key pass with Σ C_k, output with DWConv(V))."""
+    output) and K = Q, inline, with the conv on a 1-D sequence (key pass, output with DWConv(V))."""
     _, gen = seeded
     f64 = lambda t: None if t is None else t.cpu().double()  # noqa: E731
     (qs, ks, vv, marks, w_inv), s, mask = _triton_case(gen, "injective", False, True, 1, 1, 50, 20, 8, 16, kernel)
@@ -402,7 +401,7 @@ def test_triton_kernel_families_equal_reference(seeded, kernel):
                                        s.norm, s.norm_eps, mask.cpu(), scale_power=scale_power(s.norm, s.norm_scale))
     err = ((got.cpu().double() - want).abs().max() / want.abs().max()).item()
     assert err < 1e-5, f"{kernel}: max error {err:.2e} relative to the largest output"
-    (qs, _, _, marks, w_inv), s, _ = _triton_case(gen, "rowsum", True, False, 1, 1, 7, 16, 8, 4, kernel)
+    (qs, _, _, marks, w_inv), s, _ = _triton_case(gen, "inline", True, False, 1, 1, 7, 16, 8, 4, kernel)
     tokens = torch.randn(1, 7, 8, generator=gen).to(DEVICE)
     vv = tokens.view(1, 7, 1, 8).transpose(1, 2)
     conv = _conv(gen, tokens, None, bias=False)
@@ -464,7 +463,7 @@ def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     enumerated = record_launches.enumerated(st.aot_specialisations())
     launched = record_launches(st, "query_stats_kernel", "combine_kernel", "key_pass_kernel", "output_kernel")
     _, gen = seeded
-    for case in [("injective", False, False, 1, 1, 40, 16, 24, 49), ("rowsum", True, True, 1, 1, 40, 16, 8, 4)]:
+    for case in [("injective", False, False, 1, 1, 40, 16, 24, 49), ("inline", True, True, 1, 1, 40, 16, 8, 4)]:
         (qs, ks, vv, marks, w_inv), s, mask = _triton_case(gen, *case)
         st.streaming_triton(qs, qs if case[1] else ks, vv, marks, w_inv, s.bandwidth, s.kernel, s.norm, s.norm_eps,
                             mask)
@@ -472,7 +471,7 @@ def test_every_launch_is_enumerated_for_the_aot_check(seeded, record_launches):
     tokens = vv.transpose(1, 2).contiguous().view(1, 40, 16)
     st.streaming_triton(qs, qs, tokens.view(1, 40, 2, 8).transpose(1, 2), marks, w_inv, s.bandwidth, s.kernel,
                         s.norm, s.norm_eps, None, _conv(gen, tokens, (5, 8)))
-    assert len(launched) == 4 + 2 + 4 and set(launched) <= enumerated, set(launched) - enumerated
+    assert len(launched) == 3 * 4 and set(launched) <= enumerated, set(launched) - enumerated  # four passes a call
     assert any(("CONV", "True") in meta for name, meta, *_ in launched if name == "output_kernel")
 
 

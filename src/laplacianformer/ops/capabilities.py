@@ -21,7 +21,7 @@ import torch
 from . import _runtime
 from .kernel_families import kernel_spec
 
-__all__ = ["Call", "Serves", "unserved"]
+__all__ = ["Call", "Serves", "not_exportable", "triton_missing", "unserved"]
 
 
 @dataclass(frozen=True)
@@ -108,9 +108,12 @@ def _variants(serves: Serves, call: Call) -> str | None:
 
 def unserved(serves: Serves, call: Call) -> str | None:
     """Why a backend declaring ``serves`` cannot take ``call``, or None: the first failed clause in the order
-    masks, norm / solver / ns_backward, kernel family, device, dtype, empty input, sizes, gradient."""
+    gradient (a forward-only backend), masks, norm / solver / ns_backward, kernel family, device, dtype, empty
+    input, sizes."""
     tensors = [t for t in call.tensors if isinstance(t, torch.Tensor)]
     everything = tensors + [t for t in call.aux if isinstance(t, torch.Tensor)]
+    if not serves.grad and torch.is_grad_enabled() and any(t.requires_grad for t in everything):
+        return f"an input requires grad: {serves.what} run forward only"
     if call.masked and not serves.masks:
         return f"a key_padding_mask is not supported by {serves.what}"
     why = _variants(serves, call)
@@ -125,9 +128,15 @@ def unserved(serves: Serves, call: Call) -> str | None:
         return why
     if any(t.numel() == 0 for t in tensors):
         return "empty input"
-    why = _sizes(serves, call)
-    if why is not None:
-        return why
-    if not serves.grad and torch.is_grad_enabled() and any(t.requires_grad for t in everything):
-        return f"an input requires grad: {serves.what} run forward only"
-    return None
+    return _sizes(serves, call)
+
+
+def not_exportable() -> str | None:
+    """What no declaration says, for every backend of custom kernels: they are not exportable to ONNX."""
+    return "torch.onnx export in progress (custom kernels are not exportable)" if _runtime.onnx_exporting() else None
+
+
+def triton_missing() -> str | None:
+    """Why Triton cannot run here (not installed, no usable driver), or None."""
+    ok, why = _runtime.triton_available()
+    return None if ok else why

@@ -28,8 +28,12 @@ NORM_SCALE_POWERS = {"one": 0.0, "inv_sqrt_n": 0.5, "inv_n": 1.0}
 NORM_SCALES = tuple(NORM_SCALE_POWERS)  # the operator's; the module adds "learned" (docs/DESIGN.md §4.6)
 SOLVERS = ("newton_schulz", "cg", "exact")
 """The regularised inverse (docs/DESIGN.md §3): Newton–Schulz; CG and the exact solve are ablations."""
+SHIPPED_SOLVERS = SOLVERS[:1]
+"""The solver of the shipped configurations, which the fused backends serve; "cg" and "exact" run the steps."""
 NS_BACKWARDS = ("implicit", "unrolled")
 """The gradient of the Newton–Schulz inverse (docs/DESIGN.md §3): the implicit formula; unrolled is an ablation."""
+SHIPPED_NS_BACKWARDS = NS_BACKWARDS[:1]
+"""The backward of the shipped configurations, which the fused training passes serve; "unrolled" runs the steps."""
 
 
 def check_choice(name: str, value: str, choices: Sequence[str]) -> str:

@@ -15,10 +15,12 @@ tries them:
   ops ``kernel``, ``normalization``), which serves everything.
 
 A call that may need a gradient never reaches the registry (``streaming_nystrom`` returns None: the step
-path has the backward). Both pass backends refuse graph tracing or a dispatch mode (which must see the
-ops), m > 64, d or e > 128, and (``triton``) another dtype than float32, float16 or bfloat16
+path has the backward). What the pass backends serve is declared (``limits.PASSES``, ``limits.TRITON_PASSES``,
+docs/DESIGN.md §6.3): the shipped norms (the ablation norms "rowsum", "none", "injective_nomean" run the step
+path), m <= 64, d, e <= 128, and (``triton``) CUDA tensors in float32, float16 or bfloat16
 (``limits.LOAD_DTYPES``: half q, k, v are read as they are, summed in float32, the output written in v's
-dtype; ``torch`` computes the same in float32); they serve CUDA-graph stream capture (the passes make no
+dtype; ``torch`` computes the same in float32) of a family with a Triton profile. Both refuse graph tracing
+or a dispatch mode (which must see the ops); they serve CUDA-graph stream capture (the passes make no
 host synchronisation). The output includes the settings' output scale of §4.6 (``norm_scale``: the
 whitened part times α = n^-p, n each sequence's valid keys, computed on the device); a learned gain is the
 caller's post-op (``nystrom`` does not ask the op then).
@@ -40,16 +42,13 @@ from __future__ import annotations
 
 import torch
 
-from .. import _runtime
-from ..dispatch import Backend, Op
+from ..capabilities import Call, triton_missing, unserved
 from ..settings import AttentionSettings
-from .gates import cuda_only_auto_refusal, float32_of, kernel_unserved, needs_grad as _needs_grad, step_path, triton_device
-from .limits import FLAGS, conv_unfit, scale_power, unfit
+from .gates import eager_only, float32_of, fused_op, needs_grad as _needs_grad, triton_device
+from .limits import PASSES, STREAMED_NORMS, TRITON_PASSES, conv_unfit, scale_power
 from .reference import streaming_nystrom_reference
 
 __all__ = ["STREAMING", "STREAMED_NORMS", "streaming_nystrom", "streaming_nystrom_reference", "triton_device"]
-
-STREAMED_NORMS = tuple(FLAGS)
 
 
 def streaming_nystrom(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks: torch.Tensor,
@@ -70,49 +69,33 @@ def streaming_nystrom(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, mark
     return STREAMING(qs, ks, vv, marks, w_inv, s, mask, conv)
 
 
-def _conv_tensors(conv) -> list:
-    return [] if conv is None else [t for t in (conv.weight, conv.bias) if t is not None]
+def _conv_tensors(conv) -> tuple:
+    return () if conv is None else tuple(t for t in (conv.weight, conv.bias) if t is not None)
 
 
-def _pass_refusal(qs, ks, vv, marks, w_inv, s, mask, conv=None) -> str | None:
-    """What both pass backends refuse."""
-    if _needs_grad(qs, ks, vv, marks, w_inv, *_conv_tensors(conv)):  # only when called through STREAMING directly
-        return "an input requires grad: the streaming passes are forward-only (the step path has the backward)"
-    why = _runtime.capture_reason(modes=True, streams=False)  # a CUDA graph records the passes as they are
-    if why is not None:
-        return f"{why} (the streaming passes run eagerly only)"
-    if qs.shape[-2] == 0 or vv.shape[-1] == 0:
-        return "empty input"
-    why = unfit(s.norm, marks.shape[-2], qs.shape[-1], vv.shape[-1])
-    if why is None and conv is not None:
-        why = conv_unfit(conv, vv, mask)
-        return None if why is None else f"DWConv(V) not fused: {why}"
-    return why
+def _call(qs, ks, vv, marks, w_inv, s, mask, conv=None) -> Call:
+    """The op's arguments as the ``Call`` its backends' declarations are checked against: q, k, v read in one
+    dtype; the landmarks, W⁺, the mask and the conv's parameters (dtypes of their own) checked for their device
+    and gradient."""
+    return Call((qs, ks, vv), kernel=s.kernel, norm=s.norm, m=marks.shape[-2], d=qs.shape[-1], e=vv.shape[-1],
+                masked=mask is not None,
+                aux=(marks, w_inv) + (() if mask is None else (mask,)) + _conv_tensors(conv))
 
 
-def _triton_refusal(qs, ks, vv, marks, w_inv, s, mask, conv=None) -> str | None:
-    why = _pass_refusal(qs, ks, vv, marks, w_inv, s, mask, conv)
-    why = why or kernel_unserved(s)
-    if why is not None:
-        return why
-    if len({qs.dtype, ks.dtype, vv.dtype}) != 1:
-        return f"q, k, v in {qs.dtype}, {ks.dtype}, {vv.dtype}: the passes read one dtype"
-    why = unfit(s.norm, marks.shape[-2], qs.shape[-1], vv.shape[-1], qs.dtype)
-    if why is None and conv is not None:
-        why = conv_unfit(conv, vv, mask, qs.dtype)
-        why = None if why is None else f"DWConv(V) not fused: {why}"
-    if why is not None:
-        return why
-    tensors = [qs, ks, vv, marks, w_inv] + ([] if mask is None else [mask]) + _conv_tensors(conv)
-    devices = {t.device.type for t in tensors}
-    if len(devices) != 1 or not triton_device(qs.device):
-        return f"tensors on {sorted(devices)}, not cuda (set TRITON_INTERPRET=1 to run Triton on the CPU)"
-    ok, why = _runtime.triton_available()
-    return None if ok else why
+def _conv_refusal(dtype, qs, ks, vv, marks, w_inv, s, mask, conv=None) -> str | None:
+    """A conv the output pass cannot fuse (``limits.conv_unfit``; given ``dtype``, the Triton kernel's)."""
+    why = None if conv is None else conv_unfit(conv, vv, mask, dtype)
+    return None if why is None else f"DWConv(V) not fused: {why}"
 
 
-def _torch_auto_refusal(*_inputs) -> str | None:
-    return "the passes' PyTorch specification, for tests: the step path is faster where Triton does not run"
+def _pass_refusal(*inputs) -> str | None:
+    return eager_only(PASSES.what) or unserved(PASSES, _call(*inputs)) or _conv_refusal(None, *inputs)
+
+
+def _triton_refusal(*inputs) -> str | None:
+    call = _call(*inputs)
+    return (eager_only(PASSES.what) or unserved(TRITON_PASSES, call) or _conv_refusal(call.tensors[0].dtype, *inputs)
+            or triton_missing())
 
 
 def _triton(qs, ks, vv, marks, w_inv, s, mask, conv=None):
@@ -131,10 +114,8 @@ def _torch(qs, ks, vv, marks, w_inv, s, mask, conv=None):
     return out.to(out_dtype)
 
 
-
-STREAMING = Op("streaming", [
-    Backend("triton", _triton, _triton_refusal, cuda_only_auto_refusal),
-    Backend("torch", _torch, _pass_refusal, _torch_auto_refusal),
-    Backend("steps", step_path),
-], signature="streaming_nystrom(qs, ks, vv, marks, w_inv, settings, mask[, conv]): qs, ks (B, H, N, d), "
+STREAMING = fused_op(
+    "streaming", (_triton, _triton_refusal), (_torch, _pass_refusal),
+    "the passes' PyTorch specification, for tests: the step path is faster where Triton does not run",
+    signature="streaming_nystrom(qs, ks, vv, marks, w_inv, settings, mask[, conv]): qs, ks (B, H, N, d), "
               "vv (B, H, N, e), conv a ValueConv or None; None from 'steps' = run the step path")

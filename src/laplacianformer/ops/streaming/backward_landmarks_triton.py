@@ -10,8 +10,7 @@ g = b·H + h; the row passes' partials (G, S, ·) are summed here in split order
   (for the query side's constant −(1/n) M Σ G, M = α W⁺ M', α the output scale of the whitened norms,
   docs/DESIGN.md §4.6: a runtime argument, 1 otherwise; pass A's dM already carries α, so dM' and dW⁺ = dM M'ᵀ
   with the unscaled M' need nothing more); then dM' = W⁺ᵀ dM (written) and dM' Σ v (the key side's
-  −(1/n) Σ_j dk̃_j without whitening). Then, per the norm's flags: rowsum's db (dW⁺ += db (Σ C_k)ᵀ, key
-  constant W⁺ᵀ db); whiten's dS' = Σ_s pass B's partials, T₁ = W⁺ dS'ᵀ, T₂ = W⁺ dS', dW⁺ += S T₁ + Sᵀ T₂ and
+  −(1/n) Σ_j dk̃_j without whitening). Then, with ``WHITEN`` ("injective"): dS' = Σ_s pass B's partials, T₁ = W⁺ dS'ᵀ, T₂ = W⁺ dS', dW⁺ += S T₁ + Sᵀ T₂ and
   the query covariance term (dS + dSᵀ)/n = (T₁ + T₂) W⁺ᵀ / n (dS = W⁺ dS' W⁺ᵀ), the key constant −(1/n) Σ dk̃
   from pass B; dW = −W⁺ᵀ dW⁺ W⁺ᵀ, and dL through W = k(L, L): with
   G = dW ∘ dk/dD (``_triton_common.kernel_chain``: dW ∘ W · (−1/λ) for the Laplacian and the Gaussian; a family
@@ -51,7 +50,8 @@ from .._triton_common import distinct_launches, kernel_chain, power_of_two_sizes
 from .._triton_common import product_from_memory as _product
 from ..kernel.limits import TRITON_KERNEL_IDS
 from .backward_stats_triton import POINTER_TYPES, check_alpha
-from .limits import BLOCK_ROWS, FLAGS, LOAD_DTYPES, MAX_D, MAX_M, splits_for, triton_kernel_id, unfit
+from .limits import (BLOCK_ROWS, LOAD_DTYPES, MAX_D, MAX_M, STREAMED_NORMS, splits_for, triton_kernel_id, unfit,
+                     whitens)
 from .triton import MAXNREG, _p2
 
 
@@ -93,16 +93,15 @@ def _conv_param_grads(PDW, PG, DWEIGHT, DBIAS, h, B, H, E, SPLITS, BLOCK_E: tl.c
 
 
 @triton.jit
-def landmark_grad_kernel(WI, W, MARKS, COV, MP, KSUM, VSUM, PDM, PG, PDB, PDSP, PDKT, PDW, WORK,
+def landmark_grad_kernel(WI, W, MARKS, COV, MP, VSUM, PDM, PG, PDSP, PDKT, PDW, WORK,
                          DMP, QCOV, QCONST, KCONST, VCONST, DMARKS, DWEIGHT, DBIAS,
                          B, H, M, D, E, SPLITS, n, scale, alpha,
-                         WHITEN: tl.constexpr, CENTRE_K: tl.constexpr, CENTRE_Q: tl.constexpr,
-                         ADD_MEAN: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr, KID: tl.constexpr,
+                         WHITEN: tl.constexpr, CONV: tl.constexpr, KID: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_K: tl.constexpr):
     """Pass C of group program_id(0) (module docstring). State: WI = W⁺, W, COV = S (G, M, M), MARKS (G, M, D),
-    MP = Σ M' (G, M, E), KSUM = Σ C_k (G, M), VSUM = Σ v (G, E); partials PDM (G, S, M, E), PG (G, S, E),
-    PDB (G, S, M), PDSP (G, S, M, M), PDKT (G, S, M), PDW (G, S, 9, E) (read only under their flags); WORK the
+    MP = Σ M' (G, M, E), VSUM = Σ v (G, E); partials PDM (G, S, M, E), PG (G, S, E), PDSP (G, S, M, M),
+    PDKT (G, S, M) (WHITEN), PDW (G, S, 9, E) (CONV) (read only under their flags); WORK the
     group's float32 scratch (4 (BLOCK_M, BLOCK_M) slots, then dM (M, E)), phases separated by CTA barriers.
     Writes DMP = dM' (G, M, E), QCOV (G, M, M) (WHITEN), QCONST, KCONST (G, M), VCONST (G, E),
     DMARKS (G, M, D), and with CONV for g < H, DWEIGHT (H·E, 1, 3, 3) and DBIAS (H·E,). alpha: the output scale α
@@ -132,25 +131,16 @@ def landmark_grad_kernel(WI, W, MARKS, COV, MP, KSUM, VSUM, PDM, PG, PDB, PDSP, 
         mp = tl.load(MP + g * M * E + me_offs, mask=tile, other=0.0)
         dw_inv = tl.dot(dm, tl.trans(mp), dw_inv, input_precision="ieee")
         g_sum = _split_sum_vec(PG, g, SPLITS, E, re, cols, BLOCK_E)
-        v_const = tl.zeros((BLOCK_E,), dtype=tl.float32)
-        if ADD_MEAN:
-            v_const = g_sum / n
-        tl.store(VCONST + g * E + re, v_const, mask=cols)
-        if CENTRE_Q:
+        tl.store(VCONST + g * E + re, g_sum / n, mask=cols)
+        if WHITEN:
             mp_g += tl.sum(mp * g_sum[None, :], axis=1)
     if CONV:
         if g < H:
             _conv_param_grads(PDW, PG, DWEIGHT, DBIAS, g, B, H, E, SPLITS, BLOCK_E)
     q_const = tl.zeros((BLOCK_M,), dtype=tl.float32)
     k_const = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if CENTRE_Q:  # −(1/n) M Σ G, M = α W⁺ M'
+    if WHITEN:  # −(1/n) M Σ G, M = α W⁺ M'
         q_const = -(tl.sum(tl.load(WIg + sq_offs, mask=square, other=0.0) * mp_g[None, :], axis=1) * alpha) / n
-    if ROWSUM:  # dW⁺ += db (Σ C_k)ᵀ; key constant W⁺ᵀ db
-        db = _split_sum_vec(PDB, g, SPLITS, M, rm, rows, BLOCK_M)
-        k_sum = tl.load(KSUM + g * M + rm, mask=rows, other=0.0)
-        dw_inv += db[:, None] * k_sum[None, :]
-        k_const = tl.sum(tl.load(WIg + sq_offs, mask=square, other=0.0) * db[:, None], axis=0)
-    if WHITEN:
         k_const = -_split_sum_vec(PDKT, g, SPLITS, M, rm, rows, BLOCK_M) / n
         tl.store(S0 + slot_offs, _split_sum_tile(PDSP, g, SPLITS, M * M, sq_offs, square, BLOCK_M, BLOCK_M))
     tl.debug_barrier()  # dM (and dS') complete in the scratch
@@ -162,9 +152,9 @@ def landmark_grad_kernel(WI, W, MARKS, COV, MP, KSUM, VSUM, PDM, PG, PDB, PDSP, 
         tile = rows[:, None] & cols[None, :]
         dmp = _product(WIg, 1, M, DMg + e0, E, 1, M, M, E - e0, BLOCK_M, BLOCK_E, BLOCK_K)
         tl.store(DMP + g * M * E + rm[:, None] * E + re[None, :], dmp, mask=tile)
-        if CENTRE_K and not WHITEN:
+        if not WHITEN:
             dmp_v += tl.sum(dmp * tl.load(VSUM + g * E + re, mask=cols, other=0.0)[None, :], axis=1)
-    if CENTRE_K and not WHITEN:
+    if not WHITEN:
         k_const = -dmp_v / n
     tl.store(QCONST + g * M + rm, q_const, mask=rows)
     tl.store(KCONST + g * M + rm, k_const, mask=rows)
@@ -275,7 +265,7 @@ def launchable_maxnreg(num_warps: int) -> int:
     return min(MAXNREG, BLOCK_REGISTERS // (32 * num_warps))
 
 
-def landmark_grad_spec(m: int, e: int, kid: int, flags: dict, conv: bool) -> dict:
+def landmark_grad_spec(m: int, e: int, kid: int, whiten: bool, conv: bool) -> dict:
     """Pass C's launch: one program per group, 8 warps with up to 255 registers each (the whole register file
     of a block). Its up to nine m×m products read their operands in k-chunks of BLOCK_K from memory: with whole
     (64, 64) operands in registers the whitened norms spilled up to 912 bytes at 16 warps and 255 registers (a
@@ -284,8 +274,7 @@ def landmark_grad_spec(m: int, e: int, kid: int, flags: dict, conv: bool) -> dic
     BLOCK_E <= 32 columns, d in chunks of BLOCK_D (8192 / BLOCK_M²: 32, 8, 2 at BLOCK_M = 16, 32, 64);
     nothing depends on d."""
     block_m = _p2(m)
-    return dict(WHITEN=flags["whiten"], CENTRE_K=flags["centre_k"], CENTRE_Q=flags["centre_q"],
-                ADD_MEAN=flags["add_mean"], ROWSUM=flags["rowsum"], CONV=conv, KID=kid, BLOCK_M=block_m,
+    return dict(WHITEN=whiten, CONV=conv, KID=kid, BLOCK_M=block_m,
                 BLOCK_E=min(_p2(e), 32), BLOCK_D=LANDMARK_GRAD_ELEMENTS // (block_m * block_m), BLOCK_K=16,
                 num_warps=8, num_stages=1, maxnreg=launchable_maxnreg(8))
 
@@ -318,8 +307,8 @@ def landmark_grad_triton(st, a: dict, b: dict | None, n: int, bandwidth: float, 
                          conv_weight: torch.Tensor | None = None, alpha: float = 1.0) -> dict:
     """Pass C (``backward_reference.landmark_grad``) from the partials of passes A and B, one launch.
 
-    st: the float32 ``ForwardState`` (B, H, ·); a: pass A's partials {"pdm" (G, S, m, e), "pg" (G, S, e), "pdb"
-    (G, S, m) (rowsum, else None), "pdw" (G, S, 9, e) (with a conv, else None)}; b: pass B's {"pdsp" (G, S, m, m),
+    st: the float32 ``ForwardState`` (B, H, ·); a: pass A's partials {"pdm" (G, S, m, e), "pg" (G, S, e),
+    "pdw" (G, S, 9, e) (with a conv, else None)}; b: pass B's {"pdsp" (G, S, m, m),
     "pdkt" (G, S, m)} for the whitened norms, else None; n the row count; conv_weight (H·e, 1, 3, 3) or None
     (any float dtype: only its shape is read); ``alpha`` the output scale α of the whitened norms
     (``limits.output_alpha``, 1 for the others: pass A's dM already carries it, q_const reads M = α W⁺ M').
@@ -332,21 +321,18 @@ def landmark_grad_triton(st, a: dict, b: dict | None, n: int, bandwidth: float, 
     if why is not None:
         raise ValueError(f"landmark_grad_triton: st: {why}")
     kid = triton_kernel_id("landmark_grad_triton", kernel)
-    flags, groups = FLAGS[norm], bsz * h
+    whiten, groups = whitens(norm), bsz * h
     alpha = check_alpha("landmark_grad_triton", norm, alpha)
     for name, x, shape in (("marks", st.marks, (bsz, h, m, d)), ("w", st.w, (bsz, h, m, m)),
                            ("w_inv", st.w_inv, (bsz, h, m, m)), ("cov", st.cov, (bsz, h, m, m)),
-                           ("m_prime", st.m_prime, (bsz, h, m, e)),
-                           ("k_sum", st.k_sum, (bsz, h, m)), ("v_sum", st.v_sum, (bsz, h, e))):
+                           ("m_prime", st.m_prime, (bsz, h, m, e)), ("v_sum", st.v_sum, (bsz, h, e))):
         _check(f"landmark_grad_triton: st.{name}", x, shape)
     if not isinstance(a.get("pdm"), torch.Tensor) or a["pdm"].dim() != 4:
         raise ValueError("landmark_grad_triton: a['pdm']: expected pass A's (G, S, m, e) partials")
     splits = a["pdm"].shape[1]
     _check("landmark_grad_triton: a['pdm']", a["pdm"], (groups, splits, m, e))
     _check("landmark_grad_triton: a['pg']", a["pg"], (groups, splits, e))
-    if flags["rowsum"]:
-        _check("landmark_grad_triton: a['pdb'] (rowsum)", a.get("pdb"), (groups, splits, m))
-    if flags["whiten"]:
+    if whiten:
         if b is None:
             raise ValueError(f"landmark_grad_triton: b: norm {norm!r} whitens: pass B's partials are needed")
         # pass B walks the same splits as pass A (``limits.splits_for``)
@@ -363,21 +349,20 @@ def landmark_grad_triton(st, a: dict, b: dict | None, n: int, bandwidth: float, 
     f32 = dict(dtype=torch.float32, device=dev)
     wi, w, cov = (_groups(x, m, m) for x in (st.w_inv, st.w, st.cov))
     marks, mp = _groups(st.marks, m, d), _groups(st.m_prime, m, e)
-    k_sum, v_sum = _groups(st.k_sum, m), _groups(st.v_sum, e)
+    v_sum = _groups(st.v_sum, e)
     pdm, pg = a["pdm"].contiguous(), a["pg"].contiguous()
-    pdb = a["pdb"].contiguous() if flags["rowsum"] else pg  # placeholders where a flag leaves them unread
-    pdsp, pdkt = (b["pdsp"].contiguous(), b["pdkt"].contiguous()) if flags["whiten"] else (pg, pg)
+    pdsp, pdkt = (b["pdsp"].contiguous(), b["pdkt"].contiguous()) if whiten else (pg, pg)  # placeholders: unread
     pdw = a["pdw"].contiguous() if conv else pg
     d_mprime = torch.empty(bsz, h, m, e, **f32)
-    q_cov = torch.empty(bsz, h, m, m, **f32) if flags["whiten"] else None
+    q_cov = torch.empty(bsz, h, m, m, **f32) if whiten else None
     q_const, k_const = torch.empty(bsz, h, m, **f32), torch.empty(bsz, h, m, **f32)
     v_const = torch.empty(bsz, h, e, **f32)
     d_marks = torch.empty(bsz, h, m, d, **f32)
     dweight = torch.empty(h * e, 1, 3, 3, **f32) if conv else None
     dbias = torch.empty(h * e, **f32) if conv else None
-    meta, opts = _launch(landmark_grad_spec(m, e, kid, flags, conv))
+    meta, opts = _launch(landmark_grad_spec(m, e, kid, whiten, conv))
     work = torch.empty(groups, 4 * meta["BLOCK_M"] ** 2 + m * e, **f32)
-    landmark_grad_kernel[(groups,)](wi, w, marks, cov, mp, k_sum, v_sum, pdm, pg, pdb, pdsp, pdkt, pdw, work,
+    landmark_grad_kernel[(groups,)](wi, w, marks, cov, mp, v_sum, pdm, pg, pdsp, pdkt, pdw, work,
                                     d_mprime, q_const if q_cov is None else q_cov, q_const, k_const, v_const, d_marks,
                                     pg if dweight is None else dweight, pg if dbias is None else dbias,
                                     bsz, h, m, d, e, splits, float(n), -1.0 / float(bandwidth), alpha, **meta,
@@ -403,7 +388,7 @@ def pool_grad_triton(dq: torch.Tensor, d_marks_w: torch.Tensor, pdl: torch.Tenso
         raise ValueError(f"pool_grad_triton: hw={hw} is not a grid of the N={n} tokens")
     if lh < 1 or lw < 1:
         raise ValueError(f"pool_grad_triton: grid={grid} is not a landmark grid")
-    why = unfit("none", m, d, 1, dq.dtype)
+    why = unfit(None, m, d, 1, dq.dtype)
     if why is not None:
         raise ValueError(f"pool_grad_triton: grid: {why}")
     groups = bsz * h
@@ -438,10 +423,10 @@ def _launches(m: int, e: int):
     column chunk, labelled ``ec``)."""
     for kid in sorted(TRITON_KERNEL_IDS):
         kind = f"dtype=fp32 kid={kid}"
-        for norm, flags in FLAGS.items():
-            inj = int(norm == "injective")
+        for norm in STREAMED_NORMS:
+            inj = int(whitens(norm))
             for conv in (False, True):
-                yield (landmark_grad_kernel, landmark_grad_spec(m, e, kid, flags, conv),
+                yield (landmark_grad_kernel, landmark_grad_spec(m, e, kid, whitens(norm), conv),
                        f"bwd_landmark_grad {kind} m={m} ec={min(e, 32)} inj={inj} norm={norm} conv={int(conv)}")
     yield pool_grad_kernel, pool_grad_spec(m, e), f"bwd_pool_grad dtype=fp32 m={m} d={e}"
 
@@ -455,7 +440,7 @@ def aot_specialisations(d_max: int = 128, m_max: int = 128):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) ``landmark_grad_triton`` and
     ``pool_grad_triton`` can produce for m <= min(m_max, 64) and d, e <= min(d_max, 128), from the same ``*_spec``
     functions (benchmarks/triton_aot.py): m, d and e as powers of two (the specs see them only through
-    ``next_power_of_2``), every norm's flags, every kernel family of the Triton profile, with and without the conv,
+    ``next_power_of_2``), every streamed norm, every kernel family of the Triton profile, with and without the conv,
     and pass E for each dq
     dtype (labels ``dtype=fp32|fp16|bf16``, DQ typed so); identical specialisations are yielded once per dtype,
     under the label of their first launch."""

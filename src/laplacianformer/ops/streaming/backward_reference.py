@@ -2,12 +2,13 @@
 kernels (``backward_triton.py``; docs/KERNELS.md, "The fused backward"). The forward it differentiates is
 ``reference.py``'s passes after the fused landmark solve (docs/DESIGN.md §2.1, §3, §4.3–§4.5): L = pool(Q),
 W = k(L, L), W⁺ the Newton–Schulz inverse of W + εI with the implicit backward dW = −W⁺ᵀ dW⁺ W⁺ᵀ,
-C_q = k(Q, L), C_k = k(K, L) (one matrix when K = Q), and per ``limits.FLAGS[norm]``
+C_q = k(Q, L), C_k = k(K, L) (one matrix when K = Q), and for a streamed norm (``limits.STREAMED_NORMS``:
+"injective" whitens, ``limits.whitens``; "inline" does not)
 
     c̄, k̄ the column means of C_q, C_k; S = (C_q − c̄)ᵀ(C_q − c̄) / n; S' = W⁺ᵀ S W⁺
-    k̃_j = C_kj − k̄ (centre_k) or C_kj;  s_j = k̃_j S' k̃_jᵀ, r_j = (max(s_j, 0) + ε)^-½ (whiten) or 1
-    M' = Σ_j r_j k̃_jᵀ v_j,  M = α W⁺ M',  c_i = C_qi − c̄ (centre_q) or C_qi
-    out_i = c_i M + v̄ (add_mean) | (c_i M) / (c_i b), b = W⁺ Σ_j C_kj (rowsum)  [+ DWConv(V)_i]
+    k̃_j = C_kj − k̄;  s_j = k̃_j S' k̃_jᵀ, r_j = (max(s_j, 0) + ε)^-½ (whiten) or 1
+    M' = Σ_j r_j k̃_jᵀ v_j,  M = α W⁺ M',  c_i = C_qi − c̄ (whiten) or C_qi
+    out_i = c_i M + v̄  [+ DWConv(V)_i]
 
 with α = n^-p the output scale of §4.6 for the whitened norms (``limits.output_alpha``; 1 otherwise, and for
 p = 0, the paper's unscaled map). No padding mask and no prefix tokens (the fused training path serves
@@ -15,17 +16,16 @@ neither; the steps do). n = N.
 
 The backward for dL/dout = G (B, H, N, e), in the order the kernels run it (per (batch, head) group):
 
-A. ``query_grad_pass`` (rows as queries): dM = α Σ_i c_iᵀ dt_i (the gradient of W⁺M', which the state keeps
-   unscaled) (dt_i = G_i, or G_i / z_i with z_i = c_i b for
-   rowsum, which also gives db = Σ_i dz_i c_i, dz_i = −G_i·out_i / z_i); Σ_i G_i (v̄ and the conv bias);
+A. ``query_grad_pass`` (rows as queries): dM = α Σ_i c_iᵀ G_i (the gradient of W⁺M', which the state keeps
+   unscaled); Σ_i G_i (v̄ and the conv bias);
    with the conv, dweight_c,t = Σ_i G_ic v_(i+off_t),c.
 B. ``key_grad_pass`` (rows as keys; whiten only): with dM' = W⁺ᵀ dM and u_j = v_j dM'ᵀ,
    dr_j = k̃_j·u_j, ds_j = −½ r_j³ dr_j [s_j ≥ 0], dk̃_j = r_j u_j + ds_j k̃_j (S' + S'ᵀ);
    dS' = Σ_j ds_j k̃_jᵀ k̃_j and Σ_j dk̃_j.
-C. ``landmark_grad`` (m×m algebra): dM', dW⁺ = dM M'ᵀ [+ db (Σ C_k)ᵀ] [+ S W⁺ dS'ᵀ + Sᵀ W⁺ dS'],
+C. ``landmark_grad`` (m×m algebra): dM', dW⁺ = dM M'ᵀ [+ S W⁺ dS'ᵀ + Sᵀ W⁺ dS'],
    dW = −W⁺ᵀ dW⁺ W⁺ᵀ and dL from W = k(L, L); the per-row constants of D: the query side's
-   −(1/n) Σ_i dc_i (centre_q) and (dS + dSᵀ)/n with dS = W⁺ dS' W⁺ᵀ (whiten), the key side's
-   −(1/n) Σ_j dk̃_j (centre_k) or W⁺ᵀ db (rowsum), and v̄'s Σ G / n.
+   −(1/n) Σ_i dc_i and (dS + dSᵀ)/n with dS = W⁺ dS' W⁺ᵀ (whiten), the key side's
+   −(1/n) Σ_j dk̃_j, and v̄'s Σ G / n.
 D. ``row_grad_pass`` (every row as query and key): dC_q and dC_k per row, through the kernel derivative
    (∂k(x, l)/∂x = −k(x, l) sign(x − l) / λ; L2: −2 k(x, l)(x − l) / λ) to dq, dk and the rows' part of dL,
    and dv_j = r_j k̃_j dM' + Σ G / n + the conv's transpose applied to G.
@@ -42,13 +42,13 @@ import torch.nn.functional as F
 from ..kernel_families import KernelSpec, kernel_spec
 from ..pooling import pool_landmarks
 from ..value_conv import value_conv_heads
-from .limits import FLAGS, output_alpha
+from .limits import output_alpha, whitens
 from .reference import kernel_rows
 
 
 class ForwardState(NamedTuple):
     """What the forward leaves for the backward, per (batch, head) group (B, H, ·): the landmarks L (m, d), W and
-    W⁺ (m, m), c̄ and k̄ (m), S and S' (m, m; zeros without whiten), Σ M' (m, e), Σ v (e), Σ C_k (m)."""
+    W⁺ (m, m), c̄ and k̄ (m), S and S' (m, m; zeros without whiten), Σ M' (m, e), Σ v (e)."""
 
     marks: torch.Tensor
     w: torch.Tensor
@@ -59,7 +59,6 @@ class ForwardState(NamedTuple):
     sp: torch.Tensor
     m_prime: torch.Tensor
     v_sum: torch.Tensor
-    k_sum: torch.Tensor
 
 
 def _t(x: torch.Tensor) -> torch.Tensor:
@@ -91,35 +90,26 @@ def _whitening(k_t: torch.Tensor, sp: torch.Tensor, eps: float) -> tuple[torch.T
 def forward_state(qs, ks, vv, marks, w, w_inv, bandwidth: float, kernel: str, norm: str, eps: float) -> ForwardState:
     """The state of the forward passes (``ForwardState``) from q, k (``ks is qs`` when K = Q), v (B, H, N, ·),
     the landmarks and (W, W⁺) of the landmark solve."""
-    flags, spec = FLAGS[norm], kernel_spec(kernel)
+    whiten, spec = whitens(norm), kernel_spec(kernel)
     c_q = kernel_rows(qs, marks, bandwidth, spec)
     c_k = c_q if ks is qs else kernel_rows(ks, marks, bandwidth, spec)
     c_mean, k_mean = c_q.mean(-2), c_k.mean(-2)
     zeros = w.new_zeros(w.shape)
     cov, sp = zeros, zeros
-    if flags["whiten"]:
+    k_t = c_k - k_mean.unsqueeze(-2)
+    if whiten:
         centred = c_q - c_mean.unsqueeze(-2)
         cov = _t(centred) @ centred / c_q.shape[-2]
         sp = _t(w_inv) @ cov @ w_inv
-    k_t = c_k - k_mean.unsqueeze(-2) if flags["centre_k"] else c_k
-    if flags["whiten"]:
         k_t = k_t * _whitening(k_t, sp, eps)[1]
-    return ForwardState(marks, w, w_inv, c_mean, k_mean, cov, sp, _t(k_t) @ vv, vv.sum(-2), c_k.sum(-2))
+    return ForwardState(marks, w, w_inv, c_mean, k_mean, cov, sp, _t(k_t) @ vv, vv.sum(-2))
 
 
 def output_of(qs, st: ForwardState, bandwidth: float, kernel: str, norm: str, alpha: float = 1.0) -> torch.Tensor:
     """The Nyström output (B, H, N, e) from the state (no conv): the forward the backward differentiates;
     ``alpha`` the output scale α of the whitened part (``limits.output_alpha``)."""
-    flags = FLAGS[norm]
-    c = kernel_rows(qs, st.marks, bandwidth, kernel_spec(kernel))
-    if flags["centre_q"]:
-        c = c - st.c_mean.unsqueeze(-2)
-    out = c @ _m_mat(st, alpha)
-    if flags["add_mean"]:
-        out = out + (st.v_sum / qs.shape[-2]).unsqueeze(-2)
-    if flags["rowsum"]:
-        out = out / (c @ (st.w_inv @ st.k_sum.unsqueeze(-1)))
-    return out
+    _, c = _query_factor(qs, st, bandwidth, kernel_spec(kernel), whitens(norm))
+    return c @ _m_mat(st, alpha) + (st.v_sum / qs.shape[-2]).unsqueeze(-2)
 
 
 def _m_mat(st: ForwardState, alpha: float) -> torch.Tensor:
@@ -127,33 +117,18 @@ def _m_mat(st: ForwardState, alpha: float) -> torch.Tensor:
     return alpha * (st.w_inv @ st.m_prime)
 
 
-def _query_factor(qs, st: ForwardState, bandwidth, spec, flags) -> tuple[torch.Tensor, torch.Tensor]:
-    """(C_q, c): the query kernel rows and the factor the output reads (centred with centre_q)."""
+def _query_factor(qs, st: ForwardState, bandwidth, spec, whiten: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(C_q, c): the query kernel rows and the factor the output reads (centred with whiten)."""
     c_q = kernel_rows(qs, st.marks, bandwidth, spec)
-    return c_q, (c_q - st.c_mean.unsqueeze(-2) if flags["centre_q"] else c_q)
-
-
-def _rowsum_terms(c, grad, st: ForwardState):
-    """rowsum: (dt, dz) per row: out = t / z, t = c M, z = c b."""
-    b_vec = st.w_inv @ st.k_sum.unsqueeze(-1)
-    z = c @ b_vec
-    out = (c @ (st.w_inv @ st.m_prime)) / z
-    return grad / z, -(grad * out).sum(-1, keepdim=True) / z
+    return c_q, (c_q - st.c_mean.unsqueeze(-2) if whiten else c_q)
 
 
 def query_grad_pass(grad, qs, vv, st: ForwardState, bandwidth: float, kernel: str, norm: str, conv=None,
                     alpha: float = 1.0) -> dict:
-    """Pass A: {"dm": dM = α cᵀ dt (B, H, m, e), "g_sum": Σ G (B, H, e), "db": db (B, H, m) (rowsum, else None),
-    "dweight": (C, 1, 3, 3), "dbias": (C,) (with ``conv``, else None)}. grad (B, H, N, e)."""
-    flags = FLAGS[norm]
-    _, c = _query_factor(qs, st, bandwidth, kernel_spec(kernel), flags)
-    db = None
-    if flags["rowsum"]:
-        dt, dz = _rowsum_terms(c, grad, st)
-        db = (dz * c).sum(-2)
-    else:
-        dt = grad
-    out = dict(dm=alpha * (_t(c) @ dt), g_sum=grad.sum(-2), db=db, dweight=None, dbias=None)
+    """Pass A: {"dm": dM = α cᵀ G (B, H, m, e), "g_sum": Σ G (B, H, e), "dweight": (C, 1, 3, 3), "dbias": (C,)
+    (with ``conv``, else None)}. grad (B, H, N, e)."""
+    _, c = _query_factor(qs, st, bandwidth, kernel_spec(kernel), whitens(norm))
+    out = dict(dm=alpha * (_t(c) @ grad), g_sum=grad.sum(-2), dweight=None, dbias=None)
     if conv is not None:
         vv_ = vv.detach().requires_grad_(True)
         weight = conv.weight.detach().to(vv.dtype).requires_grad_(True)
@@ -188,27 +163,20 @@ def landmark_grad(st: ForwardState, a: dict, b: dict | None, n: int, bandwidth: 
     """Pass C: from pass A's ``a`` and pass B's ``b`` (whiten, else None) -> {"d_mprime" (B, H, m, e), "q_cov"
     (B, H, m, m) or None, "q_const" (B, H, m), "k_const" (B, H, m), "v_const" (B, H, e), "d_marks" (B, H, m, d):
     dL through W}. The row pass D adds q_const + (C_q − c̄) q_cov to dC_q, k_const to dC_k, v_const to dv."""
-    flags, spec = FLAGS[norm], kernel_spec(kernel)
+    whiten, spec = whitens(norm), kernel_spec(kernel)
     w_inv = st.w_inv
-    m_mat = _m_mat(st, alpha)
     d_mprime = _t(w_inv) @ a["dm"]
     dw_inv = a["dm"] @ _t(st.m_prime)
-    zeros_m = st.c_mean.new_zeros(st.c_mean.shape)
-    q_const, k_const, q_cov = zeros_m, zeros_m, None
-    if flags["rowsum"]:
-        dw_inv = dw_inv + a["db"].unsqueeze(-1) * st.k_sum.unsqueeze(-2)
-        k_const = (_t(w_inv) @ a["db"].unsqueeze(-1)).squeeze(-1)
-    if flags["whiten"]:
+    q_const, q_cov = st.c_mean.new_zeros(st.c_mean.shape), None
+    if whiten:
         dsp = b["dsp"]
         dw_inv = dw_inv + st.cov @ w_inv @ _t(dsp) + _t(st.cov) @ w_inv @ dsp
         d_cov = w_inv @ dsp @ _t(w_inv)
         q_cov = (d_cov + _t(d_cov)) / n
-    if flags["centre_k"]:
-        dkt_sum = b["dkt_sum"] if flags["whiten"] else (st.v_sum.unsqueeze(-2) @ _t(d_mprime)).squeeze(-2)
-        k_const = -dkt_sum / n
-    if flags["centre_q"]:
-        q_const = -(a["g_sum"].unsqueeze(-2) @ _t(m_mat)).squeeze(-2) / n
-    v_const = a["g_sum"] / n if flags["add_mean"] else a["g_sum"].new_zeros(a["g_sum"].shape)
+        q_const = -(a["g_sum"].unsqueeze(-2) @ _t(_m_mat(st, alpha))).squeeze(-2) / n
+    dkt_sum = b["dkt_sum"] if whiten else (st.v_sum.unsqueeze(-2) @ _t(d_mprime)).squeeze(-2)
+    k_const = -dkt_sum / n
+    v_const = a["g_sum"] / n
     dw = -_t(w_inv) @ dw_inv @ _t(w_inv)
     dx, dl = kernel_rows_grad(st.marks, st.marks, st.w, dw, bandwidth, spec)
     return dict(d_mprime=d_mprime, q_cov=q_cov, q_const=q_const, k_const=k_const, v_const=v_const,
@@ -219,20 +187,14 @@ def row_grad_pass(grad, qs, ks, vv, st: ForwardState, c: dict, bandwidth: float,
                   eps: float, conv=None, alpha: float = 1.0) -> dict:
     """Pass D: {"dq" (B, H, N, d) (K = Q: the whole gradient of the one factor), "dk" (B, H, N, d) or None (K = Q),
     "dv" (B, H, N, e), "d_marks" (B, H, m, d): the rows' part of dL} from pass C's ``c``."""
-    flags, spec = FLAGS[norm], kernel_spec(kernel)
-    c_q, cq = _query_factor(qs, st, bandwidth, spec, flags)
-    m_mat = _m_mat(st, alpha)
-    if flags["rowsum"]:
-        dt, dz = _rowsum_terms(cq, grad, st)
-        dcq = dt @ _t(m_mat) + dz * _t(st.w_inv @ st.k_sum.unsqueeze(-1))
-    else:
-        dcq = grad @ _t(m_mat)
-    dcq = dcq + c["q_const"].unsqueeze(-2)
+    whiten, spec = whitens(norm), kernel_spec(kernel)
+    c_q = kernel_rows(qs, st.marks, bandwidth, spec)
+    dcq = grad @ _t(_m_mat(st, alpha)) + c["q_const"].unsqueeze(-2)
     if c["q_cov"] is not None:
         dcq = dcq + (c_q - st.c_mean.unsqueeze(-2)) @ c["q_cov"]
     c_k = c_q if ks is qs else kernel_rows(ks, st.marks, bandwidth, spec)
-    k_t = c_k - st.k_mean.unsqueeze(-2) if flags["centre_k"] else c_k
-    if flags["whiten"]:
+    k_t = c_k - st.k_mean.unsqueeze(-2)
+    if whiten:
         dkt, _ = _key_row_grad(k_t, vv, st, c["d_mprime"], eps)
         k_w = k_t * _whitening(k_t, st.sp, eps)[1]
     else:
@@ -269,12 +231,11 @@ def streaming_backward_reference(grad, qs, ks, vv, st: ForwardState, hw, grid, b
     """Passes A–E: {"dq", "dk" (None when ``ks is qs``), "dv", "dweight", "dbias"} for dL/dout ``grad``
     (B, H, N, e) of the fused core's output (plus DWConv(V) with ``conv``, an ``ops.value_conv.ValueConv``
     whose V is vv); scale_power p: the output scale α = N^-p of §4.6 (``limits.output_alpha``)."""
-    flags = FLAGS[norm]
     n = qs.shape[-2]
     alpha = output_alpha(norm, scale_power, float(n))
     a = query_grad_pass(grad, qs, vv, st, bandwidth, kernel, norm, conv, alpha)
     b = None
-    if flags["whiten"]:
+    if whitens(norm):
         b = key_grad_pass(ks, vv, st, _t(st.w_inv) @ a["dm"], bandwidth, kernel, eps)
     c = landmark_grad(st, a, b, n, bandwidth, kernel, norm, alpha)
     d = row_grad_pass(grad, qs, ks, vv, st, c, bandwidth, kernel, norm, eps, conv, alpha)

@@ -1,22 +1,21 @@
 """Pass D of the fused backward, the row pass, in Triton (docs/KERNELS.md, "The fused backward"): the
 specification is ``backward_reference.row_grad_pass`` (pass D there) with its helpers ``_query_factor``,
-``_rowsum_terms``, ``_key_row_grad``, ``kernel_rows_grad`` and ``value_conv_transpose_heads``.
+``_key_row_grad``, ``kernel_rows_grad`` and ``value_conv_transpose_heads``.
 
 ``row_grad_kernel``, one launch, grid (splits, G): group g = b·H + h, its rows cut by ``limits.splits_for``,
 each program walking its split in tiles of ``BLOCK_ROWS`` rows, every row both a query and a key:
 
 - prologue: M = α W⁺ M' (m, e) (α the output scale of the whitened norms, docs/DESIGN.md §4.6, a runtime
   argument, 1 otherwise: applied once per (m, 16) chunk as M is stored, never per row) and pass C's dM'
-  (m, e), S' + S'ᵀ and q_cov (m, m) (``whiten``), c̄, k̄, q_const, k_const and b = W⁺ Σ C_k (``rowsum``) (m)
-  into the program's work area (below);
-- key side, per tile: C_k recomputed from k and the landmarks (C_q when K = Q), k̃ = C_k − k̄ (``centre_k``),
+  (m, e), S' + S'ᵀ and q_cov (m, m) (``whiten``: "injective"), c̄, k̄, q_const and k_const (m) into the
+  program's work area (below);
+- key side, per tile: C_k recomputed from k and the landmarks (C_q when K = Q), k̃ = C_k − k̄,
   u = v dM'ᵀ; with ``whiten`` P = k̃ (S' + S'ᵀ), s = ½ P·k̃ (= k̃ S' k̃ᵀ), r = (max(s, 0) + ε)^-½,
   ds = −½ r³ (k̃·u) [s ≥ 0], dk̃ = r u + ds P (else dk̃ = u, r = 1); dC_k = dk̃ + k_const;
   dv = (r k̃) dM' + v_const, with ``CONV`` plus the transpose of the layer's 3×3 depthwise conv applied to G
   (dv_i,j += Σ_t w[h·e + j, t] G_(i − off_t),j, off_t = dy·GW + dx, over the taps whose source row is inside
   the (GH, GW) grid), written to dv;
-- query side: C_q, dC_q = G Mᵀ + q_const [+ (C_q − c̄) q_cov, ``whiten``]; ``rowsum`` (out = t / z, t = c M,
-  z = c b): dC_q = (G Mᵀ) / z − b (c·(G Mᵀ)) / z², since G·t = c·(G Mᵀ) (no product with M beyond G Mᵀ);
+- query side: C_q, dC_q = G Mᵀ + q_const [+ (C_q − c̄) q_cov, ``whiten``];
 - the kernel derivative: A = dC ∘ dk/dD (``_triton_common.factor_chain`` on the tile's ``kernel_factor``, dk/dD
   formed with the tile where it reads the distance D: −dC ∘ C / bandwidth for the Laplacian and the Gaussian;
   A_q + A_k in one matrix when K = Q),
@@ -86,8 +85,8 @@ import triton.language as tl
 from .._triton_common import distinct_launches, factor_chain, kernel_factor, kernel_value, power_of_two_sizes, sums_abs
 from ..kernel.limits import TRITON_KERNEL_IDS
 from .backward_stats_triton import POINTER_TYPES, check_alpha, dtype_name
-from .limits import FLAGS, MAX_D, MAX_M, splits_for, triton_kernel_id, unfit
-from .triton import _square, config
+from .limits import MAX_D, MAX_M, STREAMED_NORMS, splits_for, triton_kernel_id, unfit, whitens
+from .triton import _square, config, split_rows_of
 
 
 @triton.jit
@@ -170,12 +169,26 @@ def _conv_transpose_chunk_t(dv_t, G, goff, sgn, CW, h, rn, ce, N, E, GH, GW):
 
 
 @triton.jit
+def _own_times_rows_t(OWN, X, xoff, sxn, rn, ok, rm, rc, E, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_E: tl.constexpr, BLOCK_EC: tl.constexpr):
+    """OWN Xᵀ (BLOCK_M, BLOCK_N), "tf32x3", over e in chunks of BLOCK_EC columns: OWN an (m, e) matrix of the
+    program's work area (row stride BLOCK_E: dM' or M), X the data rows ``rn`` (valid ``ok``) at X + xoff with row
+    stride sxn, read in their dtype and converted to float32 (u = v dM'ᵀ and G Mᵀ, transposed)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for e0 in range(0, E, BLOCK_EC):
+        ce = e0 + rc
+        x_t = tl.load(X + (xoff + rn[None, :] * sxn + ce[:, None]), mask=(ce[:, None] < E) & ok[None, :], other=0.0)
+        acc = tl.dot(tl.load(OWN + rm[:, None] * BLOCK_E + ce[None, :]), x_t.to(tl.float32), acc,
+                     input_precision="tf32x3")
+    return acc
+
+
+@triton.jit
 def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, svb, svh, svn,
-                    L, WI, MP, KSUM, CMEAN, KMEAN, SP, DMP, QCOV, QCONST, KCONST, VCONST, CW, GH, GW,
+                    L, WI, MP, CMEAN, KMEAN, SP, DMP, QCOV, QCONST, KCONST, VCONST, CW, GH, GW,
                     DQ, sdqb, sdqh, sdqn, DK, sdkb, sdkh, sdkn, DV, sdvb, sdvh, sdvn, PDL, WORK,
                     H, N, M, D, E, scale, eps, alpha, rows_per_split, SPLITS,
-                    WHITEN: tl.constexpr, CENTRE_Q: tl.constexpr, CENTRE_K: tl.constexpr, ROWSUM: tl.constexpr,
-                    UNTIED: tl.constexpr, CONV: tl.constexpr, KID: tl.constexpr, BLOCK_N: tl.constexpr,
+                    WHITEN: tl.constexpr, UNTIED: tl.constexpr, CONV: tl.constexpr, KID: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EC: tl.constexpr):
     """Pass D for the rows of split program_id(0) of group program_id(1) (module docstring): dq, dk (UNTIED)
     and dv written, the split's part of dL into its slab of PDL (G, SPLITS, M, D); WORK (G, SPLITS,
@@ -190,8 +203,8 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
     Lg = L + g * M * D
     slab = PDL + (g * SPLITS + split) * M * D
     # the work area, zero-padded: M, dM' (BLOCK_M, BLOCK_E); S' + S'ᵀ, q_covᵀ (BLOCK_M, BLOCK_M); then c̄, k̄,
-    # q_const, k_const, b (BLOCK_M each)
-    m_own = WORK + (g * SPLITS + split) * (2 * BLOCK_M * BLOCK_E + 2 * BLOCK_M * BLOCK_M + 5 * BLOCK_M)
+    # q_const, k_const (BLOCK_M each)
+    m_own = WORK + (g * SPLITS + split) * (2 * BLOCK_M * BLOCK_E + 2 * BLOCK_M * BLOCK_M + 4 * BLOCK_M)
     dmp_own = m_own + BLOCK_M * BLOCK_E
     sp_own = dmp_own + BLOCK_M * BLOCK_E
     qcov_own = sp_own + BLOCK_M * BLOCK_M
@@ -212,22 +225,14 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
         tl.store(sp_own + sq, _square(SP + g * M * M, M, BLOCK_M, False) + _square(SP + g * M * M, M, BLOCK_M, True))
         tl.store(qcov_own + sq, _square(QCOV + g * M * M, M, BLOCK_M, True))
     c_mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if CENTRE_Q or WHITEN:
+    if WHITEN:
         c_mean = tl.load(CMEAN + g * M + rm, mask=inm, other=0.0)
-    k_mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if CENTRE_K:
-        k_mean = tl.load(KMEAN + g * M + rm, mask=inm, other=0.0)
-    b_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if ROWSUM:
-        b_sum = tl.sum(w_inv * tl.load(KSUM + g * M + rm, mask=inm, other=0.0)[None, :], axis=1)
     tl.store(vec_own + rm, c_mean)
-    tl.store(vec_own + BLOCK_M + rm, k_mean)
+    tl.store(vec_own + BLOCK_M + rm, tl.load(KMEAN + g * M + rm, mask=inm, other=0.0))
     tl.store(vec_own + 2 * BLOCK_M + rm, tl.load(QCONST + g * M + rm, mask=inm, other=0.0))
     tl.store(vec_own + 3 * BLOCK_M + rm, tl.load(KCONST + g * M + rm, mask=inm, other=0.0))
-    tl.store(vec_own + 4 * BLOCK_M + rm, b_sum)
     tl.debug_barrier()  # the work area stored before any thread reads it back
-    lo = split * rows_per_split
-    row_end = lo + rows_per_split
+    lo, row_end = split_rows_of(split, rows_per_split)
     for n0 in range(lo, row_end, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         ok = (rn < N) & (rn < row_end)
@@ -235,16 +240,8 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
         # ``ok`` and landmarks >= M keep finite values that meet C = 0 in A (every slope is a multiple of C), so
         # nothing else is masked.
         ck_t, fk_t = _kernel_tile_dmn(K, koff, skn, Lg, rn, ok, M, D, scale, KID, BLOCK_N, BLOCK_M, BLOCK_D)
-        kt_t = ck_t
-        if CENTRE_K:
-            kt_t = ck_t - tl.load(vec_own + BLOCK_M + rm)[:, None]
-        u_t = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for e0 in range(0, E, BLOCK_EC):
-            ce = e0 + rc
-            v_t = tl.load(V + (voff + rn[None, :] * svn + ce[:, None]), mask=(ce[:, None] < E) & ok[None, :],
-                          other=0.0)
-            u_t = tl.dot(tl.load(dmp_own + rm[:, None] * BLOCK_E + ce[None, :]), v_t.to(tl.float32), u_t,
-                         input_precision="tf32x3")
+        kt_t = ck_t - tl.load(vec_own + BLOCK_M + rm)[:, None]
+        u_t = _own_times_rows_t(dmp_own, V, voff, svn, rn, ok, rm, rc, E, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EC)
         if WHITEN:
             p_t = tl.dot(tl.load(sp_own + rm[:, None] * BLOCK_M + rm[None, :]), kt_t, input_precision="ieee")
             s = 0.5 * tl.sum(p_t * kt_t, axis=0)  # = k̃ S' k̃ᵀ
@@ -266,25 +263,12 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
                 dv_t = _conv_transpose_chunk_t(dv_t, GRAD, goff, sgn, CW, h, rn, ce, N, E, GH, GW)
             tl.store(DV + (dvoff + rn[None, :] * sdvn + ce[:, None]), dv_t.to(DV.dtype.element_ty),
                      mask=cols[:, None] & ok[None, :])
-        # query side: dC_q = G Mᵀ (rowsum: / z − b (c·(G Mᵀ)) / z²) + q_const [+ (C_q − c̄) q_cov]
+        # query side: dC_q = G Mᵀ + q_const [+ (C_q − c̄) q_cov]
         if UNTIED:
             cq_t, fq_t = _kernel_tile_dmn(Q, qoff, sqn, Lg, rn, ok, M, D, scale, KID, BLOCK_N, BLOCK_M, BLOCK_D)
         else:
             cq_t, fq_t = ck_t, fk_t
-        dcq_t = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for e0 in range(0, E, BLOCK_EC):
-            ce = e0 + rc
-            g_t = tl.load(GRAD + (goff + rn[None, :] * sgn + ce[:, None]), mask=(ce[:, None] < E) & ok[None, :],
-                          other=0.0)
-            dcq_t = tl.dot(tl.load(m_own + rm[:, None] * BLOCK_E + ce[None, :]), g_t.to(tl.float32), dcq_t,
-                           input_precision="tf32x3")
-        if ROWSUM:
-            c_t = cq_t
-            if CENTRE_Q:
-                c_t = cq_t - tl.load(vec_own + rm)[:, None]
-            b_sum = tl.load(vec_own + 4 * BLOCK_M + rm)
-            z = tl.where(ok, tl.sum(c_t * b_sum[:, None], axis=0), 1.0)
-            dcq_t = dcq_t / z[None, :] - b_sum[:, None] * (tl.sum(c_t * dcq_t, axis=0) / (z * z))[None, :]
+        dcq_t = _own_times_rows_t(m_own, GRAD, goff, sgn, rn, ok, rm, rc, E, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EC)
         dcq_t += tl.load(vec_own + 2 * BLOCK_M + rm)[:, None]
         if WHITEN:
             dcq_t += tl.dot(tl.load(qcov_own + rm[:, None] * BLOCK_M + rm[None, :]),
@@ -300,14 +284,13 @@ def row_grad_kernel(GRAD, sgb, sgh, sgn, Q, sqb, sqh, sqn, K, skb, skh, skn, V, 
         tl.debug_barrier()  # this tile's slab stores before the next tile's loads
 
 
-def row_grad_spec(m: int, d: int, e: int, kid: int, flags: dict, untied: bool, conv: bool) -> dict:
+def row_grad_spec(m: int, d: int, e: int, kid: int, whiten: bool, untied: bool, conv: bool) -> dict:
     """Constexprs and launch options of ``row_grad_kernel`` for m landmarks, head dim d, value dim e: the
     forward passes' ``config`` (BLOCK_ROWS rows, 8 warps) with BLOCK_D from m (``DIFFERENCE_ELEMENTS``: no tile
     depends on d) in place of their distance loop's unrolling."""
     cfg = config(m, d, e)
     cfg.pop("KU")
-    return dict(WHITEN=flags["whiten"], CENTRE_Q=flags["centre_q"], CENTRE_K=flags["centre_k"],
-                ROWSUM=flags["rowsum"], UNTIED=untied, CONV=conv, KID=kid, BLOCK_EC=16,
+    return dict(WHITEN=whiten, UNTIED=untied, CONV=conv, KID=kid, BLOCK_EC=16,
                 BLOCK_D=DIFFERENCE_ELEMENTS // (cfg["BLOCK_N"] * cfg["BLOCK_M"]), **cfg)
 
 
@@ -327,7 +310,7 @@ def _work_size(meta: dict) -> int:
     """Floats of one program's work area: M and dM' (BLOCK_M, BLOCK_E), S' + S'ᵀ and q_covᵀ (BLOCK_M, BLOCK_M),
     c̄, k̄, q_const, k_const and b (BLOCK_M each)."""
     bm = meta["BLOCK_M"]
-    return 2 * bm * meta["BLOCK_E"] + 2 * bm * bm + 5 * bm
+    return 2 * bm * meta["BLOCK_E"] + 2 * bm * bm + 4 * bm
 
 
 MAX_OFFSET = 2 ** 31 - 1
@@ -382,7 +365,7 @@ def row_grad_triton(grad: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor, vv: 
     why = unfit(norm, m, d, e, qs.dtype)
     if why is not None:
         raise ValueError(f"row_grad_triton: {why}")
-    flags, untied, groups = FLAGS[norm], ks is not qs, b * h
+    whiten, untied, groups = whitens(norm), ks is not qs, b * h
     kid = triton_kernel_id("row_grad_triton", kernel)
     for name, t, shape in (("grad", grad, (b, h, n, e)), ("ks", ks, (b, h, n, d)), ("vv", vv, (b, h, n, e))):
         if tuple(t.shape) != shape or t.dtype != qs.dtype:
@@ -395,7 +378,7 @@ def row_grad_triton(grad: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor, vv: 
     if untied:
         _check_out("dk", dk, (b, h, n, d), qs.dtype, qs.device)
     alpha = check_alpha("row_grad_triton", norm, alpha)
-    if flags["whiten"] and c.get("q_cov") is None:
+    if whiten and c.get("q_cov") is None:
         raise ValueError(f"row_grad_triton: c: norm {norm!r} whitens, c['q_cov'] is None")
     gh, gw = 1, n
     if conv is not None:
@@ -416,18 +399,18 @@ def row_grad_triton(grad: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor, vv: 
             raise ValueError(f"row_grad_triton: {name}: its elements span {_span(t)} > {MAX_OFFSET}, past the "
                              "kernel's int32 offsets")
     lm, wi, mp = _f32(st.marks), _f32(st.w_inv), _f32(st.m_prime)
-    ksum, cmean, kmean, sp = _f32(st.k_sum), _f32(st.c_mean), _f32(st.k_mean), _f32(st.sp)
+    cmean, kmean, sp = _f32(st.c_mean), _f32(st.k_mean), _f32(st.sp)
     dmp, qconst, kconst, vconst = _f32(c["d_mprime"]), _f32(c["q_const"]), _f32(c["k_const"]), _f32(c["v_const"])
-    qcov = _f32(c["q_cov"]) if flags["whiten"] else sp  # placeholder without whiten (unread)
+    qcov = _f32(c["q_cov"]) if whiten else sp  # placeholder without whiten (unread)
     cw = _f32(conv.weight) if conv is not None else vconst  # placeholder without a conv (unread)
     splits, rows = splits_for(n, groups)
     pdl = torch.empty(groups, splits, m, d, dtype=torch.float32, device=q.device)
-    meta, opts = _launch(row_grad_spec(m, d, e, kid, flags, untied, conv is not None))
+    meta, opts = _launch(row_grad_spec(m, d, e, kid, whiten, untied, conv is not None))
     work = torch.empty(groups, splits, _work_size(meta), dtype=torch.float32, device=q.device)
     row_grad_kernel[(splits, groups)](
         gr, gr.stride(0), gr.stride(1), gr.stride(2), q, q.stride(0), q.stride(1), q.stride(2),
         k, k.stride(0), k.stride(1), k.stride(2), v, v.stride(0), v.stride(1), v.stride(2),
-        lm, wi, mp, ksum, cmean, kmean, sp, dmp, qcov, qconst, kconst, vconst, cw, gh, gw,
+        lm, wi, mp, cmean, kmean, sp, dmp, qcov, qconst, kconst, vconst, cw, gh, gw,
         dq, dq.stride(0), dq.stride(1), dq.stride(2), dk_, dk_.stride(0), dk_.stride(1), dk_.stride(2),
         dv, dv.stride(0), dv.stride(1), dv.stride(2), pdl, work,
         h, n, m, d, e, -1.0 / float(bandwidth), float(eps), alpha, rows, splits, **meta, **opts)
@@ -454,7 +437,7 @@ def _signature(constexprs: dict, dtype: str = "fp32") -> dict:
 def aot_specialisations(d_max: int = 128, m_max: int = 128):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) ``row_grad_triton`` can
     produce for m <= min(m_max, 64), e <= min(d_max, 128) and any d <= 128, from ``row_grad_spec`` (the
-    launcher's): the norm flags × the kernel families of the Triton profile × K = Q / K ≠ Q × conv or not × m, e
+    launcher's): the streamed norms × the kernel families of the Triton profile × K = Q / K ≠ Q × conv or not × m, e
     as powers of two (the
     spec depends on them only through ``next_power_of_2``, and not on d) × the data dtype (float32, then float16
     and bfloat16: labels ``dtype=fp32|fp16|bf16``, the data pointers typed so). Identical specialisations are
@@ -469,9 +452,10 @@ def _launches(m_max: int, d_max: int, dtype: str = "fp32"):
     for m in power_of_two_sizes(m_max, MAX_M):
         for e in power_of_two_sizes(d_max, MAX_D):
             for kid in sorted(TRITON_KERNEL_IDS):
-                for norm, flags in FLAGS.items():
+                for norm in STREAMED_NORMS:
+                    whiten = whitens(norm)
                     for untied in (False, True):
                         for conv in (False, True):
                             label = (f"bwd_rows dtype={dtype} kid={kid} m={m} e={e} norm={norm} "
-                                     f"inj={int(norm == 'injective')} untied={int(untied)} conv={int(conv)}")
-                            yield row_grad_kernel, row_grad_spec(m, MAX_D, e, kid, flags, untied, conv), label
+                                     f"inj={int(whiten)} untied={int(untied)} conv={int(conv)}")
+                            yield row_grad_kernel, row_grad_spec(m, MAX_D, e, kid, whiten, untied, conv), label

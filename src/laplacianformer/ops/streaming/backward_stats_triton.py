@@ -6,12 +6,9 @@ As in the forward passes (``triton.py``), C_q and C_k are recomputed from q, k a
 (splits, G)), and each program writes its split's partials to float32 workspaces (G, splits, ·) that the
 next pass sums in split order (deterministic, no atomics).
 
-- ``query_grad_kernel`` (pass A): per query tile c = C_q (− c̄ with ``CENTRE_Q``) and the output gradient G,
-  per split the partials of dM = α Σ_i c_iᵀ dt_i (dt_i = G_i, or with ``ROWSUM`` G_i / z_i, z_i = c_i·b; α the
-  output scale of the whitened norms, docs/DESIGN.md §4.6, a runtime argument applied once to the split's sum,
-  1 otherwise) and Σ_i G_i. With ``ROWSUM`` the prologue forms b = W⁺ Σ C_k and M = W⁺ M' (the state's
-  Σ C_k and M'), and a second loop over the split's tiles (C_q recomputed) the partials of db = Σ_i dz_i c_i, dz_i =
-  −(G_i·out_i) / z_i, out_i = (c_i M) / z_i, from cᵀ and M Gᵀ. With ``CONV`` (the layer's DWConv(V),
+- ``query_grad_kernel`` (pass A): per query tile c = C_q (− c̄ with ``WHITEN``, "injective") and the output
+  gradient G, per split the partials of dM = α Σ_i c_iᵀ G_i (α the output scale of the whitened norm,
+  docs/DESIGN.md §4.6, a runtime argument applied once to the split's sum, 1 otherwise) and Σ_i G_i. With ``CONV`` (the layer's DWConv(V),
   docs/DESIGN.md §4.5) a last loop gives the depthwise weight's partials Σ_i G_ij v_(i + dy·GW + dx), j of
   the 9 taps t = (dy + 1)·3 + (dx + 1), V read through its row stride and masked at the (GH, GW) grid's
   borders (zero padding) as the forward output pass reads it.
@@ -21,16 +18,15 @@ next pass sums in split order (deterministic, no atomics).
   r_j = (max(s_j, 0) + eps)^-½, dr_j = k̃_j·u_j, ds_j = −½ r_j³ dr_j (0 where s_j < 0), dk̃_j = r_j u_j +
   ds_j a_j, and per split the partials of dS' = Σ_j ds_j k̃_jᵀ k̃_j (IEEE) and Σ_j dk̃_j.
 
-M (pass A, rowsum) and dM'ᵀ (pass B) are formed once per program in column chunks into a float32 scratch of
+dM'ᵀ (pass B) is formed once per program in column chunks into a float32 scratch of
 the program's own (G, splits, ·), then read back per tile in ``CHUNK_E``-column chunks (after a CTA
-barrier): held whole in registers, these (m, e) operands of the row products spilled (below). grad, q, k, v
+barrier): held whole in registers, this (m, e) operand of the row products spilled (below). grad, q, k, v
 are read in place through their (batch, head, row) strides (last dim contiguous), in their dtype (float32,
 float16 or bfloat16, one dtype per call, ``limits.LOAD_DTYPES``), converted to float32 right after each load:
 every product and sum runs in float32, and the state, the partials and the scratch are float32 whatever the
-inputs. Products: the m×m ones, S' k̃ and the dS' sum IEEE float32, the rest "tf32x3" (never plain TF32),
-W⁺ M' as the forward output pass forms M (the unscaled M: pass A's db reads the rowsum output, which α never
-scales). m <= 64, d, e <= 128 (``limits.unfit``), no padding mask and no prefix tokens (the fused training path
-has neither).
+inputs. Products: the m×m ones, S' k̃ and the dS' sum IEEE float32, the rest "tf32x3" (never plain TF32). The
+streamed norms (``limits.STREAMED_NORMS``; the ablation norms run the step path), m <= 64, d, e <= 128
+(``limits.unfit``), no padding mask and no prefix tokens (the fused training path has neither).
 
 **Register budget** (``python -m benchmarks.triton_aot --arch 80,90 --strict --module
 laplacianformer.ops.streaming.backward_stats_triton``): every specialisation at 8 warps and ``maxnreg`` 255
@@ -39,9 +35,7 @@ S' + S'ᵀ held in registers and the tile transposed (landmarks × rows), as the
 1460 / 1420; dM' from the scratch in 32-column chunks, transposed, 130–270 / 0–540 whatever the products'
 precisions; in row form (rows × landmarks) 88 / 80, 36 / 0 with the dS' sum IEEE, none with that and
 16-column chunks (the form kept). 16 warps spilled more (1232 / 772: 128 registers a thread, as a 512-thread
-block cannot have 255). Pass A with ``ROWSUM`` in one loop (c M next to cᵀ dt): 20–660 B in every arrangement
-tried (M in registers or from the scratch, row or transposed tiles, IEEE or tf32x3); db's own loop in row form
-still 12–240 B, transposed (cᵀ and M Gᵀ, both with an (m, ·) left operand) none. The conv's partials, a (16, e)
+block cannot have 255). The conv's partials, a (16, e)
 register tile over the taps, have their own loop as well. Half-precision data and α: pass B with u = v dM'ᵀ
 formed after k̃ and a (as it was for float32) spilled 4 bytes on sm_80 at m = 64 with float16 or bfloat16 v
 (float32: 255 registers, no spill); u is now formed first, before k̃ and a are live: 255 / 239–244 registers on
@@ -62,8 +56,8 @@ import triton.language as tl
 
 from .._triton_common import distinct_launches, power_of_two_sizes
 from ..kernel.limits import TRITON_KERNEL_IDS
-from .limits import FLAGS, MAX_D, MAX_M, conv_unfit, splits_for, triton_kernel_id, unfit
-from .triton import _kernel_tile, _launch, _rows_contiguous, _square, _tile_triples, config
+from .limits import MAX_D, MAX_M, STREAMED_NORMS, conv_unfit, splits_for, triton_kernel_id, unfit, whitens
+from .triton import _kernel_tile, _launch, _rows_contiguous, _square, _tile_triples, config, split_rows_of
 from .triton import distance_budget  # noqa: F401  (read per module by benchmarks/triton_aot.py)
 
 TAPS = 16
@@ -77,82 +71,51 @@ def _split_rows(rn, row_end, N):
 
 
 @triton.jit
-def query_grad_kernel(GR, sgb, sgh, sgn, Q, sqb, sqh, sqn, V, svb, svh, svn, L, WI, CMEAN, MP, KSUM, WORK,
-                      PDM, PG, PDB, PDW, GH, GW, H, N, M, D, E, scale, alpha, rows_per_split, SPLITS,
-                      CENTRE_Q: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr, KID: tl.constexpr,
+def _tile_rows(n0, row_end, N, BLOCK_N: tl.constexpr):
+    """(rn, ok): the rows n0 .. n0 + BLOCK_N of a tile and which of them are inside the split (``_split_rows``)."""
+    rn = n0 + tl.arange(0, BLOCK_N)
+    return rn, _split_rows(rn, row_end, N)
+
+
+@triton.jit
+def query_grad_kernel(GR, sgb, sgh, sgn, Q, sqb, sqh, sqn, V, svb, svh, svn, L, CMEAN,
+                      PDM, PG, PDW, GH, GW, H, N, M, D, E, scale, alpha, rows_per_split, SPLITS,
+                      WHITEN: tl.constexpr, CONV: tl.constexpr, KID: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr, BLOCK_E: tl.constexpr,
-                      BLOCK_EC: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Pass A of group program_id(1), split program_id(0): GR, Q, V (B, H, N, ·) strided, L (G, M, D), WI (G, M, M),
-    CMEAN, KSUM (G, M), MP = Σ M' (G, M, E) -> PDM (G, S, M, E) (α times the split's Σ cᵀ dt), PG (G, S, E), PDB
-    (G, S, M) (ROWSUM), PDW (G, S, 9, E) (CONV). WORK (G, S, M, E): the program's copy of M (ROWSUM). GR, Q, V
-    float32, float16 or bfloat16 (converted to float32 after each load)."""
+                      BLOCK_T: tl.constexpr):
+    """Pass A of group program_id(1), split program_id(0): GR, Q, V (B, H, N, ·) strided, L (G, M, D), CMEAN (G, M)
+    -> PDM (G, S, M, E) (α times the split's Σ cᵀ G), PG (G, S, E), PDW (G, S, 9, E) (CONV). GR, Q, V float32,
+    float16 or bfloat16 (converted to float32 after each load)."""
     split, g = tl.program_id(0), tl.program_id(1)
     b, h = g // H, g % H
     Gg, Qg, Vg, Lg = GR + b * sgb + h * sgh, Q + b * sqb + h * sqh, V + b * svb + h * svh, L + g * M * D
     rm = tl.arange(0, BLOCK_M)
     re = tl.arange(0, BLOCK_E)
-    rc = tl.arange(0, BLOCK_EC)
     landmarks = rm < M
     cols = re < E
-    Mk = WORK + (g * SPLITS + split) * M * E
     c_mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if CENTRE_Q:
+    if WHITEN:
         c_mean = tl.load(CMEAN + g * M + rm, mask=landmarks, other=0.0)
-    b_vec = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if ROWSUM:  # prologue: b = W⁺ Σ C_k, and M = W⁺ M' into the program's scratch in column chunks
-        w_inv = _square(WI + g * M * M, M, BLOCK_M, False)
-        b_vec = tl.sum(w_inv * tl.load(KSUM + g * M + rm, mask=landmarks, other=0.0)[None, :], axis=1)
-        for e0 in range(0, E, BLOCK_EC):
-            ce = e0 + rc
-            inside = landmarks[:, None] & (ce[None, :] < E)
-            mp = tl.load(MP + g * M * E + rm[:, None] * E + ce[None, :], mask=inside, other=0.0)
-            tl.store(Mk + rm[:, None] * E + ce[None, :], tl.dot(w_inv, mp, input_precision="tf32x3"), mask=inside)
-        tl.debug_barrier()  # M complete before any thread reads it back
     dm = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
     g_sum = tl.zeros((BLOCK_E,), dtype=tl.float32)
-    lo = split * rows_per_split
-    row_end = lo + rows_per_split
+    lo, row_end = split_rows_of(split, rows_per_split)
     for n0 in range(lo, row_end, BLOCK_N):
-        rn = n0 + tl.arange(0, BLOCK_N)
-        ok = _split_rows(rn, row_end, N)
+        rn, ok = _tile_rows(n0, row_end, N, BLOCK_N)
         c = _kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, KID, BLOCK_N, BLOCK_M, KU)
-        if CENTRE_Q:
+        if WHITEN:
             c = tl.where(ok[:, None] & landmarks[None, :], c - c_mean[None, :], 0.0)
         dt = tl.load(Gg + rn[:, None] * sgn + re[None, :], mask=ok[:, None] & cols[None, :], other=0.0)
         dt = dt.to(tl.float32)
         g_sum += tl.sum(dt, axis=0)
-        if ROWSUM:
-            dt = dt / tl.where(ok, tl.sum(c * b_vec[None, :], axis=1), 1.0)[:, None]
         dm += tl.dot(tl.trans(c), dt, input_precision="tf32x3")
     part = g * SPLITS + split
     tl.store(PDM + part * M * E + rm[:, None] * E + re[None, :], dm * alpha, mask=landmarks[:, None] & cols[None, :])
     tl.store(PG + part * E + re, g_sum, mask=cols)
-    if ROWSUM:  # db in a loop of its own (C_q recomputed): next to dM's product, c M spilled on sm_80 and sm_90
-        db = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for n0 in range(lo, row_end, BLOCK_N):
-            rn = n0 + tl.arange(0, BLOCK_N)
-            ok = _split_rows(rn, row_end, N)
-            ct = tl.trans(_kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, KID, BLOCK_N, BLOCK_M, KU))  # cᵀ
-            if CENTRE_Q:
-                ct = tl.where(landmarks[:, None] & ok[None, :], ct - c_mean[:, None], 0.0)
-            z = tl.where(ok, tl.sum(ct * b_vec[:, None], axis=0), 1.0)
-            mg = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # M Gᵀ, over column chunks of M and G
-            for e0 in range(0, E, BLOCK_EC):
-                ce = e0 + rc
-                m_cols = tl.load(Mk + rm[:, None] * E + ce[None, :], mask=landmarks[:, None] & (ce[None, :] < E),
-                                 other=0.0)
-                g_rows = tl.load(Gg + rn[None, :] * sgn + ce[:, None], mask=ok[None, :] & (ce[:, None] < E),
-                                 other=0.0)
-                mg = tl.dot(m_cols, g_rows.to(tl.float32), mg, input_precision="tf32x3")
-            dz = -tl.sum(ct * mg, axis=0) / (z * z)  # −G_i · out_i / z_i, G_i · out_i = c_i M G_iᵀ / z_i
-            db += tl.sum(ct * dz[None, :], axis=1)
-        tl.store(PDB + part * M + rm, db, mask=landmarks)
     if CONV:  # the DWConv weight's partials, in a loop of their own (module docstring)
         rt = tl.arange(0, BLOCK_T)
         taps = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
         for n0 in range(lo, row_end, BLOCK_N):
-            rn = n0 + tl.arange(0, BLOCK_N)
-            ok = _split_rows(rn, row_end, N)
+            rn, ok = _tile_rows(n0, row_end, N, BLOCK_N)
             gr = tl.load(Gg + rn[:, None] * sgn + re[None, :], mask=ok[:, None] & cols[None, :], other=0.0)
             gr = gr.to(tl.float32)
             gy = rn // GW
@@ -223,15 +186,13 @@ def key_grad_kernel(K, skb, skh, skn, V, svb, svh, svn, L, WI, KMEAN, SP, PDM, W
 
 
 CHUNK_E = 16
-"""Columns of M (pass A, rowsum) and of dM' (pass B) read back from the program's scratch per product (at 32
+"""Columns of dM' (pass B) read back from the program's scratch per product (at 32
 pass B spilled on sm_80: module docstring, "Register budget")."""
 
 
-def query_grad_spec(m, d, e, kid: int, flags: dict, conv: bool = False) -> dict:
-    """Pass A: the forward passes' tiles (``triton.config``) plus the conv partials' (TAPS, BLOCK_E) tile and the
-    CHUNK_E columns of M per product (rowsum)."""
-    return dict(CENTRE_Q=flags["centre_q"], ROWSUM=flags["rowsum"], CONV=conv, KID=kid, BLOCK_EC=CHUNK_E,
-                BLOCK_T=TAPS, **config(m, d, e))
+def query_grad_spec(m, d, e, kid: int, whiten: bool, conv: bool = False) -> dict:
+    """Pass A: the forward passes' tiles (``triton.config``) plus the conv partials' (TAPS, BLOCK_E) tile."""
+    return dict(WHITEN=whiten, CONV=conv, KID=kid, BLOCK_T=TAPS, **config(m, d, e))
 
 
 def key_grad_spec(m, d, e, kid: int) -> dict:
@@ -243,7 +204,7 @@ def key_grad_spec(m, d, e, kid: int) -> dict:
 
 
 def _check_state(name: str, st, groups: int, m: int, d: int, e: int) -> None:
-    shapes = dict(marks=(m, d), w_inv=(m, m), c_mean=(m,), k_mean=(m,), sp=(m, m), m_prime=(m, e), k_sum=(m,))
+    shapes = dict(marks=(m, d), w_inv=(m, m), c_mean=(m,), k_mean=(m,), sp=(m, m), m_prime=(m, e))
     for field, shape in shapes.items():
         t = getattr(st, field)
         if t.dtype != torch.float32 or t.numel() != groups * _prod(shape) or tuple(t.shape[-len(shape):]) != shape:
@@ -269,12 +230,11 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def check_alpha(name: str, norm: str, alpha) -> float:
     """α as a float, or ValueError naming ``alpha`` (shared by passes A, C and D): a finite positive number, and
-    1 for the norms without a whitened part (``limits.output_alpha`` gives them 1; the passes scale M = W⁺ M'
-    only, which for rowsum would not be the gradient of its scaled output)."""
+    1 for the norm without a whitened part (``limits.output_alpha`` gives it 1)."""
     alpha = float(alpha)
     if not math.isfinite(alpha) or alpha <= 0.0:
         raise ValueError(f"{name}: alpha={alpha}: expected a finite positive output scale")
-    if alpha != 1.0 and not FLAGS[norm]["whiten"]:
+    if alpha != 1.0 and not whitens(norm):
         raise ValueError(f"{name}: alpha={alpha}: norm {norm!r} has no whitened part to scale (alpha must be 1)")
     return alpha
 
@@ -285,9 +245,8 @@ def query_grad_triton(grad: torch.Tensor, qs: torch.Tensor, vv: torch.Tensor, st
     (strided, last dim contiguous; with ``conv``, an ``ops.value_conv.ValueConv``, vv is the head view of its
     tokens), all three float32, float16 or bfloat16 (one dtype; read as such, summed in float32), st a float32
     ``ForwardState``; ``alpha`` the output scale α of the whitened norms (``limits.output_alpha``; 1 for the others).
-    Returns {"pdm": (G, S, m, e), "pg": (G, S, e), "pdb": (G, S, m) or None (rowsum only), "pdw": (G, S, 9, e) or
-    None (conv only)}, float32, G = B·H, S = ``splits_for(N, G)``'s splits: summed over S, dM = α Σ cᵀ dt, Σ G, db
-    and the conv weight's gradient (tap t = 3·ky + kx, channel h·e + j). ValueError naming the argument for what it
+    Returns {"pdm": (G, S, m, e), "pg": (G, S, e), "pdw": (G, S, 9, e) or None (conv only)}, float32, G = B·H,
+    S = ``splits_for(N, G)``'s splits: summed over S, dM = α Σ cᵀ G, Σ G and the conv weight's gradient (tap t = 3·ky + kx, channel h·e + j). ValueError naming the argument for what it
     does not serve."""
     b, h, n, d = qs.shape
     e, m = vv.shape[-1], st.marks.shape[-2]
@@ -309,28 +268,22 @@ def query_grad_triton(grad: torch.Tensor, qs: torch.Tensor, vv: torch.Tensor, st
     kid = triton_kernel_id("query_grad_triton", kernel)
     groups = b * h
     _check_state("query_grad_triton", st, groups, m, d, e)
-    flags = FLAGS[norm]
     gr, q, v = _rows_contiguous(grad), _rows_contiguous(qs), _rows_contiguous(vv)
     lm = _groups(st, "marks", groups, m, d)
-    wi = _groups(st, "w_inv", groups, m, m)
     cmean = _groups(st, "c_mean", groups, m)
-    mp = _groups(st, "m_prime", groups, m, e)
-    ksum = _groups(st, "k_sum", groups, m)
     splits, rows = splits_for(n, groups)
     f32 = dict(dtype=torch.float32, device=q.device)
     pdm = torch.empty(groups, splits, m, e, **f32)
     pg = torch.empty(groups, splits, e, **f32)
-    pdb = torch.empty(groups, splits, m, **f32) if flags["rowsum"] else None
     pdw = torch.empty(groups, splits, 9, e, **f32) if conv is not None else None
-    work = torch.empty(groups, splits, m, e, **f32) if flags["rowsum"] else pg  # M per program (rowsum)
     gh, gw = (1, n) if conv is None or conv.hw is None else conv.hw
-    meta, opts = _launch(query_grad_spec(m, d, e, kid, flags, conv is not None))
+    meta, opts = _launch(query_grad_spec(m, d, e, kid, whitens(norm), conv is not None))
     query_grad_kernel[(splits, groups)](
         gr, gr.stride(0), gr.stride(1), gr.stride(2), q, q.stride(0), q.stride(1), q.stride(2),
-        v, v.stride(0), v.stride(1), v.stride(2), lm, wi, cmean, mp, ksum, work,
-        pdm, pg, pg if pdb is None else pdb, pg if pdw is None else pdw,  # placeholders a flag leaves unwritten
+        v, v.stride(0), v.stride(1), v.stride(2), lm, cmean,
+        pdm, pg, pg if pdw is None else pdw,  # a placeholder CONV=False leaves unwritten
         gh, gw, h, n, m, d, e, -1.0 / float(bandwidth), alpha, rows, splits, **meta, **opts)
-    return dict(pdm=pdm, pg=pg, pdb=pdb, pdw=pdw)
+    return dict(pdm=pdm, pg=pg, pdw=pdw)
 
 
 def key_grad_triton(ks: torch.Tensor, vv: torch.Tensor, st, pdm: torch.Tensor, bandwidth: float, kernel: str,
@@ -343,7 +296,7 @@ def key_grad_triton(ks: torch.Tensor, vv: torch.Tensor, st, pdm: torch.Tensor, b
     what it does not serve."""
     b, h, n, d = ks.shape
     e, m = vv.shape[-1], st.marks.shape[-2]
-    why = unfit("injective", m, d, e, ks.dtype)
+    why = unfit(None, m, d, e, ks.dtype)
     if why is not None:
         raise ValueError(f"key_grad_triton: {why}")
     if tuple(vv.shape) != (b, h, n, e) or vv.dtype != ks.dtype:
@@ -401,10 +354,10 @@ def _launches(m: int, e: int, dtype: str = "fp32"):
     depend on d: ``config`` takes nothing from d; nor on the dtype, which only types the data pointers)."""
     for kid in sorted(TRITON_KERNEL_IDS):
         kind = f"dtype={dtype} kid={kid}"
-        for norm, flags in FLAGS.items():
-            inj = int(norm == "injective")
+        for norm in STREAMED_NORMS:
+            inj = int(whitens(norm))
             for conv in (False, True):
-                yield (query_grad_kernel, query_grad_spec(m, MAX_D, e, kid, flags, conv),
+                yield (query_grad_kernel, query_grad_spec(m, MAX_D, e, kid, whitens(norm), conv),
                        f"bwd_query {kind} m={m} e={e} inj={inj} norm={norm} conv={int(conv)}")
         yield key_grad_kernel, key_grad_spec(m, MAX_D, e, kid), f"bwd_key {kind} m={m} inj=1"  # e: no constexpr
 
@@ -413,7 +366,7 @@ def aot_specialisations(d_max: int = 128, m_max: int = 128):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label, options) ``query_grad_triton`` and
     ``key_grad_triton`` can produce for m <= min(m_max, 64), e <= min(d_max, 128) and any d <= 128, from the
     same ``*_spec`` functions (benchmarks/triton_aot.py): m and e as powers of two (the specs depend on them
-    only through ``next_power_of_2``), every norm's flags, every kernel family of the Triton profile, the conv on
+    only through ``next_power_of_2``), every streamed norm, every kernel family of the Triton profile, the conv on
     and off, and each data
     dtype (float32, then float16 and bfloat16: labels ``dtype=fp32|fp16|bf16``, the data pointers typed so);
     identical specialisations once per dtype, under the label of their first launch."""

@@ -1,22 +1,24 @@
-"""The rules the fused inference ops (``streaming``, ``landmark_solve``) share for when they run: a call
-that may need a gradient is no call of theirs, and which devices their Triton backends take."""
+"""The rules the fused ops (``streaming``, ``landmark_solve``, ``fused_training``) share: their one table layout
+(``fused_op``), that a call which may need a gradient is no call of the inference ones, and which devices their
+Triton backends take."""
 
 from __future__ import annotations
 
 import torch
 
 from .. import _runtime
-from ..kernel.limits import TRITON_KERNEL_IDS
+from ..dispatch import Backend, Op
 
-__all__ = ["cuda_only_auto_refusal", "float32_of", "kernel_unserved", "needs_grad", "step_path", "triton_device"]
+__all__ = ["cuda_only_auto_refusal", "eager_only", "float32_of", "fused_op", "needs_grad", "step_path",
+           "triton_device"]
 
 
-def kernel_unserved(s) -> str | None:
-    """Why the Triton kernels cannot compute the kernel family of settings ``s`` (no profile for its id), or
-    None."""
-    if s.spec.id not in TRITON_KERNEL_IDS:
-        return f"kernel {s.kernel!r}: the Triton kernels have no profile for its id {s.spec.id}"
-    return None
+def eager_only(what: str) -> str | None:
+    """What no declaration says, for every fused op: graph tracing or a dispatch mode (which must see the ops) is
+    refused, CUDA-graph stream capture served (the fused kernels make no host synchronisation); ``what`` names
+    the backend (its ``Serves.what``)."""
+    why = _runtime.capture_reason(modes=True, streams=False)
+    return None if why is None else f"{why} ({what} run eagerly only)"
 
 
 def needs_grad(*tensors) -> bool:
@@ -51,3 +53,14 @@ def float32_of(*tensors) -> list:
         if id(t) not in done:
             done[id(t)] = t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
     return [done[id(t)] for t in tensors]
+
+
+def fused_op(name: str, triton: tuple, spec: tuple, spec_note: str, signature: str) -> Op:
+    """The registry of a fused op: ``triton`` (run, refusal), chosen automatically for CUDA tensors only; ``torch``
+    = ``spec`` (run, refusal), the kernels' PyTorch specification, never chosen automatically (``spec_note``
+    says why); ``steps``, the reference, which returns None: the caller runs its step path."""
+    return Op(name, [
+        Backend("triton", *triton, cuda_only_auto_refusal),
+        Backend("torch", *spec, lambda *_inputs: spec_note),
+        Backend("steps", step_path),
+    ], signature=signature)

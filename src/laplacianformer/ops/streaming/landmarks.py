@@ -16,24 +16,24 @@ W and W⁺ (B, H, m, m), all float32. Backends, in the order "auto" tries them:
   (``grid_landmarks``, ``Steps.inverse``), which serve everything.
 
 A call that may need a gradient never reaches the registry (the steps have the backward), nor does one
-while torch.compile traces. Both solve backends refuse graph tracing or a dispatch mode (which must see
-the ops), a key padding mask (masked pooling, §2.5), prefix tokens (§2.7), a 1-D sequence or graph sizes,
-another solver than "newton_schulz", m > 64 and d > 128; ``triton`` also another dtype than float32. They
-serve CUDA-graph stream capture (the kernel makes no host synchronisation).
+while torch.compile traces. What the solve backends serve is declared (``limits.SOLVE``,
+``limits.TRITON_SOLVE``, docs/DESIGN.md §6.3): Newton–Schulz (the ablation solvers run the steps), no key
+padding mask (masked pooling, §2.5), m <= 64, d <= 128, forward only; ``triton`` also CUDA tensors in float32,
+float16 or bfloat16 and a family with a Triton profile. Both refuse graph tracing or a dispatch mode (which must
+see the ops), prefix tokens (§2.7), a 1-D sequence or graph sizes. They serve CUDA-graph stream capture (the kernel makes no host synchronisation).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .. import _runtime
-from ..dispatch import Backend, Op
+from ..capabilities import Call, triton_missing, unserved
 from ..kernel import laplace_kernel
 from ..newton_schulz.naive import newton_schulz_iterate_reference, regularise
 from ..pooling import pool_landmarks
 from ..settings import AttentionSettings
-from .gates import cuda_only_auto_refusal, float32_of, kernel_unserved, needs_grad as _needs_grad, step_path, triton_device
-from .limits import solve_unfit
+from .gates import eager_only, float32_of, fused_op, needs_grad as _needs_grad
+from .limits import SOLVE, TRITON_SOLVE
 
 __all__ = ["LANDMARK_SOLVE", "landmark_solve", "landmark_solve_reference"]
 
@@ -66,15 +66,19 @@ def _int_grid(pair) -> bool:
     return isinstance(pair, tuple) and len(pair) == 2 and all(type(x) is int for x in pair)
 
 
-def _solve_refusal(qs, ks, vv, hw, grid, s, mask, prefix) -> str | None:
-    """What both solve backends refuse."""
-    if _needs_grad(qs, ks, vv):  # only when called through LANDMARK_SOLVE directly
-        return "an input requires grad: the fused landmark solve is forward-only (the steps have the backward)"
-    why = _runtime.capture_reason(modes=True, streams=False)  # a CUDA graph records the kernel as it is
+def _call(qs, ks, vv, hw, grid, s, mask, prefix) -> Call:
+    """The op's arguments as the ``Call`` its backends' declarations are checked against: the solve reads qs; ks
+    and vv count for the gradient (and the device); m only for a landmark grid of Python ints."""
+    return Call((qs,), kernel=s.kernel, m=grid[0] * grid[1] if _int_grid(grid) else None, d=qs.shape[-1],
+                masked=mask is not None, solver=s.solver, aux=(ks, vv))
+
+
+def _layout(qs, ks, vv, hw, grid, s, mask, prefix) -> str | None:
+    """What no declaration says: the capture mode, and the token layout the kernel pools (a 2-D grid of Python
+    ints after no prefix)."""
+    why = eager_only(SOLVE.what)
     if why is not None:
-        return f"{why} (the fused landmark solve runs eagerly only)"
-    if mask is not None:
-        return "a key_padding_mask: masked pooling (docs/DESIGN.md §2.5) runs the steps"
+        return why
     if prefix:
         return f"{prefix} prefix tokens: pooling the grid after them (docs/DESIGN.md §2.7) runs the steps"
     if hw is None:
@@ -83,29 +87,15 @@ def _solve_refusal(qs, ks, vv, hw, grid, s, mask, prefix) -> str | None:
         return "graph sizes (hw or the landmark grid not Python ints): the steps hold the shape arithmetic"
     if hw[0] * hw[1] != qs.shape[-2]:
         return f"hw={hw} is not a grid of the N={qs.shape[-2]} tokens"
-    if s.solver != "newton_schulz":
-        return f"solver {s.solver!r}: the fused landmark solve runs Newton–Schulz only"
-    if qs.numel() == 0:
-        return "empty input"
-    return solve_unfit(grid[0] * grid[1], qs.shape[-1])
+    return None
 
 
-def _triton_refusal(qs, ks, vv, hw, grid, s, mask, prefix) -> str | None:
-    why = _solve_refusal(qs, ks, vv, hw, grid, s, mask, prefix)
-    why = why or kernel_unserved(s)
-    if why is not None:
-        return why
-    why = solve_unfit(grid[0] * grid[1], qs.shape[-1], qs.dtype)
-    if why is not None:
-        return why
-    if not triton_device(qs.device):
-        return f"tensor on {qs.device.type}, not cuda (set TRITON_INTERPRET=1 to run Triton on the CPU)"
-    ok, why = _runtime.triton_available()
-    return None if ok else why
+def _solve_refusal(*inputs) -> str | None:
+    return _layout(*inputs) or unserved(SOLVE, _call(*inputs))
 
 
-def _torch_auto_refusal(*_inputs) -> str | None:
-    return "the fused solve's PyTorch specification, for tests: the steps are the same ops"
+def _triton_refusal(*inputs) -> str | None:
+    return _layout(*inputs) or unserved(TRITON_SOLVE, _call(*inputs)) or triton_missing()
 
 
 def _triton(qs, ks, vv, hw, grid, s, mask, prefix):
@@ -119,9 +109,8 @@ def _torch(qs, ks, vv, hw, grid, s, mask, prefix):
     return landmark_solve_reference(qs, hw, grid, s.bandwidth, s.kernel, s.ns_eps, s.iters)
 
 
-LANDMARK_SOLVE = Op("landmark_solve", [
-    Backend("triton", _triton, _triton_refusal, cuda_only_auto_refusal),
-    Backend("torch", _torch, _solve_refusal, _torch_auto_refusal),
-    Backend("steps", step_path),
-], signature="landmark_solve(qs, ks, vv, hw, grid, settings, mask, prefix): qs (B, H, N, d) -> (L, W, W⁺); "
+LANDMARK_SOLVE = fused_op(
+    "landmark_solve", (_triton, _triton_refusal), (_torch, _solve_refusal),
+    "the fused solve's PyTorch specification, for tests: the steps are the same ops",
+    signature="landmark_solve(qs, ks, vv, hw, grid, settings, mask, prefix): qs (B, H, N, d) -> (L, W, W⁺); "
               "None from 'steps' = pool and solve by the steps")

@@ -1,27 +1,29 @@
 """What the streaming Nyström passes serve and how they split the rows, in pure Python (docs/KERNELS.md,
 "The streaming passes"): the registry asks it without importing Triton, ``triton.py`` enumerates its
-specialisations within it, and ``reference.py`` follows the same plan. ``solve_unfit``: the same for the fused
-landmark solve (``landmarks.py``, ``landmarks_triton.py``); ``conv_unfit``: when the output pass cannot add the
-layer's DWConv(V) (``ops/value_conv.py``, docs/DESIGN.md §4.5) to its tiles.
+specialisations within it, and ``reference.py`` follows the same plan. The declarations (``ops/capabilities.py``)
+of the three fused ops' backends: ``PASSES`` / ``TRITON_PASSES`` (op ``streaming``), ``SOLVE`` / ``TRITON_SOLVE``
+(``landmark_solve``, ``landmarks.py``), ``TRAINING`` / ``TRITON_TRAINING`` (``fused_training``, ``training.py``);
+``unfit`` and ``solve_unfit``: the same declarations asked by the Triton launchers for a norm and sizes;
+``conv_unfit``: when the output pass cannot add the layer's DWConv(V) (``ops/value_conv.py``, docs/DESIGN.md §4.5)
+to its tiles.
 
-``FLAGS[norm]`` says which statistics a norm of docs/DESIGN.md §4.3–§4.4 needs, on ĝ = C_q W⁺ C_kᵀ:
-
-- ``whiten``: the variances s_j = k̃_j S' k̃_jᵀ (S the centred covariance of C_q, S' = W⁺ᵀ S W⁺) and the
-  weights r_j = (max(s_j, 0) + eps)^-½ ("injective", "injective_nomean");
-- ``centre_k``: the key factor centred, k̃ = C_k − k̄ (every norm with a row centring: injective, inline);
-  the query pass (pass 1) runs exactly when this is set (it gives c̄, S, k̄ and the valid-token count);
-- ``centre_q``: the output reads c̃ = C_q − c̄ ("injective": subtracting μ_j);
-- ``add_mean``: the output adds v̄ (the 1/N row);
-- ``rowsum``: the output divides by c_i · (W⁺ Σ_j C_kj) ("rowsum").
+The passes serve the shipped norms (``validation.SHIPPED_NORMS``: "injective", "inline"), the shipped solver
+and backward; the ablation variants run the step path (docs/DESIGN.md §4.4). Both norms centre the key factor
+(k̃ = C_k − k̄, so the query pass, which gives c̄, S, k̄ and the valid count, always runs) and add v̄ (the 1/N
+row); ``whitens(norm)`` ("injective") adds the variances s_j = k̃_j S' k̃_jᵀ (S the centred covariance of C_q,
+S' = W⁺ᵀ S W⁺), the weights r_j = (max(s_j, 0) + eps)^-½ and the centred query factor c̃ = C_q − c̄ of the output.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from ..kernel.limits import kernel_unserved
+from ..capabilities import Call, Serves, unserved
+from ..kernel.limits import TRITON_KERNEL_IDS, kernel_unserved
 from ..kernel_families import KERNEL_FAMILIES
-from ..validation import NORM_SCALE_POWERS
+from ..validation import NORM_SCALE_POWERS, SHIPPED_NORMS, SHIPPED_NS_BACKWARDS, SHIPPED_SOLVERS, WHITENED_NORMS
 
 MAX_M = 64
 """Largest landmark count m of the passes (their (rows, m) and (m, m) register tiles)."""
@@ -32,20 +34,39 @@ LOAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 float32 and the landmarks, W⁺ and all statistics are float32 whatever the input (docs/DESIGN.md §1.3); the
 output (and dq, dk, dv) is written in the inputs' dtype."""
 
-FLAGS = {
-    "injective": dict(whiten=True, centre_k=True, centre_q=True, add_mean=True, rowsum=False),
-    "injective_nomean": dict(whiten=True, centre_k=True, centre_q=False, add_mean=True, rowsum=False),
-    "inline": dict(whiten=False, centre_k=True, centre_q=False, add_mean=True, rowsum=False),
-    "rowsum": dict(whiten=False, centre_k=False, centre_q=False, add_mean=False, rowsum=True),
-    "none": dict(whiten=False, centre_k=False, centre_q=False, add_mean=False, rowsum=False),
-}
+STREAMED_NORMS = SHIPPED_NORMS
+"""The norms the streaming passes, the fused landmark solve's callers and the fused training passes serve."""
 
+
+def whitens(norm: str) -> bool:
+    """Whether the streamed ``norm`` whitens ("injective": variances, weights r_j, centred query factor);
+    ValueError for a norm the passes have no form of."""
+    if norm not in STREAMED_NORMS:
+        raise ValueError(f"norm {norm!r} has no streaming form (only {list(STREAMED_NORMS)})")
+    return norm in WHITENED_NORMS
+
+
+_TRITON = dict(devices=("cuda",), interpreted=True, dtypes=LOAD_DTYPES, kernels=TRITON_KERNEL_IDS)
+PASSES = Serves("the streaming passes", norms=STREAMED_NORMS, form="streaming", max_m=MAX_M, max_d=MAX_D,
+                max_e=MAX_D, limit_note="; register tiles", grad=False)
+"""The op ``streaming``'s pass backends: ``torch`` (any device and dtype, every family), forward only."""
+TRITON_PASSES = replace(PASSES, **_TRITON)
+"""``triton``: besides, CUDA tensors (CPU ones under TRITON_INTERPRET=1) of ``LOAD_DTYPES``, the Triton profiles."""
+SOLVE = Serves("the fused landmark solve kernels", solvers=SHIPPED_SOLVERS, form="fused solve", max_m=MAX_M,
+               max_d=MAX_D, limit_note="; one on-chip block per matrix", masks=False, grad=False)
+"""The op ``landmark_solve``'s solve backends: Newton–Schulz, no mask, forward only."""
+TRITON_SOLVE = replace(SOLVE, **_TRITON)
+TRAINING = Serves("the fused training passes", norms=STREAMED_NORMS, solvers=SHIPPED_SOLVERS,
+                  ns_backwards=SHIPPED_NS_BACKWARDS, form="fused training", max_m=MAX_M, max_d=MAX_D, max_e=MAX_D,
+                  limit_note="; register tiles", masks=False)
+"""The op ``fused_training``'s backends: the shipped norm, solver and backward, no mask."""
+TRITON_TRAINING = replace(TRAINING, **_TRITON)
 
 
 def scale_power(norm: str, norm_scale: str) -> float:
     """p of the output scale α = n^-p of docs/DESIGN.md §4.6 for ``norm_scale`` ("one" 0, "inv_sqrt_n" ½,
     "inv_n" 1); 0 for the norms without a whitened part."""
-    return NORM_SCALE_POWERS[norm_scale] if FLAGS[norm]["whiten"] else 0.0
+    return NORM_SCALE_POWERS[norm_scale] if whitens(norm) else 0.0
 
 
 def output_alpha(norm: str, scale_power: float, n):
@@ -53,7 +74,7 @@ def output_alpha(norm: str, scale_power: float, n):
     whitened norms, 1 for the others; n the valid keys (a number, or a tensor of per-sequence counts),
     p = ``scale_power`` (0, ½, 1 for ``norm_scale`` "one", "inv_sqrt_n", "inv_n"). The passes apply it to
     M = W⁺ M' (the only product the whitened part reaches the output through), so v̄ stays unscaled."""
-    if not FLAGS[norm]["whiten"] or scale_power == 0.0:
+    if not whitens(norm) or scale_power == 0.0:
         return 1.0
     return n ** -scale_power if not isinstance(n, torch.Tensor) else n.pow(-scale_power)
 
@@ -77,31 +98,22 @@ def splits_for(n: int, groups: int) -> tuple[int, int]:
     return max(1, -(-n // rows)), rows
 
 
-def unfit(norm: str, m: int, d: int, e: int, dtype: torch.dtype | None = None) -> str | None:
-    """Why the streaming passes have no form for these sizes (and, given ``dtype``, for the Triton kernels'
-    dtype), or None."""
-    if norm not in FLAGS:
-        return f"norm {norm!r} has no streaming form (only {sorted(FLAGS)})"
-    if m > MAX_M:
-        return f"m={m} landmarks: the streaming passes take m <= {MAX_M} (register tiles)"
-    if d > MAX_D or e > MAX_D:
-        return f"d={d}, e={e}: the streaming passes take d, e <= {MAX_D}"
+def _dtype_unfit(who: str, dtype: torch.dtype | None) -> str | None:
     if dtype is not None and dtype not in LOAD_DTYPES:
-        return f"dtype {dtype}: the streaming passes read float32, float16 or bfloat16 (float64 runs the step path)"
+        return f"dtype {dtype}: {who} read float32, float16 or bfloat16 (float64 runs the step path)"
     return None
+
+
+def unfit(norm: str | None, m: int, d: int, e: int, dtype: torch.dtype | None = None) -> str | None:
+    """Why the streaming passes have no form for this norm (None: any streamed one) and these sizes (and, given
+    ``dtype``, for the Triton kernels' dtype), or None: the declaration ``PASSES`` asked by a launcher."""
+    return unserved(PASSES, Call((), norm=norm, m=m, d=d, e=e)) or _dtype_unfit("the streaming passes", dtype)
 
 
 def solve_unfit(m: int, d: int, dtype: torch.dtype | None = None) -> str | None:
     """Why the fused landmark solve (``landmarks.py``) has no form for m landmarks of head dim d (and, given
-    ``dtype``, for its Triton kernel's dtype), or None: the passes' limits (W⁺ one (64, 64) block on chip)."""
-    if m > MAX_M:
-        return f"m={m} landmarks: the fused landmark solve takes m <= {MAX_M} (one on-chip block per matrix)"
-    if d > MAX_D:
-        return f"d={d}: the fused landmark solve takes d <= {MAX_D}"
-    if dtype is not None and dtype not in LOAD_DTYPES:
-        return (f"dtype {dtype}: the fused landmark solve reads float32, float16 or bfloat16 (float64 runs the "
-                "step path)")
-    return None
+    ``dtype``, for its Triton kernel's dtype), or None: the declaration ``SOLVE`` asked by its launcher."""
+    return unserved(SOLVE, Call((), m=m, d=d)) or _dtype_unfit("the fused landmark solve kernels", dtype)
 
 
 def triton_kernel_id(who: str, kernel: str) -> int:

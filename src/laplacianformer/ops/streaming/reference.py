@@ -3,21 +3,22 @@
 This is **not** a second forward formula. It restates the Nyström core of ``ops/nystrom.py`` (C_k, C_q and
 the normalisation of docs/DESIGN.md §4.3–§4.4 on ĝ = C_q W⁺ C_kᵀ, with the masking of §2.5) in the pass
 form the kernels run, so that the kernels can be tested against it step by step; tests hold it equal to
-the core (``attention_core``) in float64 for every norm, K = Q and K ≠ Q, with and without a mask. Runs on
+the core (``attention_core``) in float64 for every streamed norm (``limits.STREAMED_NORMS``: the shipped
+ones; the ablation norms run the step path, docs/DESIGN.md §4.4), K = Q and K ≠ Q, with and without a mask. Runs on
 any device and dtype (float64 included). The rows of each (batch, head) group are cut into the splits of
 ``limits.splits_for``, as in the kernels:
 
-1. **query pass** (when ``FLAGS[norm]["centre_k"]``): per split s, with C = k(Q, L) recomputed from q and
+1. **query pass**: per split s, with C = k(Q, L) recomputed from q and
    the landmarks, the valid-row count n_s, a shift p_s (the mean of the split's first tile of valid rows),
-   a_s = Σ (c − p_s), and with ``whiten`` G_s = Σ (c − p_s)ᵀ (c − p_s); for K ≠ Q also Σ C_k. Shifted sums
+   a_s = Σ (c − p_s), and with ``whiten`` (``limits.whitens``: "injective") G_s = Σ (c − p_s)ᵀ (c − p_s); for K ≠ Q also Σ C_k. Shifted sums
    keep the covariance centred in float32 (no E[ccᵀ] − c̄c̄ᵀ cancellation).
 2. **key pass**: the prologue combines the query partials (``combine_queries``) into n, c̄, k̄ (= c̄ when
    K = Q) and S = Σ (c − c̄)ᵀ(c − c̄) / n = Σ_s [G_s + a_s δ_sᵀ + δ_s a_sᵀ + n_s δ_s δ_sᵀ] / n with
    δ_s = p_s − c̄ (an exact identity), then S' = W⁺ᵀ S W⁺. Per key row, C_k recomputed, k̃ = C_k − k̄,
    s_j = k̃_j S' k̃_jᵀ, r_j = (max(s_j, 0) + eps)^-½ (1 without ``whiten``); per split the partials of
-   M' = Σ_j r_j k̃_jᵀ v_j, Σ v and Σ C_k (``rowsum``).
-3. **output pass**: M = α W⁺ Σ_s M'_s (α = n^-p, the §4.6 output scale of the whitened norms, else 1), v̄ = Σ v / n, b_Σ = W⁺ Σ C_k; per query row, C_q recomputed,
-   out_i = (c_i − c̄) M + v̄ (centring and v̄ as the norm says; ``rowsum`` divides by c_i · b_Σ). Padded
+   M' = Σ_j r_j k̃_jᵀ v_j and Σ v.
+3. **output pass**: M = α W⁺ Σ_s M'_s (α = n^-p, the §4.6 output scale of the whitened norms, else 1),
+   v̄ = Σ v / n; per query row, C_q recomputed, out_i = (c_i − c̄) M + v̄ (``whiten``; "inline": c_i M + v̄). Padded
    rows weigh 0 everywhere and their output is 0. With the layer's DWConv(V) (``conv``, docs/DESIGN.md §4.5)
    the pass adds, per row i and channel c of head h, bias_c + Σ_(dy, dx ∈ {−1, 0, 1}) w_c[dy, dx] ·
    v[i + dy·gw + dx, c] over the grid neighbours inside the (gh, gw) grid (zero padding; a 1-D sequence is the
@@ -30,7 +31,7 @@ import torch
 
 from ..kernel_families import KernelSpec, kernel_spec
 from ..value_conv import value_conv_heads
-from .limits import BLOCK_ROWS, FLAGS, output_alpha, splits_for
+from .limits import BLOCK_ROWS, output_alpha, splits_for, whitens
 
 
 def kernel_rows(x: torch.Tensor, marks: torch.Tensor, bandwidth: float, spec: KernelSpec) -> torch.Tensor:
@@ -48,7 +49,7 @@ def _split_rows(n: int, groups: int) -> list[slice]:
     return [slice(s * rows, min((s + 1) * rows, n)) for s in range(splits)]
 
 
-def query_pass(qs, ks, marks, valid, bandwidth, spec, flags):
+def query_pass(qs, ks, marks, valid, bandwidth, spec, whiten: bool):
     """Pass 1: per split, (n_s (B, H, S), p_s (B, H, S, m), a_s (B, H, S, m), G_s (B, H, S, m, m) or None,
     Σ C_k (B, H, S, m) or None). ``valid`` (B, 1, N, 1) weights (1 valid, 0 padded)."""
     b, h, n, _ = qs.shape
@@ -62,7 +63,7 @@ def query_pass(qs, ks, marks, valid, bandwidth, spec, flags):
         counts.append(w.sum((2, 3)).expand(b, h))
         shifts.append(shift)
         sums.append(d.sum(2))
-        if flags["whiten"]:
+        if whiten:
             grams.append(d.transpose(-1, -2) @ d)
         if ks is not qs:
             ksums.append((kernel_rows(ks[:, :, rows], marks, bandwidth, spec) * w).sum(2))
@@ -85,39 +86,34 @@ def combine_queries(stats):
     return n, c_mean, k_mean, cov
 
 
-def key_pass(ks, vv, marks, w_inv, valid, bandwidth, spec, eps, flags, k_mean, cov):
-    """Pass 2: per split, (M'_s (B, H, S, m, e), Σ v (B, H, S, e), Σ C_k (B, H, S, m))."""
+def key_pass(ks, vv, marks, w_inv, valid, bandwidth, spec, eps, k_mean, cov):
+    """Pass 2: per split, (M'_s (B, H, S, m, e), Σ v (B, H, S, e)); ``cov`` S (whiten) or None."""
     b, h, n, _ = ks.shape
     sp = None if cov is None else w_inv.transpose(-1, -2) @ cov @ w_inv
-    parts, vsums, ksums = [], [], []
+    parts, vsums = [], []
     for rows in _split_rows(n, b * h):
         w = valid[:, :, rows]
         k = kernel_rows(ks[:, :, rows], marks, bandwidth, spec) * w
-        k_t = (k - k_mean.unsqueeze(2)) * w if flags["centre_k"] else k
+        k_t = (k - k_mean.unsqueeze(2)) * w
         if sp is not None:
             s = ((k_t @ sp) * k_t).sum(-1, keepdim=True)
             k_t = k_t * torch.rsqrt(s.clamp_min(0.0) + eps)
         v = vv[:, :, rows] * w
         parts.append(k_t.transpose(-1, -2) @ v)
         vsums.append(v.sum(2))
-        ksums.append(k.sum(2))
-    return torch.stack(parts, 2), torch.stack(vsums, 2), torch.stack(ksums, 2)
+    return torch.stack(parts, 2), torch.stack(vsums, 2)
 
 
-def output_pass(qs, marks, w_inv, valid, bandwidth, spec, flags, n, c_mean, key_stats, vv=None, conv=None,
+def output_pass(qs, marks, w_inv, valid, bandwidth, spec, whiten: bool, n, c_mean, key_stats, vv=None, conv=None,
                 alpha=1.0):
     """Pass 3: (B, H, N, e), padded rows 0; plus DWConv(vv) with ``conv`` (no padding then). ``alpha``: the
     §4.6 output scale of the whitened part (``limits.output_alpha``), a number or (B, H, 1, 1)."""
-    parts, vsums, ksums = key_stats
+    parts, vsums = key_stats
     m_mat = alpha * (w_inv @ parts.sum(2))
     c = kernel_rows(qs, marks, bandwidth, spec)
-    if flags["centre_q"]:
+    if whiten:
         c = c - c_mean.unsqueeze(2)
-    out = c @ m_mat
-    if flags["add_mean"]:
-        out = out + vsums.sum(2).unsqueeze(2) / n
-    if flags["rowsum"]:
-        out = out / (c @ (w_inv @ ksums.sum(2).unsqueeze(-1)))
+    out = c @ m_mat + vsums.sum(2).unsqueeze(2) / n
     out = out * valid
     return out if conv is None else out + value_conv_heads(vv, conv)
 
@@ -130,14 +126,12 @@ def streaming_nystrom_reference(qs, ks, vv, marks, w_inv, bandwidth: float, kern
     holds them); marks (B, H, m, d); w_inv (B, H, m, m); mask (B, N) bool, True = padding, or None; conv an
     ``ops.value_conv.ValueConv`` (its grid, weight and bias; the V it convolves is vv) or None; scale_power p:
     the whitened part scaled by α = n^-p, n each sequence's valid keys (docs/DESIGN.md §4.6; 0: unscaled).
-    Returns (B, H, N, e)."""
-    flags = FLAGS[norm]
+    Returns (B, H, N, e). ``norm``: a streamed norm (ValueError for another)."""
+    whiten = whitens(norm)
     spec = kernel_spec(kernel)
     b, _, n, _ = qs.shape
     valid = qs.new_ones(b, 1, n, 1) if mask is None else (~mask).to(qs.dtype)[:, None, :, None]
-    n_valid, c_mean, k_mean, cov = None, None, None, None
-    if flags["centre_k"]:
-        n_valid, c_mean, k_mean, cov = combine_queries(query_pass(qs, ks, marks, valid, bandwidth, spec, flags))
-    key_stats = key_pass(ks, vv, marks, w_inv, valid, bandwidth, spec, eps, flags, k_mean, cov)
+    n_valid, c_mean, k_mean, cov = combine_queries(query_pass(qs, ks, marks, valid, bandwidth, spec, whiten))
+    key_stats = key_pass(ks, vv, marks, w_inv, valid, bandwidth, spec, eps, k_mean, cov)
     alpha = output_alpha(norm, scale_power, n_valid)
-    return output_pass(qs, marks, w_inv, valid, bandwidth, spec, flags, n_valid, c_mean, key_stats, vv, conv, alpha)
+    return output_pass(qs, marks, w_inv, valid, bandwidth, spec, whiten, n_valid, c_mean, key_stats, vv, conv, alpha)

@@ -19,10 +19,11 @@ projection its gradient with no gather or copy. Backends, in the order "auto" tr
 - ``steps`` (the reference of the op): returns None, and the layer runs its unfused path (the core's step
   path with autograd), which serves everything.
 
-Both fused backends serve: no padding mask and no prefix tokens (the layer does not ask then), a 2-D grid of
-Python ints, the streamed norms (``limits.FLAGS``) with any §4.6 output scale (``norm_scale``: α = N^-p on
-the whitened part, ``limits.output_alpha``; a learned gain is the caller's to refuse: ``attention_from_qkv``
-does not ask then), Newton–Schulz with the implicit backward, m <= 64, d <= 128, no graph tracing or dispatch
+What both fused backends serve is declared (``limits.TRAINING``, ``limits.TRITON_TRAINING``, docs/DESIGN.md
+§6.3): no padding mask and no prefix tokens (the layer does not ask then), a 2-D grid of Python ints, the
+shipped norms (``limits.STREAMED_NORMS``; the ablation norms run the unfused path) with any §4.6 output scale
+(``norm_scale``: α = N^-p on the whitened part, ``limits.output_alpha``; a learned gain is the caller's to
+refuse: ``attention_from_qkv`` does not ask then), Newton–Schulz with the implicit backward, m <= 64, d <= 128, no graph tracing or dispatch
 mode. qkv in float32, float16 or bfloat16 (``limits.LOAD_DTYPES``, under autocast or not): ``triton`` reads it
 and the gradient as they are and writes dq, dk, dv in qkv's dtype, every sum in float32 and the whole
 m×m algebra (Newton–Schulz included) in float32 (docs/DESIGN.md §1.3); ``torch`` computes in float32 from the
@@ -33,14 +34,13 @@ from __future__ import annotations
 
 import torch
 
-from .. import _runtime
-from ..dispatch import Backend, Op
+from ..capabilities import Call, triton_missing, unserved
 from ..settings import AttentionSettings
 from ..value_conv import ValueConv, value_conv_heads
 from .backward_reference import ForwardState, forward_state, output_of, streaming_backward_reference
-from .gates import cuda_only_auto_refusal, float32_of, kernel_unserved, step_path, triton_device
+from .gates import eager_only, float32_of, fused_op
 from .landmarks import landmark_solve_reference
-from .limits import FLAGS, LOAD_DTYPES, conv_unfit, output_alpha, scale_power, solve_unfit, unfit
+from .limits import TRAINING, TRITON_TRAINING, conv_unfit, output_alpha, scale_power, whitens
 
 __all__ = ["FUSED_TRAINING", "fused_training"]
 
@@ -65,47 +65,49 @@ def _views(qkv: torch.Tensor, heads: int, tied: bool):
     return q, k, split(tokens), tokens
 
 
-def _refusal(qkv, s, hw, grid, heads, tied, weight, bias) -> str | None:
-    """What both fused backends refuse."""
-    why = _runtime.capture_reason(modes=True, streams=False)
+def _layout(qkv, s, hw, grid, heads, tied, weight, bias) -> str | None:
+    """What no declaration says: the capture mode, the projection's layout, the 2-D grid of Python ints."""
+    why = eager_only(TRAINING.what)
     if why is not None:
-        return f"{why} (the fused training passes run eagerly only)"
+        return why
     if qkv.dim() != 3 or qkv.shape[-1] % ((2 if tied else 3) * heads) or qkv.stride(-1) != 1:
         return f"qkv: expected a (B, N, {'2' if tied else '3'}·C) projection with C a multiple of {heads} heads"
-    if qkv.numel() == 0:
-        return "empty input"
     if not (isinstance(hw, tuple) and isinstance(grid, tuple) and all(type(x) is int for x in (*hw, *grid))):
         return "a 1-D sequence or graph sizes: the fused passes take a 2-D grid of Python ints"
     if hw[0] * hw[1] != qkv.shape[1]:
         return f"hw={hw} is not a grid of the N={qkv.shape[1]} tokens"
-    if s.solver != "newton_schulz" or s.ns_backward != "implicit":
-        return f"solver {s.solver!r} with backward {s.ns_backward!r}: the fused passes run Newton–Schulz, implicit backward"
-    q, _, v, tokens = _views(qkv, heads, tied)
-    m = grid[0] * grid[1]
-    why = unfit(s.norm, m, q.shape[-1], v.shape[-1]) or solve_unfit(m, q.shape[-1])
-    if why is None and weight is not None:
-        why = conv_unfit(ValueConv(tokens, hw, weight, bias), v, None)
-    return why
+    return None
 
 
-def _triton_refusal(qkv, s, hw, grid, heads, tied, weight, bias) -> str | None:
-    why = _refusal(qkv, s, hw, grid, heads, tied, weight, bias)
-    why = why or kernel_unserved(s)
-    if why is not None:
-        return why
-    tensors = [qkv] + [t for t in (weight, bias) if t is not None]
-    if qkv.dtype not in LOAD_DTYPES or any(not t.dtype.is_floating_point or t.dtype == torch.float64
-                                           for t in tensors[1:]):
-        return (f"dtypes {sorted({str(t.dtype) for t in tensors})}: the fused training kernels read float32, "
-                "float16 or bfloat16")
-    if {t.device for t in tensors} != {qkv.device} or not triton_device(qkv.device):
-        return f"tensors on {qkv.device.type}, not cuda (set TRITON_INTERPRET=1 to run Triton on the CPU)"
-    ok, why = _runtime.triton_available()
-    return None if ok else why
+def _call(qkv, s, hw, grid, heads, tied, weight, bias) -> Call:
+    """The op's arguments (``_layout`` passed) as the ``Call`` its backends' declarations are checked against:
+    the conv's weight and bias checked for their device and gradient."""
+    c = qkv.shape[-1] // (2 if tied else 3)
+    return Call((qkv,), kernel=s.kernel, norm=s.norm, m=grid[0] * grid[1], d=c // heads, e=c // heads,
+                solver=s.solver, ns_backward=s.ns_backward, aux=tuple(t for t in (weight, bias) if t is not None))
 
 
-def _torch_auto_refusal(*_inputs) -> str | None:
-    return "the fused passes' PyTorch specification, for tests: the layer's unfused path is faster here"
+def _conv_refusal(qkv, s, hw, grid, heads, tied, weight, bias) -> str | None:
+    """A conv the passes cannot fuse (``limits.conv_unfit``)."""
+    if weight is None:
+        return None
+    _, _, v, tokens = _views(qkv, heads, tied)
+    return conv_unfit(ValueConv(tokens, hw, weight, bias), v, None)
+
+
+def _refusal(*inputs) -> str | None:
+    return _layout(*inputs) or unserved(TRAINING, _call(*inputs)) or _conv_refusal(*inputs)
+
+
+def _triton_refusal(*inputs) -> str | None:
+    why = _layout(*inputs)
+    if why is None:
+        call = _call(*inputs)
+        why = unserved(TRITON_TRAINING, call) or _conv_refusal(*inputs)
+        if why is None and any(t.dtype == torch.float64 or not t.dtype.is_floating_point for t in call.aux):
+            why = (f"the conv's parameters in {sorted({str(t.dtype) for t in call.aux})}: the fused training "
+                   "kernels read float32, float16 or bfloat16")
+    return why or triton_missing()
 
 
 class _Plan:
@@ -150,7 +152,7 @@ def _backward_triton(grad, q, k, v, st: ForwardState, conv, plan: _Plan, dq, dk,
     s, n = plan.s, q.shape[-2]
     alpha = plan.alpha(n)
     a = query_grad_triton(grad, q, v, st, s.bandwidth, s.kernel, s.norm, conv, alpha=alpha)
-    b = key_grad_triton(k, v, st, a["pdm"], s.bandwidth, s.kernel, s.norm_eps) if FLAGS[s.norm]["whiten"] else None
+    b = key_grad_triton(k, v, st, a["pdm"], s.bandwidth, s.kernel, s.norm_eps) if whitens(s.norm) else None
     c = landmark_grad_triton(st, a, b, n, s.bandwidth, s.kernel, s.norm, None if conv is None else conv.weight,
                              alpha=alpha)
     pdl = row_grad_triton(grad, q, k, v, st, c, s.bandwidth, s.kernel, s.norm, s.norm_eps, conv, dq,
@@ -215,9 +217,8 @@ def _run(use_triton: bool):
     return run
 
 
-FUSED_TRAINING = Op("fused_training", [
-    Backend("triton", _run(True), _triton_refusal, cuda_only_auto_refusal),
-    Backend("torch", _run(False), _refusal, _torch_auto_refusal),
-    Backend("steps", step_path),
-], signature="fused_training(qkv, settings, hw, grid, heads, tied, weight, bias): qkv (B, N, P·C) -> (B, N, C) "
+FUSED_TRAINING = fused_op(
+    "fused_training", (_run(True), _triton_refusal), (_run(False), _refusal),
+    "the fused passes' PyTorch specification, for tests: the layer's unfused path is faster here",
+    signature="fused_training(qkv, settings, hw, grid, heads, tied, weight, bias): qkv (B, N, P·C) -> (B, N, C) "
               "heads merged + DWConv(V); None from 'steps' = the layer's unfused path")

@@ -5,17 +5,17 @@ pass, is ``reference.py`` (docstring there), the formulas docs/DESIGN.md §4.3�
 Per (batch, head) group g = b·H + h, rows cut into the splits of ``limits.splits_for`` (grid (splits, G)
 for the passes; each program walks its split in tiles of ``BLOCK_ROWS`` rows):
 
-- ``query_stats_kernel`` (pass 1, norms with a centred key factor): per split the valid-row count, the
+- ``query_stats_kernel`` (pass 1): per split the valid-row count, the
   shift p (mean of the first tile), Σ (c − p), with ``WHITEN`` Σ (c − p)ᵀ (c − p), for K ≠ Q Σ C_k;
 - ``combine_kernel`` (grid (G,)): the pass-1 partials summed in split order into n, c̄, k̄ and
   S' = W⁺ᵀ S W⁺ (two m×m products). Its own kernel: as a prologue of the key pass, its products next to
   the key pass's made that kernel spill registers on sm_80 (KERNELS.md);
 - ``key_pass_kernel`` (pass 2): per key tile C_k (rows × landmarks), k̃, s_j = k̃_j S' k̃_jᵀ (from
-  k̃ S'), r_j, and per split the partials of M' = Σ r_j k̃_jᵀ v_j (the tile transposed into the product),
-  Σ v and Σ C_k;
+  k̃ S'), r_j, and per split the partials of M' = Σ r_j k̃_jᵀ v_j (the tile transposed into the product)
+  and Σ v;
 - ``output_kernel`` (pass 3): prologue M = α W⁺ Σ M' (α = n^-p, the output scale of the whitened norms,
-  docs/DESIGN.md §4.6, computed on the device from the group's valid count n; p = 0: α = 1 exactly), v̄
-  (and b_Σ = W⁺ Σ C_k for ``rowsum``); per query tile C_q, out = (c − c̄) M + v̄, written straight into a
+  docs/DESIGN.md §4.6, computed on the device from the group's valid count n; p = 0: α = 1 exactly), v̄;
+  per query tile C_q, out = (c − c̄) M + v̄ ("inline": c M + v̄), written straight into a
   (B, N, H, e) buffer (the heads merged: the caller gets its (B, H, N, e) view, whose
   ``transpose(1, 2).reshape(B, N, H·e)`` is free). With ``CONV``
   (the layer's DWConv(V), docs/DESIGN.md §4.5) each tile also gets bias + the 9 taps of the 3×3 depthwise
@@ -35,7 +35,8 @@ converted to float32 right after each load; the output is written in v's dtype, 
 statistic is float32); a padding mask is a runtime argument (without one, a single 0 byte read with
 stride 0).
 
-Forward only, m <= 64, d, e <= 128 (``limits.unfit``). ``aot_specialisations`` lists every launch
+Forward only, the streamed norms (``limits.STREAMED_NORMS``: ``WHITEN`` for "injective", not for "inline"; the
+ablation norms run the step path), m <= 64, d, e <= 128 (``limits.unfit``). ``aot_specialisations`` lists every launch
 configuration for ``benchmarks/triton_aot.py``, per input dtype.
 """
 
@@ -48,7 +49,8 @@ import triton.language as tl
 from ..kernel.limits import TRITON_KERNEL_IDS
 from ..kernel.triton import _distance_strided, _unblock
 from .._triton_common import distinct_launches, kernel_value, power_of_two_sizes, product_from_memory
-from .limits import BLOCK_ROWS, FLAGS, LOAD_DTYPES, MAX_D, MAX_M, conv_unfit, splits_for, triton_kernel_id, unfit
+from .limits import (BLOCK_ROWS, LOAD_DTYPES, MAX_D, MAX_M, STREAMED_NORMS, conv_unfit, splits_for, triton_kernel_id,
+                     unfit, whitens)
 
 
 @triton.jit
@@ -59,6 +61,14 @@ def _valid_rows(MASK, smb, b, rn, row_end, N):
     ok = (rn < N) & (rn < row_end)
     pad = tl.load(MASK + b * smb + rn * tl.minimum(smb, 1), mask=ok, other=1)
     return ok & (pad == 0)
+
+
+@triton.jit
+def split_rows_of(split, rows_per_split):
+    """(first row, end row) of row split ``split`` of a group (``limits.splits_for``: ``rows_per_split`` rows each,
+    the last split cut at N by the passes' row masks)."""
+    lo = split * rows_per_split
+    return lo, lo + rows_per_split
 
 
 SIDE = tl.constexpr(16)
@@ -106,8 +116,7 @@ def query_stats_kernel(Q, sqb, sqh, sqn, K, skb, skh, skn, L, MASK, smb, PCOUNT,
     b, h = g // H, g % H
     Qg, Kg, Lg = Q + b * sqb + h * sqh, K + b * skb + h * skh, L + g * M * D
     rm = tl.arange(0, BLOCK_M)
-    lo = split * rows_per_split
-    row_end = lo + rows_per_split
+    lo, row_end = split_rows_of(split, rows_per_split)
     # the shift: mean of the split's first tile of valid rows
     rn = lo + tl.arange(0, BLOCK_N)
     ok = _valid_rows(MASK, smb, b, rn, row_end, N)
@@ -206,34 +215,27 @@ def combine_kernel(PCOUNT, PSHIFT, PSUM, PGRAM, PKSUM, WI, NCOUNT, CMEAN, KMEAN,
 
 
 @triton.jit
-def key_pass_kernel(K, skb, skh, skn, V, svb, svh, svn, L, MASK, smb, KMEAN, SP, PM, PV, PK,
+def key_pass_kernel(K, skb, skh, skn, V, svb, svh, svn, L, MASK, smb, KMEAN, SP, PM, PV,
                     H, N, M, D, E, scale, eps, rows_per_split, SPLITS,
-                    WHITEN: tl.constexpr, CENTRE_K: tl.constexpr, ROWSUM: tl.constexpr, KID: tl.constexpr,
+                    WHITEN: tl.constexpr, KID: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr, BLOCK_E: tl.constexpr):
     split, g = tl.program_id(0), tl.program_id(1)
     b, h = g // H, g % H
     Kg, Vg, Lg = K + b * skb + h * skh, V + b * svb + h * svh, L + g * M * D
     rm = tl.arange(0, BLOCK_M)
     re = tl.arange(0, BLOCK_E)
-    k_mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
     sp = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
-    if CENTRE_K:
-        k_mean = tl.load(KMEAN + g * M + rm, mask=rm < M, other=0.0)
+    k_mean = tl.load(KMEAN + g * M + rm, mask=rm < M, other=0.0)
     if WHITEN:
         sp = _square(SP + g * M * M, M, BLOCK_M, False)
     acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
     vsum = tl.zeros((BLOCK_E,), dtype=tl.float32)
-    ksum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    lo = split * rows_per_split
-    row_end = lo + rows_per_split
+    lo, row_end = split_rows_of(split, rows_per_split)
     for n0 in range(lo, row_end, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         ok = _valid_rows(MASK, smb, b, rn, row_end, N)
         k = _kernel_tile(Kg, skn, Lg, n0, ok, N, M, D, scale, KID, BLOCK_N, BLOCK_M, KU)
-        if ROWSUM:
-            ksum += tl.sum(k, axis=0)
-        if CENTRE_K:
-            k = tl.where(ok[:, None] & (rm[None, :] < M), k - k_mean[None, :], 0.0)
+        k = tl.where(ok[:, None] & (rm[None, :] < M), k - k_mean[None, :], 0.0)
         if WHITEN:
             a = tl.dot(k, sp, input_precision="ieee")  # k̃ S'
             r = 1.0 / tl.sqrt(tl.maximum(tl.sum(a * k, axis=1), 0.0) + eps)
@@ -251,8 +253,6 @@ def key_pass_kernel(K, skb, skh, skn, V, svb, svh, svn, L, MASK, smb, KMEAN, SP,
     part = g * SPLITS + split
     tl.store(PM + part * M * E + rm[:, None] * E + re[None, :], acc, mask=(rm[:, None] < M) & (re[None, :] < E))
     tl.store(PV + part * E + re, vsum, mask=re < E)
-    if ROWSUM:
-        tl.store(PK + part * M + rm, ksum, mask=rm < M)
 
 
 @triton.jit
@@ -278,10 +278,10 @@ def _conv_tile(out, Vg, svn, CW, CB, has_bias, h, rn, N, E, GH, GW, BLOCK_E: tl.
 
 
 @triton.jit
-def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK, OUT,
-                  V, svb, svh, svn, CW, CB, has_bias, GH, GW, SM, SV, SK, save,
+def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, OUT,
+                  V, svb, svh, svn, CW, CB, has_bias, GH, GW, SM, SV, save,
                   H, N, M, D, E, scale, scale_power, rows_per_split, SPLITS,
-                  CENTRE_Q: tl.constexpr, ADD_MEAN: tl.constexpr, ROWSUM: tl.constexpr, CONV: tl.constexpr,
+                  WHITEN: tl.constexpr, CONV: tl.constexpr,
                   KID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KU: tl.constexpr,
                   BLOCK_E: tl.constexpr):
     split, g = tl.program_id(0), tl.program_id(1)
@@ -289,36 +289,28 @@ def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK,
     Qg, Lg, Vg = Q + b * sqb + h * sqh, L + g * M * D, V + b * svb + h * svh
     rm = tl.arange(0, BLOCK_M)
     re = tl.arange(0, BLOCK_E)
-    # prologue: M = α W⁺ Σ M' (split order), v̄, c̄, b_Σ = W⁺ Σ C_k
+    # prologue: M = α W⁺ Σ M' (split order), v̄, c̄
     mp = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
     vsum = tl.zeros((BLOCK_E,), dtype=tl.float32)
-    ksum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for s in range(0, SPLITS):
         part = g * SPLITS + s
         mp += tl.load(PM + part * M * E + rm[:, None] * E + re[None, :], mask=(rm[:, None] < M) & (re[None, :] < E),
                       other=0.0)
         vsum += tl.load(PV + part * E + re, mask=re < E, other=0.0)
-        if ROWSUM:
-            ksum += tl.load(PK + part * M + rm, mask=rm < M, other=0.0)
-    first = (save != 0) & (split == 0)  # the training forward keeps Σ M', Σ v, Σ C_k (ForwardState)
+    first = (save != 0) & (split == 0)  # the training forward keeps Σ M', Σ v (ForwardState)
     tl.store(SM + g * M * E + rm[:, None] * E + re[None, :], mp, mask=(rm[:, None] < M) & (re[None, :] < E) & first)
     tl.store(SV + g * E + re, vsum, mask=(re < E) & first)
-    tl.store(SK + g * M + rm, ksum, mask=(rm < M) & first)
     w_inv = _square(WI + g * M * M, M, BLOCK_M, False)
     m_mat = tl.dot(w_inv, mp, input_precision="tf32x3")
     c_mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    bias = tl.zeros((BLOCK_E,), dtype=tl.float32)
-    if CENTRE_Q:
+    if WHITEN:
         c_mean = tl.load(CMEAN + g * M + rm, mask=rm < M, other=0.0)
-    if ADD_MEAN:  # every whitened norm adds v̄, so the count is read here
-        n_valid = tl.load(NCOUNT + g)
-        bias = vsum / n_valid
-        # α = n^-p (the launcher passes p = 0 for the norms that do not whiten): exactly 1 for p = 0, so the
-        # output keeps its bits; Σ M' (the state) stays unscaled
-        m_mat = m_mat * tl.where(scale_power != 0.0, tl.exp2(-scale_power * tl.log2(n_valid)), 1.0)
-    b_sum = tl.sum(w_inv * ksum[None, :], axis=1)
-    lo = split * rows_per_split
-    row_end = lo + rows_per_split
+    n_valid = tl.load(NCOUNT + g)
+    bias = vsum / n_valid
+    # α = n^-p (the launcher passes p = 0 for the norm that does not whiten): exactly 1 for p = 0, so the
+    # output keeps its bits; Σ M' (the state) stays unscaled
+    m_mat = m_mat * tl.where(scale_power != 0.0, tl.exp2(-scale_power * tl.log2(n_valid)), 1.0)
+    lo, row_end = split_rows_of(split, rows_per_split)
     for n0 in range(lo, row_end, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
         ok = _valid_rows(MASK, smb, b, rn, row_end, N)
@@ -329,10 +321,8 @@ def output_kernel(Q, sqb, sqh, sqn, L, WI, MASK, smb, NCOUNT, CMEAN, PM, PV, PK,
         if CONV:
             out = _conv_tile(out, Vg, svn, CW, CB, has_bias, h, rn, N, E, GH, GW, BLOCK_E)
         c = _kernel_tile(Qg, sqn, Lg, n0, ok, N, M, D, scale, KID, BLOCK_N, BLOCK_M, KU)
-        if CENTRE_Q:
+        if WHITEN:
             c = tl.where(rm[None, :] < M, c - c_mean[None, :], 0.0)
-        if ROWSUM:  # (c M) / (c b_Σ) as (c / (c b_Σ)) M (rowsum adds no v̄)
-            c = c / tl.where(ok, tl.sum(c * b_sum[None, :], axis=1), 1.0)[:, None]
         out = tl.where(ok[:, None], tl.dot(c, m_mat, out, input_precision="tf32x3"), 0.0)
         inside = (rn[:, None] < N) & (rn[:, None] < row_end) & (re[None, :] < E)
         tl.store(OUT + b * N * H * E + rn[:, None] * (H * E) + h * E + re[None, :], out.to(OUT.dtype.element_ty),
@@ -401,14 +391,12 @@ def combine_spec(m, whiten: bool, untied: bool) -> dict:
     return dict(WHITEN=whiten, UNTIED=untied, BLOCK_M=_p2(m), BLOCK_K=16, num_warps=8, num_stages=1, maxnreg=MAXNREG)
 
 
-def key_spec(m, d, e, kid: int, flags: dict) -> dict:
-    return dict(WHITEN=flags["whiten"], CENTRE_K=flags["centre_k"], ROWSUM=flags["rowsum"], KID=kid,
-                **config(m, d, e))
+def key_spec(m, d, e, kid: int, whiten: bool) -> dict:
+    return dict(WHITEN=whiten, KID=kid, **config(m, d, e))
 
 
-def output_spec(m, d, e, kid: int, flags: dict, conv: bool = False) -> dict:
-    return dict(CENTRE_Q=flags["centre_q"], ADD_MEAN=flags["add_mean"], ROWSUM=flags["rowsum"], CONV=conv, KID=kid,
-                **config(m, d, e))
+def output_spec(m, d, e, kid: int, whiten: bool, conv: bool = False) -> dict:
+    return dict(WHITEN=whiten, CONV=conv, KID=kid, **config(m, d, e))
 
 
 def _launch(spec: dict) -> tuple[dict, dict]:
@@ -445,8 +433,7 @@ def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks
 
     ``save`` (the training forward, ``training.py``): returns (out, state) with state the dict of the forward's
     per-group statistics the backward reads (float32, (B, H, ·)): "c_mean", "k_mean" (m), "cov", "sp" (m, m),
-    "m_prime" (Σ M', m × e), "v_sum" (e), "k_sum" (m; Σ C_k for rowsum, else 0); c_mean and k_mean are undefined
-    without a centred key factor, cov and sp without whitening (unread there)."""
+    "m_prime" (Σ M', m × e), "v_sum" (e); cov and sp are undefined without whitening (unread there)."""
     b, h, n, d = qs.shape
     e, m = vv.shape[-1], marks.shape[-2]
     why = unfit(norm, m, d, e, qs.dtype)
@@ -458,7 +445,7 @@ def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks
         if t.dtype != qs.dtype:
             raise ValueError(f"streaming_triton: {name} is {t.dtype}, qs {qs.dtype}: q, k, v are read in one dtype")
     kid = triton_kernel_id("streaming_triton", kernel)
-    flags, untied, groups = FLAGS[norm], ks is not qs, b * h
+    whiten, untied, groups = whitens(norm), ks is not qs, b * h
     q = _rows_contiguous(qs)
     k = q if not untied else _rows_contiguous(ks)
     v = _rows_contiguous(vv)
@@ -472,52 +459,43 @@ def streaming_triton(qs: torch.Tensor, ks: torch.Tensor, vv: torch.Tensor, marks
     pcount = torch.empty(groups, splits, **f32)
     pshift = torch.empty(groups, splits, m, **f32)
     psum = torch.empty(groups, splits, m, **f32)
-    pgram = torch.empty(groups, splits, m, m, **f32) if flags["whiten"] else pcount
-    pksum = torch.empty(groups, splits, m, **f32) if untied and flags["centre_k"] else pcount
+    pgram = torch.empty(groups, splits, m, m, **f32) if whiten else pcount
+    pksum = torch.empty(groups, splits, m, **f32) if untied else pcount
     grid = (splits, groups)
-    if flags["centre_k"]:
-        meta, opts = _launch(query_spec(m, d, e, kid, flags["whiten"], untied))
-        query_stats_kernel[grid](q, q.stride(0), q.stride(1), q.stride(2), k, k.stride(0), k.stride(1), k.stride(2),
-                                 lm, pad, smb, pcount, pshift, psum, pgram, pksum, h, n, m, d, scale, rows, splits,
-                                 **meta, **opts)
-    ncount, cmean, kmean, sp, cov = pcount, psum, psum, psum, psum  # placeholders where a flag leaves them unread
-    if save:  # left undefined where the norm computes none (the backward never reads them there; no fill launch)
-        cmean, kmean = torch.empty(groups, m, **f32), torch.empty(groups, m, **f32)
+    meta, opts = _launch(query_spec(m, d, e, kid, whiten, untied))
+    query_stats_kernel[grid](q, q.stride(0), q.stride(1), q.stride(2), k, k.stride(0), k.stride(1), k.stride(2),
+                             lm, pad, smb, pcount, pshift, psum, pgram, pksum, h, n, m, d, scale, rows, splits,
+                             **meta, **opts)
+    ncount, cmean, kmean = torch.empty(groups, **f32), torch.empty(groups, m, **f32), torch.empty(groups, m, **f32)
+    sp, cov = psum, psum  # placeholders without whitening (unread); the training forward keeps them undefined
+    if whiten or save:
         sp, cov = torch.empty(groups, m, m, **f32), torch.empty(groups, m, m, **f32)
-    if flags["centre_k"]:
-        ncount = torch.empty(groups, **f32)
-        if not save:
-            cmean = torch.empty(groups, m, **f32)
-            kmean = torch.empty(groups, m, **f32)
-            if flags["whiten"]:
-                sp, cov = torch.empty(groups, m, m, **f32), torch.empty(groups, m, m, **f32)
-        meta, opts = _launch(combine_spec(m, flags["whiten"], untied))
-        combine_kernel[(groups,)](pcount, pshift, psum, pgram, pksum, wi, ncount, cmean, kmean, sp, cov, m, splits,
-                                  **meta, **opts)
+    meta, opts = _launch(combine_spec(m, whiten, untied))
+    combine_kernel[(groups,)](pcount, pshift, psum, pgram, pksum, wi, ncount, cmean, kmean, sp, cov, m, splits,
+                              **meta, **opts)
     pm = torch.empty(groups, splits, m, e, **f32)
     pv = torch.empty(groups, splits, e, **f32)
-    pk = torch.empty(groups, splits, m, **f32) if flags["rowsum"] else pv
-    meta, opts = _launch(key_spec(m, d, e, kid, flags))
+    meta, opts = _launch(key_spec(m, d, e, kid, whiten))
     key_pass_kernel[grid](k, k.stride(0), k.stride(1), k.stride(2), v, v.stride(0), v.stride(1), v.stride(2), lm,
-                          pad, smb, kmean, sp, pm, pv, pk, h, n, m, d, e, scale, float(eps), rows, splits,
+                          pad, smb, kmean, sp, pm, pv, h, n, m, d, e, scale, float(eps), rows, splits,
                           **meta, **opts)
     out = torch.empty(b, n, h, e, dtype=vv.dtype, device=q.device)
     cw, cb, has_bias, (gh, gw) = pv, pv, 0, (1, n)  # placeholders without a conv (CONV=False reads none)
     if conv is not None:  # float32 parameters: no copy; a half weight or bias: a float32 copy (C × 9, C)
         cw, cb = conv.weight.float().contiguous(), pv if conv.bias is None else conv.bias.float().contiguous()
         has_bias, (gh, gw) = int(conv.bias is not None), (1, n) if conv.hw is None else conv.hw
-    sm, sv, sk = pv, pv, pv
+    sm, sv = pv, pv
     if save:
-        sm, sv, sk = torch.empty(groups, m, e, **f32), torch.empty(groups, e, **f32), torch.empty(groups, m, **f32)
-    power = float(scale_power) if flags["whiten"] else 0.0  # α = 1 for the norms that do not whiten
-    meta, opts = _launch(output_spec(m, d, e, kid, flags, conv is not None))
-    output_kernel[grid](q, q.stride(0), q.stride(1), q.stride(2), lm, wi, pad, smb, ncount, cmean, pm, pv, pk, out,
-                        v, v.stride(0), v.stride(1), v.stride(2), cw, cb, has_bias, gh, gw, sm, sv, sk, int(save),
+        sm, sv = torch.empty(groups, m, e, **f32), torch.empty(groups, e, **f32)
+    power = float(scale_power) if whiten else 0.0  # α = 1 for the norm that does not whiten
+    meta, opts = _launch(output_spec(m, d, e, kid, whiten, conv is not None))
+    output_kernel[grid](q, q.stride(0), q.stride(1), q.stride(2), lm, wi, pad, smb, ncount, cmean, pm, pv, out,
+                        v, v.stride(0), v.stride(1), v.stride(2), cw, cb, has_bias, gh, gw, sm, sv, int(save),
                         h, n, m, d, e, scale, power, rows, splits, **meta, **opts)
     if not save:
         return out.permute(0, 2, 1, 3)
     per_group = lambda t: t.view(b, h, *t.shape[1:])  # noqa: E731
-    state = dict(c_mean=cmean, k_mean=kmean, cov=cov, sp=sp, m_prime=sm, v_sum=sv, k_sum=sk)
+    state = dict(c_mean=cmean, k_mean=kmean, cov=cov, sp=sp, m_prime=sm, v_sum=sv)
     return out.permute(0, 2, 1, 3), {name: per_group(t) for name, t in state.items()}
 
 
@@ -552,18 +530,18 @@ def _launches(m: int, e: int, dtype: str = "fp32"):
     on e either). The combine kernel reads only float32 workspaces: one specialisation, listed with fp32."""
     for kid in sorted(TRITON_KERNEL_IDS):
         kind = f"dtype={dtype} kid={kid}"
-        for norm, flags in FLAGS.items():
-            inj = int(norm == "injective")
-            if flags["centre_k"]:
-                for untied in (False, True):
-                    yield (query_stats_kernel, query_spec(m, MAX_D, e, kid, flags["whiten"], untied),
-                           f"stream_query {kind} m={m} inj={inj} untied={int(untied)}")
-                    if dtype == "fp32":
-                        yield (combine_kernel, combine_spec(m, flags["whiten"], untied),
-                               f"stream_combine dtype=fp32 m={m} inj={inj} untied={int(untied)}")
-            yield key_pass_kernel, key_spec(m, MAX_D, e, kid, flags), f"stream_key {kind} m={m} e={e} inj={inj}"
+        for norm in STREAMED_NORMS:
+            whiten = whitens(norm)
+            inj = int(whiten)
+            for untied in (False, True):
+                yield (query_stats_kernel, query_spec(m, MAX_D, e, kid, whiten, untied),
+                       f"stream_query {kind} m={m} inj={inj} untied={int(untied)}")
+                if dtype == "fp32":
+                    yield (combine_kernel, combine_spec(m, whiten, untied),
+                           f"stream_combine dtype=fp32 m={m} inj={inj} untied={int(untied)}")
+            yield key_pass_kernel, key_spec(m, MAX_D, e, kid, whiten), f"stream_key {kind} m={m} e={e} inj={inj}"
             for conv in (False, True):
-                yield (output_kernel, output_spec(m, MAX_D, e, kid, flags, conv),
+                yield (output_kernel, output_spec(m, MAX_D, e, kid, whiten, conv),
                        f"stream_out {kind} m={m} e={e} inj={inj} conv={int(conv)}")
 
 
