@@ -314,28 +314,26 @@ def tiled_config(m: int) -> dict:
 def aot_specialisations(d_max: int = 128, m_max: int = MAX_M):
     """Every (kernel, signature, constexprs, num_warps, num_stages, label) the launchers can produce for
     m <= m_max, from ``onchip_config`` / ``tiled_config`` (benchmarks/triton_aot.py)."""
-    tname = "fp32"  # half inputs are upcast by the launchers
     top = max(16, triton.next_power_of_2(min(m_max, MAX_M)))
     for m in (16, 32, 64):  # on chip, each block side labelled with its largest m
-        if m > min(top, ONCHIP_MAX_M):
-            continue
-        cfg = dict(onchip_config(m))
-        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-        meta = dict(cfg, PRECISION=PRECISION)
-        yield (newton_schulz_onchip_kernel,
-               {"P": f"*{tname}", "V": f"*{tname}", "WORK": "*fp32", "M": "i32", "iters": "i32"},
-               dict(meta, CHECK=CHECK_EVERY), warps, stages, f"ns_fwd dtype={tname} m={m}")
-        yield (implicit_grad_onchip_kernel, {"V": f"*{tname}", "G": f"*{tname}", "DW": f"*{tname}", "WORK": "*fp32",
-                                             "M": "i32"}, meta, warps, stages, f"ns_grad dtype={tname} m={m}")
+        if m <= min(top, ONCHIP_MAX_M):
+            yield from _solve_and_grad(newton_schulz_onchip_kernel, implicit_grad_onchip_kernel, onchip_config(m),
+                                       dict(PRECISION=PRECISION), m)
     if top > ONCHIP_MAX_M:  # tiled: 64 < m <= 128
-        cfg = dict(tiled_config(MAX_M))
-        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-        meta = dict(cfg, IEEE=True)
-        yield (newton_schulz_fwd_kernel,
-               {"P": f"*{tname}", "V": f"*{tname}", "WORK": "*fp32", "M": "i32", "iters": "i32"},
-               dict(meta, CHECK=CHECK_EVERY), warps, stages, f"ns_fwd dtype={tname} m={MAX_M}")
-        yield (implicit_grad_kernel, {"V": f"*{tname}", "G": f"*{tname}", "DW": f"*{tname}", "WORK": "*fp32",
-                                      "M": "i32"}, meta, warps, stages, f"ns_grad dtype={tname} m={MAX_M}")
+        yield from _solve_and_grad(newton_schulz_fwd_kernel, implicit_grad_kernel, tiled_config(MAX_M),
+                                   dict(IEEE=True), MAX_M)
+
+
+def _solve_and_grad(solve, grad, config: dict, constexprs: dict, m: int):
+    """The AOT entries of one configuration's solve and implicit-gradient kernels (``aot_specialisations``), labelled
+    with the largest m of their block side; float32 pointers (half inputs are upcast by the launchers)."""
+    cfg = dict(config)
+    warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+    meta = dict(cfg, **constexprs)
+    yield (solve, {"P": "*fp32", "V": "*fp32", "WORK": "*fp32", "M": "i32", "iters": "i32"},
+           dict(meta, CHECK=CHECK_EVERY), warps, stages, f"ns_fwd dtype=fp32 m={m}")
+    yield (grad, {"V": "*fp32", "G": "*fp32", "DW": "*fp32", "WORK": "*fp32", "M": "i32"}, meta, warps, stages,
+           f"ns_grad dtype=fp32 m={m}")
 
 
 def _newton_schulz_f32(p: torch.Tensor, iters: int) -> torch.Tensor:
