@@ -144,9 +144,8 @@ def _rows(t: torch.Tensor, s: int, r: int, buf: torch.Tensor) -> torch.Tensor:
     return out.copy_(t[:, s : s + r])
 
 
-@torch.library.custom_op("laplacianformer::laplace_matmul_cpu", mutates_args=(), device_types="cpu")
-def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, inv_lam: float, kernel: str) -> torch.Tensor:
-    """f(r / lam) @ V on row chunks.  x: (B, N, d), y: (B, M, d), v: (B, M, e) -> (B, N, e)."""
+def _matmul_rows(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, inv_lam: float, kernel: str) -> torch.Tensor:
+    """f(r / lam) @ V on row chunks.  x: (B, N, d), y: (B, M, d), v: (B, M, e) -> (B, N, e); no autograd."""
     spec = kernel_spec(kernel)
     b, n, d = x.shape
     m, e = v.shape[1], v.shape[2]
@@ -162,6 +161,12 @@ def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, inv_lam: float
         else:
             out[:, s : s + r] = torch.bmm(c, v, out=obuf[: b * r * e].view(b, r, e))
     return out
+
+
+@torch.library.custom_op("laplacianformer::laplace_matmul_cpu", mutates_args=(), device_types="cpu")
+def _matmul_op(x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, inv_lam: float, kernel: str) -> torch.Tensor:
+    """``_matmul_rows`` as a custom op (its autograd and fake are registered below)."""
+    return _matmul_rows(x, y, v, inv_lam, kernel)
 
 
 @torch.library.custom_op("laplacianformer::laplace_matmul_cpu_bwd", mutates_args=(), device_types="cpu")
@@ -213,9 +218,20 @@ register_kernel_autograd(_kernel_op, _kernel_bwd_op)
 register_matmul_autograd(_matmul_op, _matmul_bwd_op)
 
 
+def _eager_no_grad(*tensors: torch.Tensor) -> bool:
+    """Whether a call may skip its custom op (whose dispatch costs ~0.3 ms): eager mode and no gradient needed.
+    The op is what autograd and torch.compile see; the function inside it computes the same."""
+    return not torch.compiler.is_compiling() and not (
+        torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
 def laplace_kernel_cpu(x: torch.Tensor, y: torch.Tensor, lam: float, kernel: str = "laplacian") -> torch.Tensor:
     """f(r(x_i, y_j) / lam) of the family ``kernel``.  x: (..., N, d), y: (..., M, d) -> (..., N, M)."""
-    out = _kernel_op(_batch_rows(x), _batch_rows(y), 1.0 / float(lam), kernel)
+    xs, ys = _batch_rows(x), _batch_rows(y)
+    if _eager_no_grad(x, y):
+        out = kernel_rows_cpu(xs, ys, kernel_spec(kernel), 1.0 / float(lam))
+    else:
+        out = _kernel_op(xs, ys, 1.0 / float(lam), kernel)
     return out.reshape(*x.shape[:-1], y.shape[-2])
 
 
@@ -223,7 +239,8 @@ def laplace_kernel_matmul_cpu(
     x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, lam: float, kernel: str = "laplacian"
 ) -> torch.Tensor:
     """k(X, Y) @ V without storing k(X, Y).  x: (..., N, d), y: (..., M, d), v: (..., M, e) -> (..., N, e)."""
-    out = _matmul_op(_batch_rows(x), _batch_rows(y), _batch_rows(v), 1.0 / float(lam), kernel)
+    rows = _matmul_rows if _eager_no_grad(x, y, v) else _matmul_op
+    out = rows(_batch_rows(x), _batch_rows(y), _batch_rows(v), 1.0 / float(lam), kernel)
     return out.reshape(*x.shape[:-1], v.shape[-1])
 
 
