@@ -17,6 +17,7 @@ QUICK: dict[str, list[str]] = {
     "attention_scaling": ["--quick", "--no-memory", "--threads", "1"],
     "compile": ["--models", "laplacianformer_micro", "--size", "32", "--backend", "aot_eager", "--repeats", "1",
                 "--op-side", "8", "--op-repeats", "1"],
+    "cpu_inference": ["--model", "laplacianformer_micro", "--sizes", "32", "--repeats", "1", "--threads", "1"],
     "detection_scaling": ["--model", "laplacianformer_micro", "--sizes", "64", "--fpn-channels", "16", "--repeats", "1",
                           "--memory", "heap", "--threads", "1", "--no-progress"],
     "gpu_overhead": ["--device", "cpu", "--model", "laplacianformer_micro", "--size", "32", "--batch", "1",

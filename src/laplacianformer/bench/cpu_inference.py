@@ -1,0 +1,119 @@
+"""CPU inference of one backbone, Laplacian against its SR-softmax twin: ms per image at each input size, eager
+mode and optionally torch.compile and bf16 autocast, with the deployment targets beside the ratios.
+
+    laplacianformer bench cpu_inference                          # Tiny, batch 1, 2 threads, 224² 512² 1024², eager
+    laplacianformer bench cpu_inference --runtimes eager compile bf16 --publish
+
+The two models (``create_model(model, attn="laplacian")`` and ``attn="softmax"``, seeded, eval, random weights)
+of one (size, runtime) are timed round-robin in one process, one forward under ``torch.no_grad`` each per
+round, so machine load hits them alike; medians and IQRs over the rounds. Runtimes: ``eager``; ``compile``
+(``torch.compile`` with the default inductor backend, compiled and warmed before the timing, its compile time
+reported); ``bf16`` (eager under ``torch.autocast("cpu", torch.bfloat16)``: the attention operator computes in
+float32 there, docs/DESIGN.md §1). The issue's targets (issue 42: Laplacian / SR-softmax ≤ 1.15 at 224², ≤ 1.0
+at 512², ≤ 0.85 at 1024², eager, 2 threads, batch 1) are printed beside the eager ratios; nothing asserts them.
+Writes runs/bench/cpu_inference/cpu_inference_<device>.{json,md,png} (``--publish``: benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+
+import torch
+
+from .harness import round_robin
+from .model_cost import build_net
+from .options import add_timing_options, start_timing_run, write_results
+from .report import figure, markdown_table, report_header, save_figure, write_text
+
+ATTNS = ("laplacian", "softmax")
+RUNTIMES = ("eager", "compile", "bf16")
+TARGETS = {224: 1.15, 512: 1.0, 1024: 0.85}
+"""Issue 42's targets of Laplacian / SR-softmax per input side (eager, 2 threads, batch 1)."""
+
+
+def _forward(net: torch.nn.Module, x: torch.Tensor, runtime: str):
+    """The zero-argument forward of one runtime (the compiled module is built here, compiled at its first call)."""
+    model = torch.compile(net) if runtime == "compile" else net
+    context = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if runtime == "bf16" else contextlib.nullcontext
+
+    def run():
+        with torch.no_grad(), context():
+            return model(x)
+
+    return run
+
+
+def run(args) -> list[dict]:
+    rows = []
+    nets = {a: build_net(args.model, a).eval() for a in ATTNS}
+    for size in args.sizes:
+        x = torch.randn(args.batch, 3, size, size, generator=torch.Generator().manual_seed(0))
+        for runtime in args.runtimes:
+            fns = {a: _forward(nets[a], x, runtime) for a in ATTNS}
+            first_ms = {}
+            for a, fn in fns.items():  # the first call (compilation for "compile"), untimed by round_robin
+                start = time.perf_counter()
+                fn()
+                first_ms[a] = (time.perf_counter() - start) * 1e3
+            timings = round_robin(fns, device=args.device, repeats=args.repeats, max_seconds=args.max_seconds)
+            lap, soft = timings["laplacian"], timings["softmax"]
+            rows.append(dict(model=args.model, size=size, runtime=runtime, batch=args.batch, threads=args.threads,
+                             laplacian_ms=lap.median_ms, softmax_ms=soft.median_ms, laplacian_iqr_ms=lap.iqr_ms,
+                             softmax_iqr_ms=soft.iqr_ms, repeats=min(lap.repeats, soft.repeats),
+                             ratio=lap.median_ms / soft.median_ms,
+                             target=TARGETS.get(size) if runtime == "eager" else None,
+                             first_call_ms=first_ms))
+            print(f"{size}² {runtime}: Laplacian {lap.median_ms:.1f} ms, SR-softmax {soft.median_ms:.1f} ms, "
+                  f"ratio {lap.median_ms / soft.median_ms:.3f}", flush=True)
+    return rows
+
+
+def plot(path, rows: list[dict], title: str) -> None:
+    fig, ax = figure(size=(6.5, 3.8))
+    for runtime, marker in zip(RUNTIMES, "os^"):
+        mine = [r for r in rows if r["runtime"] == runtime]
+        if mine:
+            ax.plot([r["size"] for r in mine], [r["ratio"] for r in mine], marker=marker, label=runtime)
+    targets = sorted((s, t) for s, t in TARGETS.items() if any(r["size"] == s for r in rows))
+    if targets:
+        ax.plot(*zip(*targets), "k--", lw=1, label="target (eager)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("input side (pixels)")
+    ax.set_ylabel("Laplacian / SR-softmax time")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    save_figure(fig, path)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="laplacianformer_tiny")
+    p.add_argument("--sizes", type=int, nargs="+", default=[224, 512, 1024])
+    p.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=["eager"])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--max-seconds", type=float, default=60.0, help="cap on timed seconds per (size, runtime)")
+    add_timing_options(p)
+    p.set_defaults(threads=2)
+    args = p.parse_args(argv)
+    load_before = start_timing_run(args, "laplacianformer.bench.cpu_inference", argv)
+    rows = run(args)
+    stem, load = write_results(args, "cpu_inference", load_before, dict(rows=rows))
+    table = markdown_table(
+        ["size", "runtime", "Laplacian ms", "SR-softmax ms", "Laplacian / SR-softmax", "target", "IQR ms (Lap / SR)",
+         "rounds"],
+        [[f"{r['size']}²", r["runtime"], r["laplacian_ms"], r["softmax_ms"], r["ratio"],
+          "–" if r["target"] is None else f"≤ {r['target']}", f"{r['laplacian_iqr_ms']:.3g} / {r['softmax_iqr_ms']:.3g}",
+          r["repeats"]] for r in rows])
+    header = report_header(f"{args.model}: CPU inference, Laplacian vs SR-softmax", args, load,
+                           f"batch {args.batch}; {args.threads} thread(s); medians of round-robin calls")
+    write_text(stem.with_suffix(".md"), header + table)
+    print(header + table)
+    plot(stem.with_suffix(".png"), rows, f"{args.model}: CPU inference, {args.threads} thread(s), batch {args.batch}")
+
+
+if __name__ == "__main__":
+    main()
