@@ -24,7 +24,7 @@ import torch
 
 from .harness import round_robin
 from .model_cost import build_net
-from .options import add_timing_options, start_timing_run, write_results
+from .options import add_timing_options, run_rows
 from .report import figure, markdown_table, report_header, save_figure, write_text
 
 ATTNS = ("laplacian", "softmax")
@@ -99,9 +99,7 @@ def main(argv=None) -> None:
     add_timing_options(p)
     p.set_defaults(threads=2)
     args = p.parse_args(argv)
-    load_before = start_timing_run(args, "laplacianformer.bench.cpu_inference", argv)
-    rows = run(args)
-    stem, load = write_results(args, "cpu_inference", load_before, dict(rows=rows))
+    rows, stem, load = run_rows(args, "cpu_inference", run, argv)
     table = markdown_table(
         ["size", "runtime", "Laplacian ms", "SR-softmax ms", "Laplacian / SR-softmax", "target", "IQR ms (Lap / SR)",
          "rounds"],

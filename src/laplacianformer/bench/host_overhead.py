@@ -21,7 +21,7 @@ import argparse
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .harness import round_robin
-from .options import add_timing_options, start_timing_run, write_results
+from .options import add_timing_options, run_rows
 from .report import bar_labels, figure, markdown_table, report_header, save_figure, write_text
 from .stage_attention import make_layer_case, stage_inputs
 from ..models import count_macs
@@ -104,9 +104,7 @@ def main(argv=None) -> None:
     add_timing_options(p)
     p.set_defaults(threads=1)
     args = p.parse_args(argv)
-    load_before = start_timing_run(args, "laplacianformer.bench.host_overhead", argv)
-    rows = run(args)
-    stem, load = write_results(args, "host_overhead", load_before, dict(rows=rows))
+    rows, stem, load = run_rows(args, "host_overhead", run, argv)
     table = markdown_table(
         ["stage", "tokens", "C", "heads", "Laplacian ms", "SR-softmax ms", "Laplacian / SR-softmax", "target",
          "MACs Lap / SR (M)", "MAC ratio", "aten calls (Lap / SR)"],

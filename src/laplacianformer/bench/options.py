@@ -60,6 +60,15 @@ def write_results(args: argparse.Namespace, name: str, load_before: tuple[float,
     return stem, load
 
 
+def run_rows(args: argparse.Namespace, name: str, run, argv: Sequence[str] | None) -> tuple[list, Path, dict]:
+    """A row benchmark's timed part: ``start_timing_run`` for ``laplacianformer.bench.<name>``, ``run(args)`` (its
+    list of row dicts), ``write_results`` of ``{"rows": rows}``. Returns (rows, stem, load record)."""
+    load_before = start_timing_run(args, f"laplacianformer.bench.{name}", argv)
+    rows = run(args)
+    stem, load = write_results(args, name, load_before, dict(rows=rows))
+    return rows, stem, load
+
+
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 """--autocast choices: the lower-precision dtype of ``torch.autocast`` (absent: float32 throughout)."""
 

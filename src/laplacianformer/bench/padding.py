@@ -18,7 +18,7 @@ import argparse
 import torch
 
 from .harness import time_call
-from .options import add_timing_options, start_timing_run, write_results
+from .options import add_timing_options, run_rows
 from .report import markdown_table, report_header, write_text
 from ..layers import LaplacianAttention
 
@@ -69,9 +69,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=5)
     add_timing_options(p)
     args = p.parse_args(argv)
-    load_before = start_timing_run(args, "laplacianformer.bench.padding", argv)
-    rows = run(args)
-    stem, load = write_results(args, "padding", load_before, dict(rows=rows))
+    rows, stem, load = run_rows(args, "padding", run, argv)
     table = markdown_table(
         ["max len", "batch", "mode", "valid tokens", "padded tokens", "padded ms", "per-sequence ms",
          "padded / per-sequence"],
