@@ -39,9 +39,9 @@ def normalize_dense(
         z = g - g.mean(-1, keepdim=True) + 1.0 / n_keys
     elif norm in ("injective", "injective_nomean"):
         h = g - g.mean(-1, keepdim=True)
-        mu = h.mean(-2, keepdim=True)
-        var = h.var(-2, unbiased=False, keepdim=True)
-        z = (h - (mu if norm == "injective" else 0.0)) / torch.sqrt(var + eps) + 1.0 / n_keys
+        centred = h - h.mean(-2, keepdim=True)
+        var = centred.square().mean(-2, keepdim=True)  # the population variance (torch.var over -2: 10× the time)
+        z = (centred if norm == "injective" else h) / torch.sqrt(var + eps) + 1.0 / n_keys
     else:
         check_choice("norm", norm, NORMS)
     return z @ v
