@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import laplacianformer.ops as ops
-from laplacianformer.ops import _runtime, dispatch
+from laplacianformer.ops import _runtime, dispatch, grid_cpu
 from laplacianformer.ops.pooling import POOLING, pool_landmarks
 from laplacianformer.ops.kernel import KERNEL, KERNEL_MATMUL, laplace_kernel, laplace_kernel_matmul, native
 from laplacianformer.ops.newton_schulz import NEWTON_SCHULZ, NEWTON_SCHULZ_GRAD, implicit_grad, newton_schulz_iterate
@@ -165,7 +165,8 @@ def test_auto_picks_the_first_serving_backend(no_interpreter):
         (NORMALIZATION, (x, x, x, "injective", 1e-6, None), "cpu" if norm_native.available() else "fused"),
         (NORMALIZATION, (x.half(), x.half(), x.half(), "injective", 1e-6, None), "fused"),
         (NORMALIZATION, (x, x, x, "rowsum", 1e-6, None), "composite"),
-        (POOLING, (x, None, 5), "matmul"),
+        (POOLING, (x, None, 5), "cpu" if grid_cpu.available() else "matmul"),
+        (POOLING, (x.detach().requires_grad_(), None, 5), "matmul"),  # the C loop is forward only
     ]
     for op, inputs, expected in cases:
         assert op.select(*inputs).name == expected == _first_serving(op, *inputs), (op.name, expected)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .. import _runtime
-from ..capabilities import Call, Serves, unserved
+from ..capabilities import Call, Serves, not_exportable, triton_missing, unserved
 from ..dispatch import Backend, Op
 from ..kernel_families import kernel_spec
 from ..validation import check_float_tensor, check_kernel, check_positive
@@ -72,16 +72,6 @@ TRITON = Serves("the Triton kernels", devices=("cuda",), interpreted=True,
 """What the cpu and triton backends of both ops serve (``ops/capabilities.py``); naive and composite serve all."""
 
 
-def _exportable() -> str | None:
-    """What no declaration says: custom kernels are not exportable."""
-    return "torch.onnx export in progress (custom kernels are not exportable)" if _runtime.onnx_exporting() else None
-
-
-def _triton_ready() -> str | None:
-    ok, why = _runtime.triton_available()
-    return None if ok else why
-
-
 def _cpu_auto_refusal(*_inputs) -> str | None:
     if not native.available():
         return f"C loops unavailable ({native.load_error()}); its PyTorch fallback is slower than the composite"
@@ -98,20 +88,20 @@ def _triton_backward_unfit(call: Call) -> str | None:
 
 
 def _cpu_refusal(*inputs) -> str | None:
-    return _exportable() or unserved(CPU, _kernel_call(*inputs))
+    return not_exportable() or unserved(CPU, _kernel_call(*inputs))
 
 
 def _cpu_matmul_refusal(*inputs) -> str | None:
-    return _exportable() or unserved(CPU, _matmul_call(*inputs))
+    return not_exportable() or unserved(CPU, _matmul_call(*inputs))
 
 
 def _triton_refusal(*inputs) -> str | None:
-    return _exportable() or unserved(TRITON, _kernel_call(*inputs)) or _triton_ready()
+    return not_exportable() or unserved(TRITON, _kernel_call(*inputs)) or triton_missing()
 
 
 def _triton_matmul_refusal(*inputs) -> str | None:
     call = _matmul_call(*inputs)
-    return _exportable() or unserved(TRITON, call) or _triton_ready() or _triton_backward_unfit(call)
+    return not_exportable() or unserved(TRITON, call) or triton_missing() or _triton_backward_unfit(call)
 
 
 def _triton_auto_refusal(x, *_inputs) -> str | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .. import _runtime
-from ..capabilities import Call, Serves, unserved
+from ..capabilities import Call, Serves, not_exportable, triton_missing, unserved
 from ..dispatch import Backend, Op
 from ..validation import NS_BACKWARDS, SOLVERS, check_choice, check_float_tensor, check_positive, check_positive_int
 from . import native
@@ -74,15 +74,6 @@ CPU = Serves("the C loop", devices=("cpu",), dtypes=(torch.float32, torch.float6
 """What the triton and cpu backends serve (``ops/capabilities.py``); torch serves everything."""
 
 
-def _exportable() -> str | None:
-    return "torch.onnx export in progress (custom kernels are not exportable)" if _runtime.onnx_exporting() else None
-
-
-def _triton_ready() -> str | None:
-    ok, why = _runtime.triton_available()
-    return None if ok else why
-
-
 def _triton_options(p, iters=20, tol=None, symmetric=True) -> str | None:
     """The solve's options the Triton kernel has no form of (not data: they change the iteration)."""
     if tol is not None:
@@ -94,11 +85,11 @@ def _triton_options(p, iters=20, tol=None, symmetric=True) -> str | None:
 
 
 def _triton_solve_refusal(*inputs) -> str | None:
-    return _exportable() or _triton_options(*inputs) or unserved(TRITON, _solve_call(*inputs)) or _triton_ready()
+    return not_exportable() or _triton_options(*inputs) or unserved(TRITON, _solve_call(*inputs)) or triton_missing()
 
 
 def _triton_grad_refusal(*inputs) -> str | None:
-    return _exportable() or unserved(TRITON, _grad_call(*inputs)) or _triton_ready()
+    return not_exportable() or unserved(TRITON, _grad_call(*inputs)) or triton_missing()
 
 
 def _triton_auto_refusal(p: torch.Tensor, *_rest) -> str | None:
