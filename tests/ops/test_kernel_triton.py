@@ -112,7 +112,7 @@ if RUNS_HERE:
         k = kernel_value(acc, scale, KID)
         tl.store(K + r, k, mask=ok)
         tl.store(SLOPE + r, kernel_slope(acc, k, scale, KID), mask=ok)
-        tl.store(CHAIN + r, kernel_chain(tl.load(DK + r, mask=ok, other=0.0), k, acc, scale, KID), mask=ok)
+        tl.store(CHAIN + r, kernel_chain(tl.load(DK + r, mask=ok, other=0.0), k, acc, scale, KID, False), mask=ok)
 
 
 def test_profile_table_is_the_registrys():

@@ -194,7 +194,7 @@ def test_registry_limits_are_the_checked_ones():
     from laplacianformer.ops.kernel import triton as kt
     from laplacianformer.ops.newton_schulz import triton as nt
 
-    assert (kernel_ops._TRITON_MAX_D, kernel_ops._TRITON_MAX_E) == (kt.MAX_D, kt.MAX_E) == (128, 128)
+    assert (kernel_ops.TRITON_MAX_D, kernel_ops.TRITON_MAX_E) == (kt.MAX_D, kt.MAX_E) == (128, 128)
     assert ns_ops.TRITON_MAX_M == nt.MAX_M
 
 

@@ -637,26 +637,34 @@ def create_model(name: str, *, pretrained: bool = False, **kwargs) -> LaplacianF
 # registered by ``register_timm``
 
 
-def _entry_point(name: str, summary: str) -> Callable[..., LaplacianFormer]:
-    """timm's entry point of the model ``name``: ``create_model(name, pretrained=..., **kwargs)``, a function named
-    ``name`` (timm registers it under its ``__name__``) whose docstring is ``summary``."""
-
-    def entry(pretrained: bool = False, **kwargs) -> LaplacianFormer:
-        return create_model(name, pretrained=pretrained, **kwargs)
-
-    entry.__name__ = entry.__qualname__ = name
-    entry.__doc__ = summary
-    return entry
+def laplacianformer_micro(pretrained: bool = False, **kwargs) -> LaplacianFormer:
+    """Micro: not a paper size; a small model for CPU demos, tests and ablations."""
+    return create_model("laplacianformer_micro", pretrained=pretrained, **kwargs)
 
 
-_PAPER = "(its parameters and MACs: ``registry.PAPER``)"
-laplacianformer_micro = _entry_point("laplacianformer_micro",
-                                     "Micro: not a paper size; a small model for CPU demos, tests and ablations.")
-laplacianformer_tiny = _entry_point("laplacianformer_tiny", f"Tiny: the paper's smallest size {_PAPER}.")
-laplacianformer_small = _entry_point("laplacianformer_small", f"Small: a paper size {_PAPER}.")
-laplacianformer_medium = _entry_point("laplacianformer_medium", f"Medium: a paper size {_PAPER}.")
-laplacianformer_large = _entry_point("laplacianformer_large", f"Large: a paper size {_PAPER}.")
-laplacianformer_huge = _entry_point("laplacianformer_huge", f"Huge: the paper's largest size {_PAPER}.")
+def laplacianformer_tiny(pretrained: bool = False, **kwargs) -> LaplacianFormer:
+    """Tiny: the paper's smallest size (its parameters and MACs: ``registry.PAPER``)."""
+    return create_model("laplacianformer_tiny", pretrained=pretrained, **kwargs)
+
+
+def laplacianformer_small(pretrained: bool = False, **kwargs) -> LaplacianFormer:
+    """Small: a paper size (its parameters and MACs: ``registry.PAPER``)."""
+    return create_model("laplacianformer_small", pretrained=pretrained, **kwargs)
+
+
+def laplacianformer_medium(pretrained: bool = False, **kwargs) -> LaplacianFormer:
+    """Medium: a paper size (its parameters and MACs: ``registry.PAPER``)."""
+    return create_model("laplacianformer_medium", pretrained=pretrained, **kwargs)
+
+
+def laplacianformer_large(pretrained: bool = False, **kwargs) -> LaplacianFormer:
+    """Large: a paper size (its parameters and MACs: ``registry.PAPER``)."""
+    return create_model("laplacianformer_large", pretrained=pretrained, **kwargs)
+
+
+def laplacianformer_huge(pretrained: bool = False, **kwargs) -> LaplacianFormer:
+    """Huge: the paper's largest size (its parameters and MACs: ``registry.PAPER``)."""
+    return create_model("laplacianformer_huge", pretrained=pretrained, **kwargs)
 
 
 entry_points: dict[str, Callable[..., LaplacianFormer]] = {
