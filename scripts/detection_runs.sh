@@ -3,7 +3,8 @@
 #   RetinaNet, laplacianformer_tiny with the Laplacian / Gaussian / SR-softmax token mixer x seeds 0, 1, 2,
 #   and Mask R-CNN with the Laplacian backbone, seed 0; once the accuracy selection (issue 28) is complete,
 #   RetinaNet with its chosen configuration and its best output-scale fix x seeds 0, 1, 2
-#   (`laplacianformer accuracy variants`); 256 px, the default FashionScenes set
+#   (`laplacianformer accuracy variants`), and once the kernel-family selection (issue 41) is complete,
+#   RetinaNet with its best two non-Laplacian families x seeds 0, 1, 2 (`laplacianformer kernels variants`); 256 px, the default FashionScenes set
 #   (4000 train / 1000 val scenes, seed 0).
 #
 # Usage:  scripts/detection_runs.sh            (from anywhere; runs sequentially, about 7 h on 2 idle cores, about 30 h at load 11, see below)
@@ -108,6 +109,14 @@ while read -r label kwargs; do
         add "retinanet-$label-s$seed" "$RETINA_STEPS" --detector retinanet --seed $seed --backbone-kwargs "$kwargs"
     done
 done < <("${VARIANTS_PYTHON:-$PY}" -m laplacianformer accuracy variants)  # VARIANTS_PYTHON=true: none
+# issue 41's detection runs: the best two non-Laplacian kernel families at their validation-selected λ
+# (`laplacianformer kernels variants`, read from results/kernels/selection.json; none while it is incomplete)
+while read -r label kwargs; do
+    [ -n "$label" ] || continue
+    for seed in 0 1 2; do
+        add "retinanet-$label-s$seed" "$RETINA_STEPS" --detector retinanet --seed $seed --backbone-kwargs "$kwargs"
+    done
+done < <("${VARIANTS_PYTHON:-$PY}" -m laplacianformer kernels variants)
 for name in ${ORDER:-$DEFAULT_ORDER}; do
     [ -n "${FLAGS[$name]:-}" ] || { echo "ORDER: unknown run '$name' (known: $DEFAULT_ORDER)" >&2; exit 2; }
     # shellcheck disable=SC2086  # the flags are word-split on purpose (no spaces inside a value)
