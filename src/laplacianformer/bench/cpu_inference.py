@@ -11,6 +11,9 @@ round, so machine load hits them alike; medians and IQRs over the rounds. Runtim
 reported); ``bf16`` (eager under ``torch.autocast("cpu", torch.bfloat16)``: the attention operator computes in
 float32 there, docs/DESIGN.md §1). The issue's targets (issue 42: Laplacian / SR-softmax ≤ 1.15 at 224², ≤ 1.0
 at 512², ≤ 0.85 at 1024², eager, 2 threads, batch 1) are printed beside the eager ratios; nothing asserts them.
+Each size also reports both models' multiply-adds (``models.count_macs``, one image) and their ratio, so a time
+ratio reads against the arithmetic: a target below the MAC ratio asks the Laplacian's kernels to outrun the
+SR-softmax's GEMMs.
 Writes runs/bench/cpu_inference/cpu_inference_<device>.{json,md,png} (``--publish``: benchmarks/results/).
 """
 
@@ -22,6 +25,7 @@ import time
 
 import torch
 
+from ..models import count_macs
 from .harness import round_robin
 from .model_cost import build_net
 from .options import add_timing_options, run_rows
@@ -50,6 +54,8 @@ def run(args) -> list[dict]:
     nets = {a: build_net(args.model, a).eval() for a in ATTNS}
     for size in args.sizes:
         x = torch.randn(args.batch, 3, size, size, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            macs = {a: count_macs(nets[a], x[:1])[0] for a in ATTNS}
         for runtime in args.runtimes:
             fns = {a: _forward(nets[a], x, runtime) for a in ATTNS}
             first_ms = {}
@@ -62,7 +68,8 @@ def run(args) -> list[dict]:
             rows.append(dict(model=args.model, size=size, runtime=runtime, batch=args.batch, threads=args.threads,
                              laplacian_ms=lap.median_ms, softmax_ms=soft.median_ms, laplacian_iqr_ms=lap.iqr_ms,
                              softmax_iqr_ms=soft.iqr_ms, repeats=min(lap.repeats, soft.repeats),
-                             ratio=lap.median_ms / soft.median_ms,
+                             ratio=lap.median_ms / soft.median_ms, laplacian_gmacs=macs["laplacian"] / 1e9,
+                             softmax_gmacs=macs["softmax"] / 1e9, mac_ratio=macs["laplacian"] / macs["softmax"],
                              target=TARGETS.get(size) if runtime == "eager" else None,
                              first_call_ms=first_ms))
             print(f"{size}² {runtime}: Laplacian {lap.median_ms:.1f} ms, SR-softmax {soft.median_ms:.1f} ms, "
@@ -101,11 +108,11 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     rows, stem, load = run_rows(args, "cpu_inference", run, argv)
     table = markdown_table(
-        ["size", "runtime", "Laplacian ms", "SR-softmax ms", "Laplacian / SR-softmax", "target", "IQR ms (Lap / SR)",
-         "rounds"],
+        ["size", "runtime", "Laplacian ms", "SR-softmax ms", "Laplacian / SR-softmax", "target", "GMACs (Lap / SR)",
+         "MAC ratio", "IQR ms (Lap / SR)", "rounds"],
         [[f"{r['size']}²", r["runtime"], r["laplacian_ms"], r["softmax_ms"], r["ratio"],
-          "–" if r["target"] is None else f"≤ {r['target']}", f"{r['laplacian_iqr_ms']:.3g} / {r['softmax_iqr_ms']:.3g}",
-          r["repeats"]] for r in rows])
+          "–" if r["target"] is None else f"≤ {r['target']}", f"{r['laplacian_gmacs']:.3g} / {r['softmax_gmacs']:.3g}",
+          r["mac_ratio"], f"{r['laplacian_iqr_ms']:.3g} / {r['softmax_iqr_ms']:.3g}", r["repeats"]] for r in rows])
     header = report_header(f"{args.model}: CPU inference, Laplacian vs SR-softmax", args, load,
                            f"batch {args.batch}; {args.threads} thread(s); medians of round-robin calls")
     write_text(stem.with_suffix(".md"), header + table)
