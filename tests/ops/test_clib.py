@@ -23,8 +23,11 @@ def test_source_text_follows_local_includes(tmp_path):
 
 def test_shared_header_is_part_of_the_sources_that_include_it():
     header = (OPS / "csrc" / "lf_template.h").read_bytes()
-    for src in (OPS / "csrc" / "normalization.c", OPS / "kernel" / "csrc" / "pairwise.c"):
-        assert _clib.source_text(src) == src.read_bytes() + header
+    instances = (OPS / "csrc" / "lf_instances.h").read_bytes()
+    for src in (OPS / "csrc" / "normalization.c", OPS / "csrc" / "grid.c"):
+        assert _clib.source_text(src) == src.read_bytes() + header + instances
+    pairwise = OPS / "kernel" / "csrc" / "pairwise.c"
+    assert _clib.source_text(pairwise) == pairwise.read_bytes() + header
     ns = OPS / "newton_schulz" / "csrc" / "newton_schulz.c"
     assert _clib.source_text(ns) == ns.read_bytes()  # no local header: the key is as before
 

@@ -26,7 +26,7 @@ from unittest import mock
 import torch
 
 from .harness import time_call
-from .options import add_timing_options, start_timing_run, write_results
+from .options import add_round_options, add_timing_options, start_timing_run, write_results
 from .report import markdown_table, report_header, write_text
 from ..models import create_model
 from ..ops import _runtime, laplacian_attention
@@ -94,8 +94,7 @@ def main(argv=None) -> None:
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--backend", default="inductor", help="torch.compile backend (inductor, aot_eager, ...)")
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--max-seconds", type=float, default=60.0, help="cap on timed seconds per measurement")
+    add_round_options(p, repeats=10, max_seconds=60.0, per="measurement")
     p.add_argument("--op-side", type=int, default=56, help="token grid side of the op-overhead case")
     p.add_argument("--op-repeats", type=int, default=20)
     add_timing_options(p)

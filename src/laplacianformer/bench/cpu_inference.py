@@ -28,7 +28,7 @@ import torch
 from ..models import count_macs
 from .harness import round_robin
 from .model_cost import build_net
-from .options import add_timing_options, run_rows
+from .options import add_model_options, add_round_options, add_timing_options, run_rows
 from .report import figure, markdown_table, report_header, save_figure, write_text
 
 ATTNS = ("laplacian", "softmax")
@@ -97,14 +97,11 @@ def plot(path, rows: list[dict], title: str) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="laplacianformer_tiny")
+    add_model_options(p, batch=1)
     p.add_argument("--sizes", type=int, nargs="+", default=[224, 512, 1024])
     p.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=["eager"])
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--max-seconds", type=float, default=60.0, help="cap on timed seconds per (size, runtime)")
-    add_timing_options(p)
-    p.set_defaults(threads=2)
+    add_round_options(p, repeats=15, max_seconds=60.0, per="(size, runtime)")
+    add_timing_options(p, threads=2)
     args = p.parse_args(argv)
     rows, stem, load = run_rows(args, "cpu_inference", run, argv)
     table = markdown_table(

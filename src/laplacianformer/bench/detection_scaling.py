@@ -34,7 +34,7 @@ import os
 import torch
 
 from .harness import inference_call, peak_heap_mib, peak_memory, round_robin, timed
-from .options import add_timing_options, start_timing_run, write_results
+from .options import add_round_options, add_timing_options, start_timing_run, write_results
 from .report import fit_exponent, markdown_table, plot_loglog, report_header, write_text
 from ..detection.builders import build_detector
 
@@ -208,8 +208,7 @@ def main(argv=None) -> None:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
     p.add_argument("--fpn-channels", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds per (side, mode)")
-    p.add_argument("--max-seconds", type=float, default=120.0, help="stop the rounds of a group after this many timed seconds")
+    add_round_options(p, repeats=3, max_seconds=120.0, per="(side, mode)")
     p.add_argument("--max-call-seconds", type=float, default=60.0, help="skip a case predicted to take longer per call")
     p.add_argument("--max-memory-mb", type=float, default=8192.0, help="skip a case predicted to need a larger heap peak")
     p.add_argument("--single-call", action="store_true",

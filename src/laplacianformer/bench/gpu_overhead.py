@@ -29,7 +29,7 @@ import time
 import torch
 
 from .harness import synchronize, time_call
-from .options import add_autocast_option, autocast_context, precision_name
+from .options import add_autocast_option, add_model_options, autocast_context, precision_name
 from .output import add_output_options, output_stem
 from .report import markdown_table, write_json, write_text
 from .model_cost import build_net
@@ -109,9 +109,8 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="laplacianformer_tiny")
+    add_model_options(p, batch=8)
     p.add_argument("--size", type=int, default=512)
-    p.add_argument("--batch", type=int, default=8)
     p.add_argument("--attn", nargs="+", default=["laplacian", "softmax"], choices=["laplacian", "gaussian", "softmax"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeats", type=int, default=20)

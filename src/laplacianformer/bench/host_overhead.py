@@ -21,7 +21,7 @@ import argparse
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .harness import round_robin
-from .options import add_timing_options, run_rows
+from .options import add_model_options, add_round_options, add_timing_options, run_rows
 from .report import bar_labels, figure, markdown_table, report_header, save_figure, write_text
 from .stage_attention import make_layer_case, stage_inputs
 from ..models import count_macs
@@ -96,13 +96,10 @@ def plot(path, rows: list[dict], title: str) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="laplacianformer_tiny")
+    add_model_options(p, batch=1)
     p.add_argument("--side", type=int, default=16, help="the small grid's side (default 16)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=200)
-    p.add_argument("--max-seconds", type=float, default=10.0, help="cap on timed seconds per case")
-    add_timing_options(p)
-    p.set_defaults(threads=1)
+    add_round_options(p, repeats=200, max_seconds=10.0, per="case")
+    add_timing_options(p, threads=1)
     args = p.parse_args(argv)
     rows, stem, load = run_rows(args, "host_overhead", run, argv)
     table = markdown_table(

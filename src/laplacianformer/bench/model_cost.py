@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from .harness import inference_call, peak_heap_mib, round_robin, saved_activation_mib, timed
+from .options import add_round_options
 from .output import add_output_options, output_stem
 from .report import fit_exponent, write_text
 SIZES = (224, 512, 768, 1024)
@@ -219,8 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model-kwargs", type=json.loads, default=MODEL_KWARGS, help="JSON object of model overrides")
     p.add_argument("--attns", default=",".join(ATTENTIONS))
     p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds per (size, mode)")
-    p.add_argument("--max-seconds", type=float, default=20.0, help="stop the rounds of one (size, mode) after this")
+    add_round_options(p, repeats=3, max_seconds=20.0, per="(size, mode)")
     p.add_argument("--cap-s", type=float, default=30.0, help="skip a cell whose warm-up call takes longer")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     add_output_options(p)

@@ -34,8 +34,8 @@ from __future__ import annotations
 import argparse
 
 from .harness import peak_heap_mib, peak_memory, round_robin
-from .options import add_autocast_option, add_timing_options, autocast_context, precision_name, start_timing_run, \
-    write_results
+from .options import add_autocast_option, add_model_options, add_round_options, add_timing_options, autocast_context, \
+    precision_name, start_timing_run, write_results
 from .report import markdown_table, plot_loglog, report_header, write_text
 from ..cmdline import json_object
 from .model_cost import build_net, make_call, training_activation_mib
@@ -186,16 +186,14 @@ def ratios_to_laplacian(rows: list[dict], variants=TRAIN_ONLY) -> list[dict]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="laplacianformer_tiny")
+    add_model_options(p, batch=1)
     p.add_argument("--model-kwargs", type=json_object('{"stem_stride": 2}'), default=None, metavar="JSON",
                    help='constructor options of the model, e.g. \'{"stem_stride": 2, "in_chans": 1, "num_classes": 10}\'')
     p.add_argument("--sizes", type=int, nargs="+", default=[224, 512])
     p.add_argument("--attn", nargs="+", type=variant, default=list(DEFAULT_VARIANTS),
                    help=f"variants (default: {' '.join(DEFAULT_VARIANTS)}; opt-in: {NS_ITERS_PREFIX}N, N Newton–Schulz "
                         "iterations)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--max-seconds", type=float, default=60.0, help="cap on timed seconds per (size, mode) group")
+    add_round_options(p, repeats=5, max_seconds=60.0, per="(size, mode) group")
     p.add_argument("--no-memory", action="store_true")
     add_autocast_option(p)
     add_timing_options(p)

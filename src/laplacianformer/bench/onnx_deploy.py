@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .harness import inference_call, peak_memory, round_robin
-from .options import add_timing_options, start_timing_run, write_results
+from .options import add_model_options, add_round_options, add_timing_options, start_timing_run, write_results
 from .report import bar_labels, figure, markdown_table, report_header, save_figure, write_text
 
 TARGETS = dict(time=1.2, memory=1.5, error=1e-4)
@@ -167,21 +167,18 @@ def plot(path, rows: list[dict], labels: list[str], title: str) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="laplacianformer_tiny")
+    add_model_options(p, batch=1)
     p.add_argument("--sizes", type=int, nargs="+", default=[512, 1024], help="square input sides (default 512 1024)")
-    p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--export-size", type=int, default=224, help="side of the export's example input (default 224)")
     p.add_argument("--warmup-size", type=int, default=64, help="side of the memory runs' warm-up forward (default 64)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--max-seconds", type=float, default=240.0, help="cap on timed seconds per size")
+    add_round_options(p, repeats=5, max_seconds=240.0, per="size")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory processes")
     p.add_argument("--ort-options", choices=sorted(SESSION_OPTIONS), default="default")
     p.add_argument("--compare-broadcast", action="store_true",
                    help="also time a file exported with the distance as torch.cdist's broadcast (before issue 42)")
     p.add_argument("--onnx", default=None, help="use this exported file instead of exporting (its model and seed must match)")
-    add_timing_options(p)
-    p.set_defaults(threads=2)
+    add_timing_options(p, threads=2)
     args = p.parse_args(argv)
     load_before = start_timing_run(args, MODULE, argv)
     with tempfile.TemporaryDirectory(prefix="onnx_deploy_") as tmp:

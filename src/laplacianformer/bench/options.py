@@ -1,5 +1,7 @@
 """The options every timing benchmark shares (--device, --threads, --retain-heap, --out/--publish) and
-what they do before the timing starts; --autocast, for the benchmarks that time a model under autocast."""
+what they do before the timing starts; --model / --batch and --repeats / --max-seconds, for the benchmarks
+that time one backbone or time rounds;
+--autocast, for the benchmarks that time a model under autocast."""
 
 from __future__ import annotations
 
@@ -11,17 +13,38 @@ from pathlib import Path
 
 import torch
 
+from ..cmdline import positive_float, positive_int
 from .allocator import allocator_setting, reexec_with_retained_heap
 from .output import add_output_options, output_stem
 from .report import write_json
 
 
-def add_timing_options(parser: argparse.ArgumentParser) -> None:
+def add_timing_options(parser: argparse.ArgumentParser, *, threads: int | None = None) -> None:
+    """--device, --threads (``threads``: this benchmark's default; None leaves torch's), --retain-heap and the
+    output options."""
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    parser.add_argument("--threads", type=int, default=threads, help="torch.set_num_threads (CPU)")
     parser.add_argument("--retain-heap", action="store_true",
                         help="rerun with glibc keeping freed memory mapped (steady-state times, no page-fault lottery)")
     add_output_options(parser)
+
+
+DEFAULT_MODEL = "laplacianformer_tiny"
+"""The model the benchmarks that time one backbone take unless --model names another."""
+
+
+def add_model_options(parser: argparse.ArgumentParser, *, batch: int) -> None:
+    """--model (default ``DEFAULT_MODEL``) and --batch (images per call, this benchmark's default)."""
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"a registered model (default {DEFAULT_MODEL})")
+    parser.add_argument("--batch", type=positive_int, default=batch, help="images per call")
+
+
+def add_round_options(parser: argparse.ArgumentParser, *, repeats: int, max_seconds: float, per: str) -> None:
+    """--repeats (timed rounds) and --max-seconds (the cap on one group's timed seconds), with this benchmark's
+    defaults; ``per`` names what one group is, e.g. "(size, runtime)"."""
+    parser.add_argument("--repeats", type=positive_int, default=repeats, help=f"timed rounds per {per}")
+    parser.add_argument("--max-seconds", type=positive_float, default=max_seconds,
+                        help=f"cap on the timed seconds per {per}")
 
 
 def start_timing_run(args: argparse.Namespace, module: str, argv: Sequence[str] | None) -> tuple[float, float, float]:

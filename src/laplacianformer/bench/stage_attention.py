@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .harness import round_robin, timed_result
-from .options import add_timing_options, start_timing_run, write_results
+from .options import add_model_options, add_round_options, add_timing_options, start_timing_run, write_results
 from .report import markdown_table, report_header, write_text
 from ..layers.token_mixer import ATTENTIONS
 from ..ops.validation import resolve_landmarks
@@ -235,13 +235,11 @@ def plot(path: Path, rows: list[dict], attns, title: str) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="laplacianformer_tiny")
+    add_model_options(p, batch=1)
     p.add_argument("--size", type=int, default=512)
     p.add_argument("--attn", nargs="+", default=list(COMPARED), choices=list(ATTENTIONS),
                    help=f"attentions to time (default {' '.join(COMPARED)}; any of {', '.join(ATTENTIONS)})")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--max-seconds", type=float, default=20.0, help="cap on timed seconds per (stage, mode) group")
+    add_round_options(p, repeats=15, max_seconds=20.0, per="(stage, mode) group")
     p.add_argument("--normalization", default="auto",
                    help="backend of the normalization op for every layer (auto, cpu, fused, composite, ...)")
     add_timing_options(p)

@@ -35,7 +35,7 @@ import json
 import time
 from pathlib import Path
 
-from .ablate import CellRunner, _fmt_time, build_protocol
+from .ablate import CellRunner, _fmt_time, build_protocol, cell_key
 from .common import environment, jsonable as _jsonable, markdown_table, pyplot, read_json, run_command, write_json
 from .protocol import PROTOCOL, QUICK, same_protocol
 from .stats import describe, paired, verdict
@@ -112,11 +112,8 @@ def validation_split(rec: dict) -> dict:
             "first_indices": [int(i) for i in idx[:8]]}
 
 
-def cell_key(label: str, seed: int) -> str:
-    return f"{label}|seed={seed}"
-
-
-def _open_cells(path: Path, protocol: dict, split: dict | None) -> dict:
+def open_cells(path: Path, protocol: dict, split: dict | None) -> dict:
+    """The cells record at ``path`` (a new one when absent); refuses a file recorded under another protocol."""
     record = read_json(path)
     if record is not None and not same_protocol(record.get("protocol"), protocol):
         raise ValueError(f"out: {path} was recorded under another protocol; choose another --out")
@@ -130,7 +127,7 @@ def run_cells(labels: list[str], seeds: list[int], *, protocol: dict, out: Path,
     """Trains the missing (label, seed) cells, seed-major, and returns OUT/cells.json's record (written after
     every cell). ``train_fn(config) -> result`` replaces the training (tests)."""
     path = out / "cells.json"
-    record = _open_cells(path, protocol, split)
+    record = open_cells(path, protocol, split)
     todo = []
     for seed in seeds:
         for lb in labels:

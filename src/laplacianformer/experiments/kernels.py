@@ -35,9 +35,9 @@ import time
 from pathlib import Path
 
 from ..ops.kernel_families import SHIPPED, kernel_spec
-from .ablate import _fmt_time, build_protocol, canonical_attention
-from .accuracy import PROTOCOL_NAME, VAL_PROTOCOL, _ci, _pts, record_cells, validation_split
-from .common import environment, jsonable, markdown_table, pyplot, read_json, run_command, write_json
+from .ablate import _fmt_time, build_protocol, canonical_attention, cell_key
+from .accuracy import PROTOCOL_NAME, VAL_PROTOCOL, _ci, _pts, open_cells, record_cells, validation_split
+from .common import jsonable, markdown_table, pyplot, read_json, run_command, write_json
 from .protocol import same_protocol
 from .stats import describe, paired, verdict
 
@@ -153,17 +153,6 @@ def selection_labels(families=SHIPPED) -> list[str]:
     return [label(f, lam) for f in families for lam in bandwidths(f)]
 
 
-def cell_key(lb: str, seed: int) -> str:
-    return f"{lb}|seed={seed}"
-
-
-def _open(path: Path, protocol: dict, split: dict | None) -> dict:
-    record = read_json(path)
-    if record is not None and not same_protocol(record.get("protocol"), protocol):
-        raise ValueError(f"out: {path} was recorded under another protocol; choose another --out")
-    return record or {"protocol": protocol, "validation_split": split, "environment": environment(), "cells": {}}
-
-
 def _shown(path: Path) -> str:
     """``path`` relative to the current directory when it lies under it (recorded in committed files)."""
     try:
@@ -188,7 +177,7 @@ def run_cells(labels: list[str], seeds: list[int], *, protocol: dict, out: Path,
     returns OUT/cells.json's record (written after every cell). ``train_fn(config) -> result`` replaces the
     training (tests)."""
     path = out / "cells.json"
-    record = _open(path, protocol, split)
+    record = open_cells(path, protocol, split)
     head_dim = protocol_head_dim(protocol)
     borrowed = _borrowed(borrow, protocol, head_dim) if borrow is not None else {}
     todo = []

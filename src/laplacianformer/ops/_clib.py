@@ -101,7 +101,7 @@ def build(cc: str, src: Path) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        # An absolute path: the sources include themselves through __FILE__ (once per scalar type).
+        # An absolute path: pairwise.c includes itself through __FILE__ (once per scalar type).
         path = str(src.resolve())
         proc = subprocess.run([cc, *FLAGS, "-o", tmp, path], capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:

@@ -13,8 +13,7 @@
  *   A 1-D sequence is the (1, N) grid: its top and bottom taps meet the padding only (kernel 3 along N).
  * Each output element is written by one thread in a fixed order: results do not depend on the thread count.
  *
- * The second half of this file is a template: it includes itself (through __FILE__, so it must be compiled by
- * an absolute path) once per scalar type. */
+ * The second half of this file is a template, compiled once per scalar type through lf_instances.h. */
 #ifndef LF_T
 
 #include <omp.h>
@@ -27,16 +26,8 @@
 static int64_t lfg_lo(int64_t i, int64_t n, int64_t out) { return i * n / out; }
 static int64_t lfg_hi(int64_t i, int64_t n, int64_t out) { return ((i + 1) * n + out - 1) / out; }
 
-#define LF_T float
-#define LF_SFX f32
-#include __FILE__
-#undef LF_T
-#undef LF_SFX
-#define LF_T double
-#define LF_SFX f64
-#include __FILE__
-#undef LF_T
-#undef LF_SFX
+#define LF_SELF "grid.c"
+#include "lf_instances.h"
 
 #else /* the template: F, FN() from lf_template.h */
 

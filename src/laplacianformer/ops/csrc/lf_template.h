@@ -1,7 +1,8 @@
-/* What the C sources of the CPU paths share (DESIGN.md §6): ops/csrc/normalization.c and
+/* What the C sources of the CPU paths share (DESIGN.md §6): ops/csrc/normalization.c, ops/csrc/grid.c and
  * ops/kernel/csrc/pairwise.c include it once, after the system headers and before their template, the
- * second half of the file, which the file includes itself through __FILE__ once per scalar type with
- * LF_T (the type) and LF_SFX (its name suffix, f32 / f64) set. ops/_clib.py keys a source's build by the
+ * second half of the file, which is compiled once per scalar type with LF_T (the type) and LF_SFX (its name
+ * suffix, f32 / f64) set: the sources beside this header through lf_instances.h, pairwise.c by including
+ * itself through __FILE__ (it also sets LF_I, the integer of the same width). ops/_clib.py keys a source's build by the
  * headers it includes as well.
  *
  * The names of a template body are defined here once, for every instantiation: a macro expands where it

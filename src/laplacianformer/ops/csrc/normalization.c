@@ -18,8 +18,7 @@
  * result does not depend on the thread count. One allocation per call holds the slots, the per-group
  * workspaces and each thread's scratch; both entry points return 0, or 1 when it failed.
  *
- * The second half of this file is a template: it includes itself (through __FILE__, so it must be
- * compiled by an absolute path) once per scalar type. */
+ * The second half of this file is a template, compiled once per scalar type through lf_instances.h. */
 #ifndef LF_T
 
 #include <math.h>
@@ -61,15 +60,8 @@ static int64_t lfn_chunk_rows(int64_t g, int64_t n) {
   return MAX(RS, rows);
 }
 
-#define LF_T float
-#define LF_SFX f32
-#include __FILE__
-#undef LF_T
-#undef LF_SFX
-
-#define LF_T double
-#define LF_SFX f64
-#include __FILE__
+#define LF_SELF "normalization.c"
+#include "lf_instances.h"
 
 #else /* template */
 
