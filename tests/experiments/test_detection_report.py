@@ -85,6 +85,26 @@ def test_settings_variants_are_groups_paired_with_default_and_softmax(tmp_path):
     assert len(pairs) == 3
 
 
+def test_kernel_families_pair_with_the_scaled_default_and_softmax(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    rows = [(0.15, 0.28, 0.30, 0.27), (0.16, 0.30, 0.29, 0.28), (0.14, 0.29, 0.33, 0.28)]
+    for seed, (lap, default, fam, sr) in enumerate(rows):
+        _run(runs, f"lap-s{seed}", "laplacian", seed, lap, 0.3)
+        _run(runs, f"def-s{seed}", "laplacian", seed, default, 0.4, attn_kwargs={"norm_scale": "inv_n"})
+        _run(runs, f"cauchy-s{seed}", "cauchy", seed, fam, 0.4, attn_kwargs={"norm_scale": "inv_n", "lam": 0.028})
+        _run(runs, f"sr-s{seed}", "softmax", seed, sr, 0.4)
+    result = dr.report(runs, tmp_path / "out")
+    key = "retinanet / laplacianformer_tiny / {}".format
+    fam = key("cauchy lam=0.028 norm_scale=inv_n")
+    pairs = {(c["a"], c["b"]): c for c in result["summary"]["paired"] if c["metric"] == "bbox AP"}
+    assert pairs[(fam, key("laplacian norm_scale=inv_n"))]["mean_delta"] == pytest.approx(0.05 / 3, abs=1e-9)
+    assert pairs[(fam, key("softmax"))]["mean_delta"] == pytest.approx(0.09 / 3, abs=1e-9)
+    # the family is not paired with the unscaled paper default (two changes at once)
+    assert (key("laplacian"), fam) not in pairs
+    assert "every other kernel family" in (tmp_path / "out" / "fashionscenes.md").read_text()
+
+
 def test_bad_input_names_the_file(tmp_path, capsys):
     assert dr.main(["--runs", str(tmp_path / "missing")]) == 2
     assert "is not a directory" in capsys.readouterr().err

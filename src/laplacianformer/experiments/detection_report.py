@@ -22,6 +22,15 @@ from .stats import describe, paired
 METRICS = ("AP", "AP50", "AP75")
 REFERENCE_ATTN = "laplacian"
 SOFTMAX_ATTN = "softmax"
+SCALED = "norm_scale=inv_n"
+DEFAULT_ATTN = f"{REFERENCE_ATTN} {SCALED}"
+"""The 0.2 default's label (the paper's Laplacian with the output scale 1/N, DESIGN.md §4.6)."""
+
+
+def _is_scaled_family(attn: str) -> bool:
+    """A kernel family other than the Laplacian at the 0.2 default's output scale (``kernels variants``)."""
+    family, *settings = attn.split(" ")
+    return family not in (REFERENCE_ATTN, SOFTMAX_ATTN) and SCALED in settings
 
 
 def attention_label(backbone_kwargs: dict | None) -> str:
@@ -99,15 +108,21 @@ def summarize(runs: list[dict]) -> dict:
                                 "n": ci.n, "mean_delta": ci.mean, "std": ci.std, "ci95": ci.ci})
 
     # every other mixer against the paper-default Laplacian; then every Laplacian variant against softmax
-    # (how much of the gap is left)
+    # (how much of the gap is left); then every other kernel family at the 0.2 output scale against the 0.2
+    # default and against softmax (a = the family)
     for key, rs in groups.items():
         det, bb, attn = rs[0]["detector"], rs[0]["backbone"], rs[0]["attn"]
-        if attn != REFERENCE_ATTN and f"{det} / {bb} / {REFERENCE_ATTN}" in groups:
+        if attn != REFERENCE_ATTN and not _is_scaled_family(attn) and f"{det} / {bb} / {REFERENCE_ATTN}" in groups:
             compare(f"{det} / {bb} / {REFERENCE_ATTN}", rs)
     for key, rs in groups.items():
         det, bb, attn = rs[0]["detector"], rs[0]["backbone"], rs[0]["attn"]
         if attn.startswith(REFERENCE_ATTN + " ") and f"{det} / {bb} / {SOFTMAX_ATTN}" in groups:
             compare(key, groups[f"{det} / {bb} / {SOFTMAX_ATTN}"])
+    for key, rs in groups.items():
+        det, bb, attn = rs[0]["detector"], rs[0]["backbone"], rs[0]["attn"]
+        for ref in (DEFAULT_ATTN, SOFTMAX_ATTN):
+            if _is_scaled_family(attn) and f"{det} / {bb} / {ref}" in groups:
+                compare(key, groups[f"{det} / {bb} / {ref}"])
     return {"groups": out_groups, "paired": comparisons}
 
 
@@ -133,7 +148,9 @@ def markdown(report: dict) -> str:
                      f"{_fmt(g['train_time_s'], 1 / 60)} | {_fmt(g['cpu_time_s'], 1 / 60)} |")
     if s["paired"]:
         lines += ["", "Paired differences a − b (same seeds; points; 95 % CI from Student's t): every mixer against "
-                  "the paper-default Laplacian, then every Laplacian variant against softmax (the gap left):", "",
+                  "the paper-default Laplacian, then every Laplacian variant against softmax (the gap left), then "
+                  "every other kernel family at the output scale 1/N against the 0.2 default "
+                  f"(`{DEFAULT_ATTN}`) and against softmax:", "",
                   "| a | b | metric | n | mean Δ (a − b) | 95 % CI |", "|---|---|---|---|---|---|"]
         for c in s["paired"]:
             ci = "needs ≥ 2 seeds" if c["ci95"] is None else f"[{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}]"
