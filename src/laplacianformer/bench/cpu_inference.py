@@ -13,7 +13,8 @@ float32 there, docs/DESIGN.md §1). The issue's targets (issue 42: Laplacian / S
 at 512², ≤ 0.85 at 1024², eager, 2 threads, batch 1) are printed beside the eager ratios; nothing asserts them.
 Each size also reports both models' multiply-adds (``models.count_macs``, one image) and their ratio, so a time
 ratio reads against the arithmetic: a target below the MAC ratio asks the Laplacian's kernels to outrun the
-SR-softmax's GEMMs.
+SR-softmax's GEMMs. The eager rows also carry each model's peak RSS increment of one forward, measured in a
+fresh process per (model, size) after a 64² warm-up there (``harness.peak_memory``; ``--no-memory`` skips it).
 Writes runs/bench/cpu_inference/cpu_inference_<device>.{json,md,png} (``--publish``: benchmarks/results/).
 """
 
@@ -26,7 +27,7 @@ import time
 import torch
 
 from ..models import count_macs
-from .harness import round_robin
+from .harness import inference_call, peak_memory, round_robin
 from .model_cost import build_net
 from .options import add_model_options, add_round_options, add_timing_options, run_rows
 from .report import figure, markdown_table, report_header, save_figure, write_text
@@ -35,6 +36,19 @@ ATTNS = ("laplacian", "softmax")
 RUNTIMES = ("eager", "compile", "bf16")
 TARGETS = {224: 1.15, 512: 1.0, 1024: 0.85}
 """Issue 42's targets of Laplacian / SR-softmax per input side (eager, 2 threads, batch 1)."""
+
+
+MODULE = "laplacianformer.bench.cpu_inference"
+_NETS: dict = {}
+
+
+def eager_case(model: str, attn: str, size: int, batch: int = 1, **_):
+    """One eager forward (no_grad) of ``build_net(model, attn)`` on a seeded (batch, 3, size, size) image; the
+    net is cached per process (``harness.peak_memory``'s factory)."""
+    if (model, attn) not in _NETS:
+        _NETS[model, attn] = build_net(model, attn).eval()
+    x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
+    return inference_call(_NETS[model, attn], x)
 
 
 def _forward(net: torch.nn.Module, x: torch.Tensor, runtime: str):
@@ -65,16 +79,29 @@ def run(args) -> list[dict]:
                 first_ms[a] = (time.perf_counter() - start) * 1e3
             timings = round_robin(fns, device=args.device, repeats=args.repeats, max_seconds=args.max_seconds)
             lap, soft = timings["laplacian"], timings["softmax"]
+            peaks = {a: None for a in ATTNS}
+            if args.memory and runtime == "eager":
+                peaks = {a: peak_memory(f"{MODULE}:eager_case", dict(model=args.model, attn=a, size=size,
+                                                                      batch=args.batch),
+                                        device=args.device, warmup_kwargs=dict(size=64),
+                                        threads=args.threads)["peak_mb"] for a in ATTNS}
             rows.append(dict(model=args.model, size=size, runtime=runtime, batch=args.batch, threads=args.threads,
                              laplacian_ms=lap.median_ms, softmax_ms=soft.median_ms, laplacian_iqr_ms=lap.iqr_ms,
                              softmax_iqr_ms=soft.iqr_ms, repeats=min(lap.repeats, soft.repeats),
                              ratio=lap.median_ms / soft.median_ms, laplacian_gmacs=macs["laplacian"] / 1e9,
                              softmax_gmacs=macs["softmax"] / 1e9, mac_ratio=macs["laplacian"] / macs["softmax"],
+                             laplacian_peak_mib=peaks["laplacian"], softmax_peak_mib=peaks["softmax"],
                              target=TARGETS.get(size) if runtime == "eager" else None,
                              first_call_ms=first_ms))
             print(f"{size}² {runtime}: Laplacian {lap.median_ms:.1f} ms, SR-softmax {soft.median_ms:.1f} ms, "
                   f"ratio {lap.median_ms / soft.median_ms:.3f}", flush=True)
     return rows
+
+
+def _peaks(row: dict) -> str:
+    if row["laplacian_peak_mib"] is None:
+        return "–"
+    return f"{row['laplacian_peak_mib']:.0f} / {row['softmax_peak_mib']:.0f}"
 
 
 def plot(path, rows: list[dict], title: str) -> None:
@@ -101,15 +128,17 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[224, 512, 1024])
     p.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=["eager"])
     add_round_options(p, repeats=15, max_seconds=60.0, per="(size, runtime)")
+    p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory processes")
     add_timing_options(p, threads=2)
     args = p.parse_args(argv)
     rows, stem, load = run_rows(args, "cpu_inference", run, argv)
     table = markdown_table(
         ["size", "runtime", "Laplacian ms", "SR-softmax ms", "Laplacian / SR-softmax", "target", "GMACs (Lap / SR)",
-         "MAC ratio", "IQR ms (Lap / SR)", "rounds"],
+         "MAC ratio", "peak RSS MiB (Lap / SR)", "IQR ms (Lap / SR)", "rounds"],
         [[f"{r['size']}²", r["runtime"], r["laplacian_ms"], r["softmax_ms"], r["ratio"],
           "–" if r["target"] is None else f"≤ {r['target']}", f"{r['laplacian_gmacs']:.3g} / {r['softmax_gmacs']:.3g}",
-          r["mac_ratio"], f"{r['laplacian_iqr_ms']:.3g} / {r['softmax_iqr_ms']:.3g}", r["repeats"]] for r in rows])
+          r["mac_ratio"], _peaks(r), f"{r['laplacian_iqr_ms']:.3g} / {r['softmax_iqr_ms']:.3g}", r["repeats"]]
+         for r in rows])
     header = report_header(f"{args.model}: CPU inference, Laplacian vs SR-softmax", args, load,
                            f"batch {args.batch}; {args.threads} thread(s); medians of round-robin calls")
     write_text(stem.with_suffix(".md"), header + table)
