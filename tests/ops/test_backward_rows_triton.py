@@ -127,13 +127,16 @@ CASES = [
     ("inline", True, "gaussian", "1d", 1, 2, 70, 6, 12, 16),
     ("inline", False, "laplacian", None, 2, 1, (10, 7), (2, 2), 16, 24),
     ("inline", False, "gaussian", "1d", 1, 1, 70, 16, 24, 16),
+    ("injective", True, "laplacian", "2d", 1, 1, (10, 7), (7, 7), 16, 24),  # the crowded spec: BLOCK_EC = 8
 ]
 PROFILE_CASES = [case for spec in KERNEL_FAMILIES.values()
                  if spec.id in TRITON_KERNEL_IDS and not spec.exp_of_accumulation
                  for case in (("injective", True, spec.name, "2d", 1, 1, (8, 5), (2, 3), 20, 16),
-                              ("inline", False, spec.name, None, 1, 1, (8, 5), (2, 3), 16, 8))]
+                              ("inline", False, spec.name, None, 1, 1, (8, 5), (2, 3), 16, 8),
+                              ("injective", True, spec.name, "2d", 1, 1, (8, 5), (6, 6), 8, 24))]
 """The other kernel families of the Triton profile: K = Q (one A for both factors) with a whitened norm and the
-conv, K ≠ Q (two, each with its own distance) without."""
+conv, K ≠ Q (two, each with its own distance) without; K = Q whitened with the conv at m = 36 (BLOCK_M = 64,
+``row_grad_spec``'s crowded case: e in chunks of 8, three of them at e = 24)."""
 
 
 def _id(case):

@@ -35,7 +35,9 @@ within 128 registers per thread, spilled more):
   row tile as their right operand: the other way round their operand tables spilled 700+ bytes.
 - e is walked in chunks of ``BLOCK_EC`` = 16 for the three row products with dM' and M ("tf32x3"): whole
   (m, e) operands of an MMA (their hi and lo parts) cost up to 128 registers per thread, and held across the
-  tile loop they were staged in 248 KiB of shared memory.
+  tile loop they were staged in 248 KiB of shared memory. The most crowded specialisation, the whitened K = Q
+  pass with the conv at m = 64, takes chunks of 8: with 16 it sat at 255 registers and spilled 4 bytes for
+  matern32 (sm_90, float32); with 8, 213–215 registers, no spill, 36 KiB of shared memory instead of 40.
 - M, dM', S' + S'ᵀ, q_cov and the (m) vectors live in the program's work area WORK (``_work_size`` floats,
   zero-padded to BLOCK_M × BLOCK_E / BLOCK_M × BLOCK_M), written once in the prologue and read per tile without
   masks at constant offsets: the masks and offsets of masked loads are loop-invariant, so the compiler
@@ -290,7 +292,8 @@ def row_grad_spec(m: int, d: int, e: int, kid: int, whiten: bool, untied: bool, 
     depends on d) in place of their distance loop's unrolling."""
     cfg = config(m, d, e)
     cfg.pop("KU")
-    return dict(WHITEN=whiten, UNTIED=untied, CONV=conv, KID=kid, BLOCK_EC=16,
+    crowded = whiten and conv and not untied and cfg["BLOCK_M"] == MAX_M
+    return dict(WHITEN=whiten, UNTIED=untied, CONV=conv, KID=kid, BLOCK_EC=8 if crowded else 16,
                 BLOCK_D=DIFFERENCE_ELEMENTS // (cfg["BLOCK_N"] * cfg["BLOCK_M"]), **cfg)
 
 
