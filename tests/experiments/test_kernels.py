@@ -87,6 +87,11 @@ def test_selection_per_family_reads_validation_only(tmp_path):
     assert kernels.detection_variants(sel) == {
         "kernel_cauchy": {"attn": "cauchy", "attn_kwargs": {"lam": 0.11, "norm_scale": "inv_n"}},
         "kernel_matern32": {"attn": "matern32", "attn_kwargs": {"lam": 0.36, "norm_scale": "inv_n"}}}
+    # the confirmation's seeds 3, 4 of one λ per family do not enter the selection (its seeds are paired)
+    chosen = [e["selected"] for e in sel["families"].values()]
+    more = kernels.run_cells(chosen, [3, 4], protocol=protocol, out=tmp_path, runs=tmp_path, borrow=None,
+                             progress=False, train_fn=_fake_train)
+    assert kernels.selection(more, 32) == sel
     partial = kernels.run_cells(kernels.selection_labels(), [0, 1], protocol=protocol, out=tmp_path / "p",
                                 runs=tmp_path, borrow=None, progress=False, train_fn=_fake_train)
     assert kernels.detection_variants(kernels.selection(partial, 32)) == {}  # 2 seeds: nothing selected

@@ -204,14 +204,17 @@ def _per_seed(record: dict, lb: str, field: str) -> dict[int, float]:
 
 
 def selection(record: dict, head_dim: int) -> dict:
-    """Per family: each λ's validation top-1 (per seed, mean, n) and the selected λ (once every λ of the family
-    has >= MIN_SELECT_SEEDS seeds: the highest mean; ties: the smaller λ). Reads ``val_top1`` only, never
-    ``test_top1``."""
+    """Per family: each λ's validation top-1 on the seeds every λ of the family has (per seed, mean, n), and the
+    selected λ (once those common seeds number >= MIN_SELECT_SEEDS: the highest mean; ties: the smaller λ).
+    The confirmation's extra seeds of the selected λ are left out, so confirming never moves the selection.
+    Reads ``val_top1`` only, never ``test_top1``."""
     families = {}
     for family in SHIPPED:
         rows = {}
+        per_lam = {lam: _per_seed(record, label(family, lam), "val_top1") for lam in bandwidths(family)}
+        common = set.intersection(*(set(v) for v in per_lam.values()))
         for lam in bandwidths(family):
-            vals = _per_seed(record, label(family, lam), "val_top1")
+            vals = {seed: v for seed, v in per_lam[lam].items() if seed in common}
             d = describe(list(vals.values()))
             rows[f"{lam:g}"] = {"label": label(family, lam), "lam": lam, "val_top1": {str(s): v for s, v in sorted(vals.items())},
                                 "n": d.n, "mean": d.mean, "std": d.std}
@@ -224,8 +227,8 @@ def selection(record: dict, head_dim: int) -> dict:
                             "selected_lam": None if best is None else best["lam"],
                             "complete": complete}
     return {"protocol": record["protocol"], "validation_split": record.get("validation_split"), "head_dim": head_dim,
-            "rule": f"per family, once each of its λ has >= {MIN_SELECT_SEEDS} seeds, the λ of the highest mean "
-                    "validation top-1 (ties: the smaller λ)", "families": families,
+            "rule": f"per family, on the seeds every one of its λ has (>= {MIN_SELECT_SEEDS}), the λ of the highest "
+                    "mean validation top-1 (ties: the smaller λ)", "families": families,
             "complete": all(f["complete"] for f in families.values())}
 
 
