@@ -86,6 +86,9 @@ def test_cells_resume_and_selection_ignores_test_numbers(tmp_path):
     for cell in shuffled["cells"].values():
         cell["test_top1"] = 1.0 - cell["test_top1"] if cell["label"] == "default" else 0.0
     assert accuracy.selection(shuffled) == sel
+    # the confirmation's seeds 3, 4 of the choice do not enter the selection (its seeds are paired)
+    more = accuracy.run_cells([sel["chosen"], "default"], [3, 4], **kw)
+    assert accuracy.selection(more) == sel
 
 
 def test_selection_needs_three_seeds_to_choose(tmp_path):

@@ -38,7 +38,7 @@ from pathlib import Path
 from .ablate import CellRunner, _fmt_time, build_protocol, cell_key
 from .common import environment, jsonable as _jsonable, markdown_table, pyplot, read_json, run_command, write_json
 from .protocol import PROTOCOL, QUICK, same_protocol
-from .stats import describe, paired, verdict
+from .stats import describe, on_common_seeds, paired, verdict
 
 PROTOCOL_NAME = "fmnist28-val"
 VAL_PROTOCOL = {**PROTOCOL, "holdout": 10_000, "holdout_seed": 0, "save_every_steps": 200}
@@ -73,7 +73,7 @@ BASELINES: dict[str, tuple[str, dict]] = {
     "gaussian_soft": ("gaussian", {}),
     "sr_softmax": ("softmax", {}),
 }
-CHOICE_RULE = (f"highest mean validation top-1 among the candidates with >= {MIN_SELECT_SEEDS} seeds "
+CHOICE_RULE = (f"highest mean validation top-1 on the seeds every candidate has (>= {MIN_SELECT_SEEDS}) "
                "(ties: the earlier candidate in the table)")
 
 
@@ -174,17 +174,19 @@ def _per_seed(record: dict, label: str, field: str) -> dict[int, float]:
 
 
 def selection(record: dict) -> dict:
-    """selection.json from the cells: validation top-1 only (``val_top1``; never ``test_top1``)."""
+    """selection.json from the cells: validation top-1 only (``val_top1``; never ``test_top1``), on the seeds
+    every candidate has (``stats.on_common_seeds``: the confirmation's extra seeds never move the choice)."""
     labels = []
     for c in record["cells"].values():
         if c["label"] not in BASELINES and c["label"] not in labels:
             labels.append(c["label"])
     order = {lb: i for i, lb in enumerate(CANDIDATES)}
     labels.sort(key=lambda lb: (order.get(lb, len(order)), lb))
-    candidates, base = {}, _per_seed(record, DEFAULT, "val_top1")
+    per_label = on_common_seeds({lb: _per_seed(record, lb, "val_top1") for lb in labels})
+    candidates, base = {}, per_label.get(DEFAULT, {})
     for lb in labels:
         attn, kwargs = combination(lb)
-        vals = _per_seed(record, lb, "val_top1")
+        vals = per_label[lb]
         d = describe(list(vals.values()))
         entry = {"attn": attn, "attn_kwargs": _jsonable(kwargs), "val_top1": {str(s): v for s, v in sorted(vals.items())},
                  "n": d.n, "mean": d.mean, "std": d.std}

@@ -39,7 +39,7 @@ from .ablate import _fmt_time, build_protocol, canonical_attention, cell_key
 from .accuracy import PROTOCOL_NAME, VAL_PROTOCOL, _ci, _pts, open_cells, record_cells, validation_split
 from .common import jsonable, markdown_table, pyplot, read_json, run_command, write_json
 from .protocol import same_protocol
-from .stats import describe, paired, verdict
+from .stats import describe, on_common_seeds, paired, verdict
 
 DEFAULT_OUT = "results/kernels"
 DEFAULT_RUNS = "runs/kernels"
@@ -211,10 +211,9 @@ def selection(record: dict, head_dim: int) -> dict:
     families = {}
     for family in SHIPPED:
         rows = {}
-        per_lam = {lam: _per_seed(record, label(family, lam), "val_top1") for lam in bandwidths(family)}
-        common = set.intersection(*(set(v) for v in per_lam.values()))
+        per_lam = on_common_seeds({lam: _per_seed(record, label(family, lam), "val_top1") for lam in bandwidths(family)})
         for lam in bandwidths(family):
-            vals = {seed: v for seed, v in per_lam[lam].items() if seed in common}
+            vals = per_lam[lam]
             d = describe(list(vals.values()))
             rows[f"{lam:g}"] = {"label": label(family, lam), "lam": lam, "val_top1": {str(s): v for s, v in sorted(vals.items())},
                                 "n": d.n, "mean": d.mean, "std": d.std}

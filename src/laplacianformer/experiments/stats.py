@@ -146,6 +146,13 @@ def paired(a: Mapping[int, float], b: Mapping[int, float], confidence: float = 0
     return paired_ci([a[s] - b[s] for s in seeds], confidence)
 
 
+def on_common_seeds(per_label: Mapping[str, Mapping[int, float]]) -> dict[str, dict[int, float]]:
+    """Each label's per-seed values restricted to the seeds every label has: a selection among the labels
+    compares them on the same seeds, and seeds one label gained later (a confirmation's) never move it."""
+    common = set.intersection(*(set(v) for v in per_label.values())) if per_label else set()
+    return {lb: {s: v for s, v in vals.items() if s in common} for lb, vals in per_label.items()}
+
+
 def verdict(ci: PairedCI | None, side: int | None, negligible: float = NEGLIGIBLE) -> str:
     """Verdict of one comparison a − b whose claimed side is ``side`` (+1: a > b, −1: a < b, None: no claim)."""
     if side is None:
