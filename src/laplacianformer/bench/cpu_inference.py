@@ -14,7 +14,8 @@ at 512², ≤ 0.85 at 1024², eager, 2 threads, batch 1) are printed beside the 
 Each size also reports both models' multiply-adds (``models.count_macs``, one image) and their ratio, so a time
 ratio reads against the arithmetic: a target below the MAC ratio asks the Laplacian's kernels to outrun the
 SR-softmax's GEMMs. The eager rows also carry each model's peak RSS increment of one forward, measured in a
-fresh process per (model, size) after a 64² warm-up there (``harness.peak_memory``; ``--no-memory`` skips it).
+fresh process per (model, size) after a 64² warm-up there (``harness.peak_memory`` of ``model_throughput.make_case``;
+``--no-memory`` skips it).
 Writes runs/bench/cpu_inference/cpu_inference_<device>.{json,md,png} (``--publish``: benchmarks/results/).
 """
 
@@ -27,7 +28,7 @@ import time
 import torch
 
 from ..models import count_macs
-from .harness import inference_call, peak_memory, round_robin
+from .harness import peak_memory, round_robin
 from .model_cost import build_net
 from .options import add_model_options, add_round_options, add_timing_options, run_rows
 from .report import figure, markdown_table, report_header, save_figure, write_text
@@ -36,19 +37,6 @@ ATTNS = ("laplacian", "softmax")
 RUNTIMES = ("eager", "compile", "bf16")
 TARGETS = {224: 1.15, 512: 1.0, 1024: 0.85}
 """Issue 42's targets of Laplacian / SR-softmax per input side (eager, 2 threads, batch 1)."""
-
-
-MODULE = "laplacianformer.bench.cpu_inference"
-_NETS: dict = {}
-
-
-def eager_case(model: str, attn: str, size: int, batch: int = 1, **_):
-    """One eager forward (no_grad) of ``build_net(model, attn)`` on a seeded (batch, 3, size, size) image; the
-    net is cached per process (``harness.peak_memory``'s factory)."""
-    if (model, attn) not in _NETS:
-        _NETS[model, attn] = build_net(model, attn).eval()
-    x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
-    return inference_call(_NETS[model, attn], x)
 
 
 def _forward(net: torch.nn.Module, x: torch.Tensor, runtime: str):
@@ -81,8 +69,8 @@ def run(args) -> list[dict]:
             lap, soft = timings["laplacian"], timings["softmax"]
             peaks = {a: None for a in ATTNS}
             if args.memory and runtime == "eager":
-                peaks = {a: peak_memory(f"{MODULE}:eager_case", dict(model=args.model, attn=a, size=size,
-                                                                      batch=args.batch),
+                peaks = {a: peak_memory("laplacianformer.bench.model_throughput:make_case",
+                                        dict(model=args.model, attn=a, size=size, batch=args.batch, mode="infer"),
                                         device=args.device, warmup_kwargs=dict(size=64),
                                         threads=args.threads)["peak_mb"] for a in ATTNS}
             rows.append(dict(model=args.model, size=size, runtime=runtime, batch=args.batch, threads=args.threads,

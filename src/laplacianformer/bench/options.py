@@ -1,7 +1,6 @@
 """The options every timing benchmark shares (--device, --threads, --retain-heap, --out/--publish) and
 what they do before the timing starts; --model / --batch and --repeats / --max-seconds, for the benchmarks
-that time one backbone or time rounds;
---autocast, for the benchmarks that time a model under autocast."""
+that time one backbone or time rounds; --autocast, for the benchmarks that time a model under autocast."""
 
 from __future__ import annotations
 
