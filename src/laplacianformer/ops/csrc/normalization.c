@@ -209,20 +209,29 @@ static void FN(pack_)(F *restrict dst, int64_t ld, const F *restrict src, int64_
 }
 
 /* Small dense products: C (p, q) = alpha A B + beta C with A (p, k) or Aᵀ, B (k, q) or Bᵀ, row-major
- * with leading dimensions lda, ldb, ldc. */
+ * with leading dimensions lda, ldb, ldc, register-tiled (mm_rows_) on packed copies of B (k, q rounded up
+ * to W, zero padded) and alpha A (p, k) in ws (aligned, at least small_ws_ values for the p, q, k <= max(m, e)
+ * of a call; beta != 0 also holds the product there before C is updated). */
+static int64_t FN(small_ws_)(int64_t m, int64_t e) {
+  const int64_t big = MAX(m, e), ld = (big + W - 1) / W * W;
+  return 2 * big * ld + big * big;
+}
+
 static void FN(small_mm_)(int64_t p, int64_t q, int64_t kk, F alpha, const F *a, int64_t lda, int ta,
-                          const F *b, int64_t ldb, int tb, F beta, F *c, int64_t ldc) {
-  for (int64_t i = 0; i < p; ++i) {
-    F *ci = c + i * ldc;
-    for (int64_t j = 0; j < q; ++j) ci[j] = beta == 0 ? 0 : beta * ci[j];
-    for (int64_t l = 0; l < kk; ++l) {
-      const F ail = alpha * (ta ? a[l * lda + i] : a[i * lda + l]);
-      if (tb)
-        for (int64_t j = 0; j < q; ++j) ci[j] += ail * b[j * ldb + l];
-      else
-        for (int64_t j = 0; j < q; ++j) ci[j] += ail * b[l * ldb + j];
-    }
+                          const F *b, int64_t ldb, int tb, F beta, F *c, int64_t ldc, F *ws) {
+  const int64_t ldq = (q + W - 1) / W * W;
+  F *bp = ws, *tmp = bp + kk * ldq, *ap = tmp + (beta != 0 ? p * ldq : 0);
+  for (int64_t l = 0; l < kk; ++l)
+    for (int64_t j = 0; j < ldq; ++j) bp[l * ldq + j] = j >= q ? 0 : tb ? b[j * ldb + l] : b[l * ldb + j];
+  for (int64_t i = 0; i < p; ++i)
+    for (int64_t l = 0; l < kk; ++l) ap[i * kk + l] = alpha * (ta ? a[l * lda + i] : a[i * lda + l]);
+  if (beta == 0) {
+    FN(mm_rows_)(ap, kk, kk, bp, NULL, 0, 0, NULL, ldq, p, NULL, NULL, c, ldc, q);
+    return;
   }
+  FN(mm_rows_)(ap, kk, kk, bp, NULL, 0, 0, NULL, ldq, p, NULL, NULL, tmp, ldq, q);
+  for (int64_t i = 0; i < p; ++i)
+    for (int64_t j = 0; j < q; ++j) c[i * ldc + j] = beta * c[i * ldc + j] + tmp[i * ldq + j];
 }
 
 /* The per-group small tensors saved between forward and backward, one block of `FN(stats_size_)` values
@@ -272,7 +281,8 @@ int FN(lf_norm_fwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
   /* per group: pilot (ldm), S sums (mp + 1, ldm), packed S' (m, ldm), packed M (m, lde), bias v̄ (lde) */
   const int64_t o_s = ldm, o_spk = o_s + (mp + 1) * ldm, o_mpk = o_spk + m * ldm, o_bias = o_mpk + m * lde;
   const int64_t szg = o_bias + lde;
-  const int64_t ldx = MAX(ldm, lde), smsz = mp * ldx + 2 * ldx + 3 * m * m + m * e + 2 * m + W;
+  const int64_t ldx = MAX(ldm, lde), smsz0 = (mp * ldx + 2 * ldx + 3 * m * m + m * e + 2 * m + W + 63) / 64 * 64;
+  const int64_t smsz = smsz0 + FN(small_ws_)(m, e);
   /* each thread's scratch (carved below), whole multiples of 64 values apart */
   const int64_t szt = (RS * (3 * ldm + lde) + 2 * RS + smsz + 63) / 64 * 64;
   void *base = NULL;
@@ -286,6 +296,7 @@ int FN(lf_norm_fwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
     F *xs = thr + omp_get_thread_num() * szt, *ts = xs + RS * ldm, *us = ts + RS * ldm;
     F *vs = us + RS * ldm, *rs = vs + RS * lde;
     F *sm = rs + 2 * RS; /* small per-group temporaries (acc, ksum, dbar, sfull) */
+    F *mws = sm + smsz0; /* small_mm_'s workspace */
     /* 1. pilot of each group's c rows: the mean of about 64 evenly spaced rows (shift of the covariance) */
 #pragma omp for schedule(static)
     for (int64_t gi = 0; gi < g; ++gi) {
@@ -347,8 +358,8 @@ int FN(lf_norm_fwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
           }
         if (w) {
           const F *wg = w + gi * swb;
-          FN(small_mm_)(m, m, m, 1, sfull, m, 0, wg, m, 0, 0, st.sw, m);       /* S W */
-          FN(small_mm_)(m, m, m, 1, wg, m, 1, st.sw, m, 0, 0, st.sp, m);       /* Wᵀ S W */
+          FN(small_mm_)(m, m, m, 1, sfull, m, 0, wg, m, 0, 0, st.sw, m, mws);       /* S W */
+          FN(small_mm_)(m, m, m, 1, wg, m, 1, st.sw, m, 0, 0, st.sp, m, mws);       /* Wᵀ S W */
         } else {
           memcpy(st.sw, sfull, sizeof(F) * (size_t)(m * m));
           memcpy(st.sp, sfull, sizeof(F) * (size_t)(m * m));
@@ -415,7 +426,7 @@ int FN(lf_norm_fwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
         st.vbar[j] = nk > 0 ? acc[mp * lde + lde + j] / (F)nk : 0;
       }
       if (w)
-        FN(small_mm_)(m, e, m, 1, w + gi * swb, m, 0, st.mk, e, 0, 0, st.mm, e);
+        FN(small_mm_)(m, e, m, 1, w + gi * swb, m, 0, st.mk, e, 0, 0, st.mm, e, mws);
       else
         memcpy(st.mm, st.mk, sizeof(F) * (size_t)(m * e));
       for (int64_t i = 0; i < m; ++i)
@@ -453,7 +464,8 @@ int FN(lf_norm_bwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
   /* per group: dM' packed (m, lde), dM'ᵀ packed (e, ldm), Ḡ_k (lde), S' packed (m, ldm), dk mean (ldm),
    * (2/nq) dS packed (m, ldm), Mᵀ packed (e, ldm), dc bias (ldm), dM (m, e), dS' (m, m) */
   const int64_t szg = (m * lde + e * ldm + lde + m * ldm + ldm + m * ldm + e * ldm + ldm + m * e + m * m + W - 1) / W * W;
-  const int64_t ldx = MAX(ldm, lde), smsz = mp * ldx + 2 * ldx + 3 * m * m + m * e + 2 * m + W;
+  const int64_t ldx = MAX(ldm, lde), smsz0 = (mp * ldx + 2 * ldx + 3 * m * m + m * e + 2 * m + W + 63) / 64 * 64;
+  const int64_t smsz = smsz0 + FN(small_ws_)(m, e);
   /* each thread's scratch (carved below), whole multiples of 64 values apart */
   const int64_t szt = (RS * (4 * ldm + lde) + 2 * RS + smsz + 63) / 64 * 64;
   void *base = NULL;
@@ -465,6 +477,7 @@ int FN(lf_norm_bwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
     F *xs = thr + omp_get_thread_num() * szt, *ys = xs + RS * ldm, *us = ys + RS * ldm;
     F *ts = us + RS * ldm, *vs = ts + RS * ldm;
     F *dss = vs + RS * lde, *sm = dss + 2 * RS; /* small per-group temporaries */
+    F *mws = sm + smsz0; /* small_mm_'s workspace */
     /* 1. query chunks: dM = Σ (c − c̄)ᵀ G, Σ G */
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < g * nchq; ++task) {
@@ -492,7 +505,7 @@ int FN(lf_norm_bwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < e; ++j) dmm[i * e + j] = acc[i * lde + j];
       if (w)
-        FN(small_mm_)(m, e, m, 1, w + gi * swb, m, 1, dmm, e, 0, 0, dmp, e);
+        FN(small_mm_)(m, e, m, 1, w + gi * swb, m, 1, dmm, e, 0, 0, dmp, e, mws);
       else
         memcpy(dmp, dmm, sizeof(F) * (size_t)(m * e));
       for (int64_t i = 0; i < m; ++i)
@@ -565,8 +578,8 @@ int FN(lf_norm_bwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
         }
         if (w) {
           const F *wg = w + gi * swb;
-          FN(small_mm_)(m, m, m, 1, wg, m, 0, dsp, m, 0, 0, tmp, m);   /* W dS' */
-          FN(small_mm_)(m, m, m, 1, tmp, m, 0, wg, m, 1, 0, dsf, m);   /* (W dS') Wᵀ */
+          FN(small_mm_)(m, m, m, 1, wg, m, 0, dsp, m, 0, 0, tmp, m, mws);   /* W dS' */
+          FN(small_mm_)(m, m, m, 1, tmp, m, 0, wg, m, 1, 0, dsf, m, mws);   /* (W dS') Wᵀ */
         } else {
           memcpy(dsf, dsp, sizeof(F) * (size_t)(m * m));
         }
@@ -581,8 +594,8 @@ int FN(lf_norm_bwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
       }
       if (dw) {
         F *dwg = dw + gi * m * m;
-        FN(small_mm_)(m, m, e, 1, dmm, e, 0, st.mk, e, 1, 0, dwg, m);          /* dM M'ᵀ */
-        if (inj) FN(small_mm_)(m, m, m, 2, st.sw, m, 0, dsp, m, 0, 1, dwg, m); /* + 2 S W dS' */
+        FN(small_mm_)(m, m, e, 1, dmm, e, 0, st.mk, e, 1, 0, dwg, m, mws);          /* dM M'ᵀ */
+        if (inj) FN(small_mm_)(m, m, m, 2, st.sw, m, 0, dsp, m, 0, 1, dwg, m, mws); /* + 2 S W dS' */
       }
       const F sc = nq > 0 ? (F)2 / (F)nq : 0;
       for (int64_t i = 0; i < m; ++i)
