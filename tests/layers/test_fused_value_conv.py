@@ -60,16 +60,37 @@ def _rel(a, b) -> float:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_cpu_inference_equals_the_unfused_path(monkeypatch, hw, landmarks, tie, dtype):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(LaplacianAttention, "_project_qk_stacked", None)  # the CPU keeps three contiguous products
+    monkeypatch.setattr(LaplacianAttention, "_project_qk_stacked", None)  # the Triton devices' projection
+    project, products = LaplacianAttention._project_qkv, []
+    monkeypatch.setattr(LaplacianAttention, "_project_qkv", lambda self, t: products.append(1) or project(self, t))
     layer = _layer(2, tie_qk=tie, landmarks=landmarks, bias=not tie).to(dtype)
     x = _tokens(117 if hw in ((9, 13), None) else hw[0] * hw[1], 16).to(dtype)
     with torch.no_grad(), _runtime.recording() as calls:
         got = layer(x, hw)
+    assert products == [1]  # the CPU: q, k and v strided views of one product
     streaming = [text for op, _, text in calls if op == "streaming"]
     if landmarks != (7, 7):  # the 2×3 grid with 7×7 landmarks is the exact kernel: no streaming call
         assert len(streaming) == 1 and streaming[0].startswith("streaming: selection 'auto' runs 'steps'"), streaming
         assert dtype == torch.float64 or "triton: tensors on ['cpu'], not cuda" in streaming[0], streaming[0]
     assert _rel(got, _unfused(layer, x, hw)) < (1e-5 if dtype == torch.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_one_qkv_product(tie):
+    """q, k and v from one product with the whole ``qkv`` weight: strided views (row stride 3C, 2C with tied
+    keys) equal to the separate products of ``_project_qk`` and ``_project_v``."""
+    torch.manual_seed(0)
+    layer = LaplacianAttention(24, 3, tie_qk=tie).eval()
+    x = _tokens(10, 24)
+    with torch.no_grad():
+        q, k, v = layer._project_qkv(x)
+        q2, k2 = layer._project_qk(x)
+        v2 = layer._project_v(x)
+    width = 24 * (2 if tie else 3)
+    assert q.stride() == (10 * width, 8, width, 1) and v.stride() == (10 * width, width, 1)
+    assert (k is q) == tie and v.data_ptr() == q.data_ptr() + (width - 24) * 4
+    for got, want in ((q, q2), (k, k2), (v, v2)):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])

@@ -151,14 +151,18 @@ class LaplacianAttention(TokenAttention):
         """What ``torch.jit.script`` compiles for this layer: its script form (``layers.scripting.script_form``)."""
         return script_form(self)
 
-    def _attend_value_conv(self, x: torch.Tensor, v_tok: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
-        """Eager inference without a mask or prefix tokens (the ``value_conv`` path, ``layers/plan.py``): x, v_tok
-        (B, N, C) -> the heads merged + DWConv(V) (B, N, C) by ``ops.attention.attention_with_value_conv``,
-        whose streaming output pass adds the conv on CUDA (docs/KERNELS.md, "The fused DWConv(V)"); elsewhere
-        the unfused computation of ``forward``, with the same result. Where the Triton passes run (CUDA), q and
-        k come from one product (``_project_qk_stacked``: strided views, which the passes read in place)."""
-        stacked = not self.tie_qk and triton_device(x.device)
-        q, k = self._project_qk_stacked(x) if stacked else self._project_qk(x)
+    def _attend_value_conv(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
+        """Eager inference without a mask or prefix tokens (the ``value_conv`` path, ``layers/plan.py``): x (B, N, C)
+        -> the heads merged + DWConv(V) (B, N, C) by ``ops.attention.attention_with_value_conv``, whose streaming
+        output pass adds the conv on CUDA (docs/KERNELS.md, "The fused DWConv(V)"); elsewhere the unfused
+        computation of ``forward``, with the same result. Where the Triton passes run (CUDA), q and k come from
+        one product (``_project_qk_stacked``: strided views, which the passes read in place) and v from another;
+        elsewhere q, k and v are strided views of one product (``_project_qkv``), which the C loops read in place."""
+        if triton_device(x.device):
+            q, k = self._project_qk(x) if self.tie_qk else self._project_qk_stacked(x)
+            v_tok = self._project_v(x)
+        else:
+            q, k, v_tok = self._project_qkv(x)
         return attention_with_value_conv(q, k, v_tok, self.settings, hw=hw, weight=self.dwconv.weight,
                                          bias=self.dwconv.bias, norm_gain=self.norm_gain, plans=self._plans)
 

@@ -7,7 +7,8 @@ token layout, and the heads are merged by adding them into DWConv(V), without ex
 can do the merge itself (``merges_value_conv``: ``LaplacianAttention``, whose streaming output pass fuses
 the conv on CUDA) gets eager inference calls without a mask or prefix tokens in ``_attend_value_conv``; where
 the Triton passes read q and k through their strides, q and k there come from one product of the stacked row
-blocks (``_project_qk_stacked``). Such a layer's training calls there (``trains_from_qkv``: autograd, no mask,
+blocks (``_project_qk_stacked``); on the CPU, whose C loops read row strides, q, k and v are strided views of one
+product with the whole weight (``_project_qkv``). Such a layer's training calls there (``trains_from_qkv``: autograd, no mask,
 no prefix tokens, no ``qk_norm`` or ``recompute``) take ``_attend_from_qkv``: one product with the whole qkv
 weight, whose (B, N, 3C) output the op reads in place and whose gradient it returns in one tensor.
 Subclasses (``LaplacianAttention`` and the baselines) implement ``attend`` on (B, H, N, d) tensors with
@@ -209,6 +210,16 @@ class TokenAttention(nn.Module):
         qk = F.linear(x, self.qkv.weight[rows], None if bias is None else bias[rows])
         return self.q_norm(self._heads(qk[..., :self.dim])), self.k_norm(self._heads(qk[..., self.dim:]))
 
+    def _project_qkv(self, x: torch.Tensor):
+        """x (B, N, C) -> q, k (B, H, N, d) (k = q when ``tie_qk``) and v_tok (B, N, C): strided views of one
+        product with the whole ``qkv`` weight (row stride 3C, 2C when ``tie_qk``). One GEMM instead of three,
+        for inference calls whose kernels read row strides (the CPU's C loops)."""
+        c = self.dim
+        qkv = self.qkv(x)
+        q = self.q_norm(self._heads(qkv[..., :c]))
+        k = q if self.tie_qk else self.k_norm(self._heads(qkv[..., c:2 * c]))
+        return q, k, qkv[..., qkv.shape[-1] - c:]
+
     def _project_v(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, N, C) -> v_tok (B, N, C), contiguous."""
         return self._rows(x, 1 if self.tie_qk else 2)
@@ -250,8 +261,9 @@ class TokenAttention(nn.Module):
             return y.squeeze(2).transpose(1, 2)
         return grid_to_tokens(self.dwconv(tokens_to_grid(v_tok, hw)))
 
-    def _attend_value_conv(self, x: torch.Tensor, v_tok: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
-        """x, v_tok (B, N, C) -> (B, N, C): the heads merged + DWConv(V), for layers with ``merges_value_conv``."""
+    def _attend_value_conv(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
+        """x (B, N, C) -> (B, N, C): the projections, then the heads merged + DWConv(V), for layers with
+        ``merges_value_conv``."""
         raise NotImplementedError
 
     def _path(self, x: torch.Tensor, mask: Optional[torch.Tensor], device_fused: bool) -> str:
@@ -327,7 +339,7 @@ class TokenAttention(nn.Module):
         if path == "fused_training":  # the core and DWConv(V) fused, forward and backward
             return self.proj_drop(self.proj(self.norm(self.attn_drop(self._attend_from_qkv(x, hw)))))
         if path == "value_conv":  # eager inference: heads merged + DWConv(V) in one op call
-            merged = self._attend_value_conv(x, self._project_v(x), hw)
+            merged = self._attend_value_conv(x, hw)
             return self.proj_drop(self.proj(self.norm(self.attn_drop(merged))))
         # a torch.jit trace (hence the TorchScript ONNX exporter) records no in-place op on a view
         return self._forward_plain(x, hw, mask, path == "recompute", not torch.jit.is_tracing())
