@@ -54,15 +54,16 @@ def power_of_two_sizes(top: int, cap: int) -> list[int]:
     return [x for x in (16, 32, 64, 128) if x <= bound]
 
 
-PROFILES = {0: ("l1", "exp"), 1: ("sq_l2", "exp"), 2: ("l2", "exp"), 3: ("l2", "matern32"),
-            4: ("sq_l2", "cauchy")}
+PROFILES = {0: ("l1", "exp"), 1: ("sq_l2", "exp"), 2: ("l2", "exp"), 3: ("l2", "linear_exp"),
+            4: ("sq_l2", "reciprocal")}
 """The Triton profile: kernel family id (``KernelSpec.id``) -> (its distance r, the form of f), k = f(r / λ) with
-"exp" f(u) = exp(−u), "matern32" (1 + √3 u) exp(−√3 u), "cauchy" 1 / (1 + u) (docs/KERNELS.md, "Kernel families").
+"exp" f(u) = exp(−u), "linear_exp" (1 + √3 u) exp(−√3 u), "reciprocal" 1 / (1 + u) (docs/KERNELS.md, "Kernel
+families"; forms are named by their shape, never by a family: the families are the registry's).
 Its ids are ``kernel.limits.TRITON_KERNEL_IDS`` (pure Python, for the registry) and each distance is the
 registry's (tests/ops/test_kernel_triton.py holds both). A family with a new id and a known form is one entry
 here and in that set; a new form is a branch of ``kernel_value`` and ``kernel_slope``."""
-_FROM_VALUE = ("exp", "cauchy")
-"""The forms whose f′(u) is a function of f(u) alone (exp: −f, cauchy: −f²)."""
+_FROM_VALUE = ("exp", "reciprocal")
+"""The forms whose f′(u) is a function of f(u) alone (exp: −f, reciprocal: −f²)."""
 _SQRT3 = tl.constexpr(math.sqrt(3.0))
 
 
@@ -117,11 +118,11 @@ def kernel_value(acc, scale, KID: tl.constexpr):
     u = _argument(acc, scale, KID)
     if _form(KID) == "exp":
         k = tl.exp(-u)
-    elif _form(KID) == "matern32":
+    elif _form(KID) == "linear_exp":
         s = _SQRT3 * u
         k = (1.0 + s) * tl.exp(-s)
     else:
-        tl.static_assert(_form(KID) == "cauchy", "kernel_value: no Triton profile form for this id")
+        tl.static_assert(_form(KID) == "reciprocal", "kernel_value: no Triton profile form for this id")
         k = 1.0 / (1.0 + u)
     return k
 
@@ -130,17 +131,17 @@ def kernel_value(acc, scale, KID: tl.constexpr):
 def kernel_slope(acc, k, scale, KID: tl.constexpr):
     """dk/d(acc) for k = ``kernel_value(acc)``, scale = −1 / λ: f′(u) / λ, times 1 / (2r) for the "l2" distance, 0
     there where r = 0 (the minimal-norm subgradient, as ``KernelSpec.slope_of``; docs/DESIGN.md §1.5). f′ from k
-    where it is a function of it (exp −k, cauchy −k²; matern32 −3u·k / (1 + √3 u)), so that k = 0 (a masked tile
+    where it is a function of it (exp −k, reciprocal −k²; linear_exp −3u·k / (1 + √3 u)), so that k = 0 (a masked tile
     entry) gives 0."""
     if _exp_in_place(KID):
         return k * scale
     if _form(KID) == "exp":
         df = -k
-    elif _form(KID) == "matern32":
+    elif _form(KID) == "linear_exp":
         u = _argument(acc, scale, KID)
         df = -3.0 * u * k / (1.0 + _SQRT3 * u)
     else:
-        tl.static_assert(_form(KID) == "cauchy", "kernel_slope: no Triton profile form for this id")
+        tl.static_assert(_form(KID) == "reciprocal", "kernel_slope: no Triton profile form for this id")
         df = -k * k
     slope = df * -scale
     if _root(KID):

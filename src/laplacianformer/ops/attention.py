@@ -99,7 +99,8 @@ def laplacian_attention(
         solver: "newton_schulz" | "cg" | "exact" for (W + ns_eps·I)^{-1} (docs/DESIGN.md §3).
         iters: solver iterations; ns_eps: diagonal regulariser; norm_eps: whitening epsilon, > 0 for
             "injective" and "injective_nomean" (with 0 a key whose similarity column is constant, e.g. all-equal tokens, gives 0/0).
-        kernel: "laplacian" exp(-||x-y||_1/lam) or "gaussian" exp(-||x-y||²/lam).
+        kernel: a family of the registry ``kernel_families.KERNEL_FAMILIES`` (docs/DESIGN.md §1.5): "laplacian"
+            exp(-||x-y||_1/lam) (the paper's), "gaussian" exp(-||x-y||²/lam), "exponential", "matern32", "cauchy".
         ns_backward: "implicit" (default) or "unrolled" gradient of the Newton–Schulz solver.
         norm_scale: "one" (the unscaled map of §4.1) | "inv_sqrt_n" | "inv_n": the whitened part of the
             injective map times N^-½ or N^-1 (N the valid keys), the 1/N row kept (docs/DESIGN.md §4.6);
