@@ -75,6 +75,22 @@ INLINE void FN(store_n_)(F *o, V v, int64_t n) {
   }
 }
 
+/* Σ_j a[j] b[j] over n values (unaligned): W lanes of partial sums over the whole vectors of a and b, added
+ * in a fixed tree, then the remaining values in order. A row's quadratic form or dot in one short dependency
+ * chain instead of n; the same for every thread count. */
+INLINE F FN(dot_)(const F *restrict a, const F *restrict b, int64_t n) {
+  V acc = (V){0};
+  int64_t j = 0;
+  for (; j + W <= n; j += W) acc += *(const VU *)(a + j) * *(const VU *)(b + j);
+  F lane[W];
+  for (int t = 0; t < W; ++t) lane[t] = acc[t];
+  for (int h = W / 2; h >= 1; h /= 2)
+    for (int t = 0; t < h; ++t) lane[t] += lane[t + h];
+  F s = lane[0];
+  for (; j < n; ++j) s += a[j] * b[j];
+  return s;
+}
+
 /* acc[r][:NV] += Σ_k X[r][k] B[k][j0 + t*W + :W] over the kn columns of X (ld ldx) and rows of B (ld ldb),
  * for RR rows; rows past `rows` read the last row. */
 INLINE void FN(tile_acc_)(V acc[RR][NVMAX], const F *restrict x, int64_t ldx, int64_t kn, const F *restrict b,
@@ -389,8 +405,7 @@ int FN(lf_norm_fwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
           const int64_t ldt = t ? m : ldm;
           FN(mm_rows_)(xs, ldm, m, spk, NULL, 0, 0, NULL, ldm, rows, NULL, NULL, tr, ldt, m);
           for (int64_t r = 0; r < rows; ++r) {
-            F sj = 0;
-            for (int64_t j = 0; j < m; ++j) sj += tr[r * ldt + j] * xs[r * ldm + j];
+            const F sj = FN(dot_)(tr + r * ldt, xs + r * ldm, m);
             const F rj = (F)1 / (F)sqrt((double)((sj > 0 ? sj : 0) + eps));
             rs[r] = rj;
             rinv[gi * nk + i + r] = rj;
@@ -542,8 +557,7 @@ int FN(lf_norm_bwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
         if (!t) FN(mm_rows_)(xs, ldm, m, spk, NULL, 0, 0, NULL, ldm, rows, NULL, NULL, ts, ldm, m);
         for (int64_t r = 0; r < rows; ++r) {
           const F *yr = ys + r * ldm, *xr = xs + r * ldm, *trr = tr + r * ldt;
-          F dr = 0;
-          for (int64_t j = 0; j < m; ++j) dr += yr[j] * xr[j];
+          const F dr = FN(dot_)(yr, xr, m);
           const F ds = dsc[gi * nk + i + r] * dr, rj = ri[r];
           dss[r] = ds;
           F *o = dkr + r * m; /* may alias trr (dk = t): each element is read before it is written */
