@@ -60,7 +60,13 @@ __all__ = [
 
 
 class Mlp(nn.Module):
-    """fc -> 3×3 depthwise conv on the token grid -> GELU -> fc.  x: (B, N, C), hw = (h, w) -> (B, N, C)."""
+    """fc -> 3×3 depthwise conv on the token grid -> GELU -> fc.  x: (B, N, C), hw = (h, w) -> (B, N, C).
+
+    Eager mode works in token layout: the grid is a channels-last view of the tokens, so nothing is copied. An
+    ONNX export records the channels-first form instead (``_forward_grid``): ONNX's Conv is channels-first, so
+    the token form's graph transposes the hidden-width activations into and out of the depthwise conv; the
+    grid form runs both linears as 1×1 convolutions on the (B, C, h, w) grid and transposes only the C-channel
+    input and output (same function; onnxruntime 0.88–0.91× the time, docs/DEPLOY.md)."""
 
     def __init__(self, dim: int, hidden: int, drop: float = 0.0) -> None:
         super().__init__()
@@ -71,9 +77,19 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        if not torch.jit.is_scripting():
+            if torch.onnx.is_in_onnx_export():
+                return self._forward_grid(x, hw)
         x = grid_to_tokens(self.dwconv(tokens_to_grid(self.fc1(x), hw)))
         x = self.drop(self.act(x))
         return self.drop(self.fc2(x))
+
+    def _forward_grid(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        """The same MLP on the channels-first grid (the ONNX export's form): x (B, N, C) -> (B, N, C)."""
+        g = nn.functional.conv2d(tokens_to_grid(x, hw), self.fc1.weight[:, :, None, None], self.fc1.bias)
+        g = self.drop(self.act(self.dwconv(g)))
+        g = nn.functional.conv2d(g, self.fc2.weight[:, :, None, None], self.fc2.bias)
+        return self.drop(grid_to_tokens(g))
 
 
 class Block(nn.Module):
