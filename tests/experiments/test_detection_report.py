@@ -103,6 +103,13 @@ def test_kernel_families_pair_with_the_scaled_default_and_softmax(tmp_path):
     # the family is not paired with the unscaled paper default (two changes at once)
     assert (key("laplacian"), fam) not in pairs
     assert "every other kernel family" in (tmp_path / "out" / "fashionscenes.md").read_text()
+    # the results page's kernel-family rows: the two references, then the family with its paired Δ AP
+    table = dr.kernel_family_table(result).splitlines()
+    assert [line.split(" | ")[2] for line in table[2:]] == [
+        "laplacian norm_scale=inv_n", "softmax", "cauchy lam=0.028 norm_scale=inv_n"]
+    family = table[-1].split(" | ")
+    assert family[3:7] == ["0, 1, 2", "30.7 ± 2.1", "40.0 ± 0.0", "+1.7"] and family[8] == "+3.0"
+    assert dr.kernel_family_table({"summary": {"groups": {}, "paired": []}}) == ""
 
 
 def test_bad_input_names_the_file(tmp_path, capsys):
@@ -114,3 +121,22 @@ def test_bad_input_names_the_file(tmp_path, capsys):
     (runs / "r" / "eval_val.json").write_text("{trunc")
     assert dr.main(["--runs", str(runs), "--out", str(tmp_path / "o")]) == 2
     assert "eval_val.json: not a readable JSON file" in capsys.readouterr().err
+
+
+def test_results_page_kernel_block_carries_the_detection_rows(tmp_path):
+    """``results_page.kernels_section`` adds the families' detection rows from the report's JSON, and says
+    "Not recorded yet." without one."""
+    from laplacianformer.experiments import results_page
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for seed, (default, fam) in enumerate([(0.28, 0.30), (0.30, 0.29)]):
+        _run(runs, f"def-s{seed}", "laplacian", seed, default, 0.4, attn_kwargs={"norm_scale": "inv_n"})
+        _run(runs, f"gauss-s{seed}", "gaussian", seed, fam, 0.4, attn_kwargs={"norm_scale": "inv_n", "lam": 3.9})
+    dr.report(runs, tmp_path / "out")
+    block = results_page.kernels_section(tmp_path / "kernels", tmp_path, tmp_path / "out" / "fashionscenes.json")
+    detection = block.split("### Detection", 1)[1].split("###", 1)[0]
+    assert "| retinanet | laplacianformer_tiny | gaussian lam=3.9 norm_scale=inv_n | 0, 1 | 29.5 ± 0.7 |" in detection
+    assert "out/fashionscenes.md" in detection
+    missing = results_page.kernels_section(tmp_path / "kernels", tmp_path, tmp_path / "none.json")
+    assert "Not recorded yet." in missing.split("### Detection", 1)[1].split("###", 1)[0]

@@ -161,6 +161,42 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _delta(paired_rows: list[dict], a: str, b: str) -> tuple[str, str]:
+    """(mean Δ, 95 % CI) of bbox AP for a − b, in points, from the report's paired rows ("—" when absent)."""
+    for c in paired_rows:
+        if c["a"] == a and c["b"] == b and c["metric"] == "bbox AP":
+            mean = "—" if c["mean_delta"] is None else f"{100 * c['mean_delta']:+.1f}"
+            ci = "needs ≥ 2 seeds" if c["ci95"] is None else f"[{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}]"
+            return mean, ci
+    return "—", "—"
+
+
+def kernel_family_table(report: dict) -> str:
+    """The kernel-family rows of the report (DESIGN §7.8): each other family at the output scale 1/N, one row per
+    (detector, backbone), with its paired bbox AP differences against the 0.2 default and SR-softmax; the two
+    references' own rows first. Empty when the report holds no such run."""
+    s = report["summary"]
+    rows = []
+    for key, g in s["groups"].items():
+        det, bb, attn = key.split(" / ", 2)
+        if not _is_scaled_family(attn):
+            continue
+        default, soft = f"{det} / {bb} / {DEFAULT_ATTN}", f"{det} / {bb} / {SOFTMAX_ATTN}"
+        for ref in (default, soft):
+            if ref in s["groups"] and not any(r[0] == ref for r in rows):
+                r = s["groups"][ref]
+                rows.append((ref, [det, bb, ref.split(" / ", 2)[2], ", ".join(map(str, r["seeds"])),
+                                   _fmt(r["bbox"]["AP"]), _fmt(r["bbox"]["AP50"]), "", "", "", ""]))
+        rows.append((key, [det, bb, attn, ", ".join(map(str, g["seeds"])), _fmt(g["bbox"]["AP"]),
+                           _fmt(g["bbox"]["AP50"]), *_delta(s["paired"], key, default), *_delta(s["paired"], key, soft)]))
+    if not rows:
+        return ""
+    lines = ["| detector | backbone | attention | seeds | bbox AP | AP50 | Δ AP vs 0.2 default | 95 % CI | "
+             "Δ AP vs SR-softmax | 95 % CI |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(cells) + " |" for _, cells in rows]
+    return "\n".join(lines) + "\n"
+
+
 def plot_curves(runs: list[dict], path: Path) -> Path:
     """Val AP50 and AP (on each run's val subset, per epoch) against the optimiser step, one line per run."""
     import matplotlib

@@ -7,7 +7,8 @@ copied by hand:
 - accuracy (``ACCURACY_BEGIN`` … ``ACCURACY_END``), from ``results/accuracy/`` (selection on validation
   data, confirmation on test; DESIGN §7.5) and ``results/analysis/gain_tokens.md`` (DESIGN §4.6).
 - kernel families (``KERNELS_BEGIN`` … ``KERNELS_END``), from ``results/kernels/`` (the bandwidth selection on
-  validation data, the confirmation on test, the why analysis; DESIGN §7.8).
+  validation data, the confirmation on test, the why analysis; DESIGN §7.8) and the families' detection rows
+  from ``results/detection/fashionscenes.json`` (``detection_report.kernel_family_table``).
 The README's accuracy claims (``CLAIMS_BEGIN`` … ``CLAIMS_END``) are rewritten from the same confirmation
 when ``--readme`` holds those markers.
 
@@ -29,6 +30,7 @@ from ..ops.settings import WHITENED_OUTPUT_SCALE
 from .ablations import ABLATIONS
 from .accuracy import claims_markdown
 from .common import markdown_table, read_json
+from .detection_report import kernel_family_table
 from .evidence import ablation_of, markdown, seed_coverage, status
 
 BEGIN = "<!-- BEGIN generated ablations: python -m laplacianformer.experiments.results_page; do not edit by hand -->"
@@ -114,9 +116,10 @@ def accuracy_section(accuracy: Path, gain_md: Path, page_dir: Path) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-def kernels_section(kernels: Path, page_dir: Path) -> str:
+def kernels_section(kernels: Path, page_dir: Path, detection: Path | None = None) -> str:
     """The generated kernel-family block: the bandwidth selection, the confirmation and the why analysis as
-    recorded (``laplacianformer kernels report`` / ``why`` write them)."""
+    recorded (``laplacianformer kernels report`` / ``why`` write them), and the families' detection rows from
+    ``detection`` (the ``detection_report`` JSON) when given."""
     parts = []
     for title, path in (("Bandwidth selection per family on validation data (DESIGN §7.8)", kernels / "selection.md"),
                         ("Each family at its selected λ on the test set (DESIGN §7.8)", kernels / "confirmation.md")):
@@ -125,6 +128,14 @@ def kernels_section(kernels: Path, page_dir: Path) -> str:
         png = path.with_suffix(".png")
         if png.is_file():
             parts += [f"![{path.stem}]({Path(os.path.relpath(png, page_dir)).as_posix()})", ""]
+    if detection is not None:
+        report = read_json(detection) if detection.is_file() else None
+        table = kernel_family_table(report) if report is not None else ""
+        rel = Path(os.path.relpath(detection.with_suffix(".md"), page_dir)).as_posix()
+        parts += ["### Detection: FashionScenes RetinaNet, full-val bbox AP (DESIGN §7.8)", "",
+                  (f"From [{detection.with_suffix('.md').as_posix()}]({rel}) (`python -m "
+                   "laplacianformer.experiments.detection_report`); AP in points, mean ± std over seeds, Δ paired by "
+                   "seed (a − b, Student's t).\n\n" + table.rstrip()) if table else "Not recorded yet.", ""]
     why = kernels / "why" / "why.md"
     parts += ["### Why: distances, kernel values, Nyström error (DESIGN §7.8)", "",
               f"[{why.as_posix()}]({Path(os.path.relpath(why, page_dir)).as_posix()})" if why.is_file()
@@ -166,15 +177,16 @@ def replace_block(page: Path, begin: str, end: str, body: str) -> bool:
 
 
 def rewrite(page: Path, results: Path, accuracy: Path | None = None, gain_md: Path | None = None,
-            kernels: Path | None = None) -> bool:
+            kernels: Path | None = None, detection: Path | None = None) -> bool:
     """Rewrite the ablation block of ``page`` (and the accuracy block when ``accuracy`` is given, the kernel-family
-    block when ``kernels`` is given and the page holds its markers); True if the file changed."""
+    block when ``kernels`` is given and the page holds its markers, with the detection rows of ``detection``, the
+    ``detection_report`` JSON); True if the file changed."""
     changed = replace_block(page, BEGIN, END, section(results, page.parent))
     if accuracy is not None:
         gain_md = gain_md or Path("results/analysis/gain_tokens.md")
         changed |= replace_block(page, ACCURACY_BEGIN, ACCURACY_END, accuracy_section(accuracy, gain_md, page.parent))
     if kernels is not None and KERNELS_BEGIN in page.read_text(encoding="utf-8"):
-        changed |= replace_block(page, KERNELS_BEGIN, KERNELS_END, kernels_section(kernels, page.parent))
+        changed |= replace_block(page, KERNELS_BEGIN, KERNELS_END, kernels_section(kernels, page.parent, detection))
     return changed
 
 
@@ -185,6 +197,8 @@ def main(argv=None) -> int:
                    help="folder of selection/confirmation files (DESIGN §7.5)")
     p.add_argument("--kernels", type=Path, default=Path("results/kernels"),
                    help="folder of the kernel-family study's files (DESIGN §7.8)")
+    p.add_argument("--detection", type=Path, default=Path("results/detection/fashionscenes.json"),
+                   help="detection_report's JSON: the kernel families' detection rows (DESIGN §7.8)")
     p.add_argument("--gain", type=Path, default=Path("results/analysis/gain_tokens.md"), help="gain-tokens table")
     p.add_argument("--page", type=Path, default=Path("docs/RESULTS.md"), help="page holding the markers")
     p.add_argument("--readme", type=Path, default=Path("README.md"),
@@ -198,7 +212,7 @@ def main(argv=None) -> int:
         page = Path("runs/results_page") / args.page.name
         page.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(args.page, page)
-    changed = rewrite(page, args.results, args.accuracy, args.gain, args.kernels)
+    changed = rewrite(page, args.results, args.accuracy, args.gain, args.kernels, args.detection)
     print(f"{page}: {'rewritten' if changed else 'unchanged'} from {args.results}, {args.accuracy}"
           + ("" if args.publish else " (pass --publish to rewrite the published page)"))
     if args.readme is not None and args.readme.is_file() and CLAIMS_BEGIN in args.readme.read_text(encoding="utf-8"):
