@@ -60,7 +60,7 @@ def test_specialisations_come_from_the_launchers():
 def test_every_kernel_family_is_enumerated():
     """Every kernel that takes a family id (the constexpr KID) is enumerated for each id of the Triton profile,
     labelled ``kid=<id>``, with the same other constexprs for every id; ``--kernel`` selects by family name."""
-    from laplacianformer.ops._triton_common import family_slope_reads_distance, family_sums_abs
+    from laplacianformer.ops._triton_common import family_exp_in_place, family_slope_reads_distance, family_sums_abs
     from laplacianformer.ops.kernel.limits import TRITON_KERNEL_IDS
 
     specs = triton_aot.collect()
@@ -76,9 +76,11 @@ def test_every_kernel_family_is_enumerated():
     for name, ids in by_kernel.items():
         assert set(ids) == TRITON_KERNEL_IDS, name
         # the family changes KID alone (the kernel op's backward: its warps and refusals per accumulation and per
-        # whether the slope reads the distance)
+        # whether the slope reads the distance; pass B of the backward statistics: its row tile per whether the
+        # profile is exp in place)
         accumulation = ((lambda kid: (family_sums_abs(kid), family_slope_reads_distance(kid)))
                         if name.startswith("laplace_d")
+                        else family_exp_in_place if name == "key_grad_kernel"
                         else (lambda kid: None))
         for group in {accumulation(kid) for kid in ids}:
             assert len({frozenset(v) for kid, v in ids.items() if accumulation(kid) == group}) == 1, (name, group)

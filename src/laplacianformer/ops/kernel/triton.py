@@ -403,11 +403,16 @@ def matmul_fwd_config(d: int, e: int) -> dict:
 
 _BWD_WARPS = {
     ("dx", True, 64, 128): 16, ("dy", True, 64, 64): 16,
-    ("dy", False, 64, 16): 16, ("dy", False, 64, 64): 16, ("dy", False, 32, 128): 16, ("dy", False, 128, 128): 16,
+    ("dy", False, 64, 16): 16, ("dy", False, 32, 128): 16, ("dy", False, 128, 128): 16,
+    ("dy", False, 32, 32): 16, ("dx", False, 16, 16): 8, ("dy", False, 128, 64): 4,
 }
 """Exceptions to 8 warps for the backward with V, keyed (kernel, L1 accumulation, d, e) with d, e powers of two:
 where ptxas, at 8 warps, caps registers at 128 and spills a few bytes (sm_80 and sm_90 swept by
-benchmarks/triton_aot.py, every family)."""
+benchmarks/triton_aot.py, every family). ("dy", L2, 64, 64) is not one: at 16 warps Matérn-3/2 spilled 8 bytes on
+sm_90 (64 registers), at 8 warps no L2 family spills (106-128 registers). The last three entries, from the strict
+run of every family (7 December 2026): at the default warps Matérn-3/2 spilled 4 and 8 bytes on sm_90 (dy 32/32,
+dx 16/16) and Cauchy 12 (dy 128/64); with these, no L2 family spills on sm_80 or sm_90. The default is 4 warps
+where d's chunk is 16 wide or less, else 8."""
 
 
 def bwd_config(d: int, e: int | None, kernel: str = "dx", kid: int = 0) -> dict:
@@ -423,7 +428,7 @@ def bwd_config(d: int, e: int | None, kernel: str = "dx", kid: int = 0) -> dict:
         return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=1, BLOCK_E=16, NUM_E=1, GROUPS=triton.cdiv(d, bd),
                     num_warps=warps, num_stages=1)
     be, ne = _chunks(e)
-    warps = 4 if bd <= 16 else _BWD_WARPS.get((kernel, family_sums_abs(kid), _pow2(d), _pow2(e)), 8)
+    warps = _BWD_WARPS.get((kernel, family_sums_abs(kid), _pow2(d), _pow2(e)), 4 if bd <= 16 else 8)
     return dict(BLOCK_N=16, BLOCK_M=16, BLOCK_D=bd, NUM_D=nd, BLOCK_E=be, NUM_E=ne, GROUPS=1,
                 num_warps=warps, num_stages=1)
 

@@ -39,7 +39,11 @@ block cannot have 255). The conv's partials, a (16, e)
 register tile over the taps, have their own loop as well. Half-precision data and α: pass B with u = v dM'ᵀ
 formed after k̃ and a (as it was for float32) spilled 4 bytes on sm_80 at m = 64 with float16 or bfloat16 v
 (float32: 255 registers, no spill); u is now formed first, before k̃ and a are live: 255 / 239–244 registers on
-sm_80 / sm_90, no spill in any dtype. Pass A with the α multiply (once, on the split's dM before its store) and
+sm_80 / sm_90, no spill in any dtype. The other kernel families' profiles (exponential, Matérn-3/2, Cauchy: a
+root or more live values than exp in place) spilled again at m = 64 (fp32: Cauchy 4 bytes on sm_80, exponential
+8 on sm_90; fp16 / bf16 up to 20; found by the strict AOT run of the model path for every family, 7 December
+2026). 8-column chunks of dM' or a distance loop unrolled 4 times did not help; their pass B takes tiles of 16
+rows at 64 landmarks, which compile at 255 registers or fewer without a spill on both targets in every dtype. Pass A with the α multiply (once, on the split's dM before its store) and
 half loads: no change (255 at most, no spill). ``aot_specialisations`` lists every launch configuration for
 ``benchmarks/triton_aot.py``, per data dtype.
 """
@@ -54,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import distinct_launches, power_of_two_sizes
+from .._triton_common import distinct_launches, family_exp_in_place, power_of_two_sizes
 from ..kernel.limits import TRITON_KERNEL_IDS
 from .limits import MAX_D, MAX_M, STREAMED_NORMS, conv_unfit, splits_for, triton_kernel_id, unfit, whitens
 from .triton import _kernel_tile, _launch, _rows_contiguous, _square, _tile_triples, config, split_rows_of
@@ -200,6 +204,10 @@ def key_grad_spec(m, d, e, kid: int) -> dict:
     takes no specialisation)."""
     cfg = config(m, d, e)
     cfg.pop("BLOCK_E")
+    # the profiles other than exp in place keep more of the kernel tile live: at 64 landmarks their pass B spilled
+    # 4-20 bytes with 32-row tiles (module docstring, "Register budget"); 16-row tiles, none
+    if cfg["BLOCK_M"] >= 64 and not family_exp_in_place(kid):
+        cfg["BLOCK_N"] = cfg["BLOCK_N"] // 2
     return dict(KID=kid, BLOCK_EC=CHUNK_E, **cfg)
 
 
