@@ -134,6 +134,13 @@ def _fmt(d: dict | None, scale: float = 100.0) -> str:
     return f"{scale * d['mean']:.1f} ± {scale * d['std']:.1f}"
 
 
+def _fmt_delta(c: dict) -> tuple[str, str]:
+    """(mean Δ, 95 % CI) of one paired row, in points."""
+    mean = "—" if c["mean_delta"] is None else f"{100 * c['mean_delta']:+.1f}"
+    ci = "needs ≥ 2 seeds" if c["ci95"] is None else f"[{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}]"
+    return mean, ci
+
+
 def markdown(report: dict) -> str:
     s = report["summary"]
     lines = ["# Detection on FashionScenes: full-val COCO metrics", "",
@@ -153,8 +160,7 @@ def markdown(report: dict) -> str:
                   f"(`{DEFAULT_ATTN}`) and against softmax:", "",
                   "| a | b | metric | n | mean Δ (a − b) | 95 % CI |", "|---|---|---|---|---|---|"]
         for c in s["paired"]:
-            ci = "needs ≥ 2 seeds" if c["ci95"] is None else f"[{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}]"
-            mean = "—" if c["mean_delta"] is None else f"{100 * c['mean_delta']:+.1f}"
+            mean, ci = _fmt_delta(c)
             lines.append(f"| {c['a']} | {c['b']} | {c['metric']} | {c['n']} | {mean} | {ci} |")
     if report["unfinished"]:
         lines += ["", f"Unfinished (left out): {', '.join(report['unfinished'])}."]
@@ -165,9 +171,7 @@ def _delta(paired_rows: list[dict], a: str, b: str) -> tuple[str, str]:
     """(mean Δ, 95 % CI) of bbox AP for a − b, in points, from the report's paired rows ("—" when absent)."""
     for c in paired_rows:
         if c["a"] == a and c["b"] == b and c["metric"] == "bbox AP":
-            mean = "—" if c["mean_delta"] is None else f"{100 * c['mean_delta']:+.1f}"
-            ci = "needs ≥ 2 seeds" if c["ci95"] is None else f"[{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}]"
-            return mean, ci
+            return _fmt_delta(c)
     return "—", "—"
 
 
