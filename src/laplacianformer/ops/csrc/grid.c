@@ -33,8 +33,7 @@ static int64_t lfg_hi(int64_t i, int64_t n, int64_t out) { return ((i + 1) * n +
 
 int FN(lf_pool_)(const F *x, int64_t b, int64_t h, int64_t sb, int64_t sh, int64_t sn, int64_t gh, int64_t gw,
                  int64_t lh, int64_t lw, int64_t d, F *out, int threads) {
-  void *base;
-  F *scratch = (F *)lf_alloc(sizeof(F) * (size_t)(threads * lw * d + 1), &base);
+  F *scratch = (F *)lf_scratch(sizeof(F) * (size_t)(threads * lw * d + 1));
   if (!scratch) return 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t task = 0; task < b * h * lh; ++task) {
@@ -58,7 +57,6 @@ int FN(lf_pool_)(const F *x, int64_t b, int64_t h, int64_t sb, int64_t sh, int64
       for (int64_t k = 0; k < d; ++k) o[j * d + k] = acc[j * d + k] * inv;
     }
   }
-  free(base);
   return 0;
 }
 

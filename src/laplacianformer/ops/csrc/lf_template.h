@@ -11,6 +11,7 @@
 #ifndef LF_TEMPLATE_H
 #define LF_TEMPLATE_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -29,10 +30,44 @@
   typedef F V __attribute__((vector_size(VBYTES))); \
   typedef F VU __attribute__((vector_size(VBYTES), aligned(sizeof(F))));
 
-/* A buffer of `bytes` bytes aligned to 64; *base is what to free. */
-static void *lf_alloc(size_t bytes, void **base) {
-  *base = malloc(bytes + 64);
-  return *base ? (void *)(((uintptr_t)*base + 63) & ~(uintptr_t)63) : NULL;
+/* A workspace of `bytes` bytes aligned to 64, owned by the calling thread and kept for its next call: it
+ * grows to the largest size asked for and is freed when the thread exits, never by the caller. A pass's
+ * workspace is then not allocated, faulted in page by page and given back on every call (with glibc's
+ * default settings a freed top of the heap returns to the kernel: one minor fault per 4 KiB on the next
+ * call; docs/DESIGN.md §6.6). NULL when it cannot grow. One per source (built as its own library) and
+ * thread: a pass holds it until it returns and calls no other pass of its source meanwhile. Only the
+ * calling thread asks for it, before its parallel region; the OpenMP threads work in slices of it. */
+typedef struct {
+  void *base;
+  size_t cap;
+} lf_scratch_t;
+static pthread_key_t lf_scratch_key;
+static pthread_once_t lf_scratch_once = PTHREAD_ONCE_INIT;
+static int lf_scratch_ok;
+static void lf_scratch_free(void *p) {
+  lf_scratch_t *s = (lf_scratch_t *)p;
+  free(s->base);
+  free(s);
+}
+static void lf_scratch_init(void) { lf_scratch_ok = pthread_key_create(&lf_scratch_key, lf_scratch_free) == 0; }
+static void *lf_scratch(size_t bytes) {
+  pthread_once(&lf_scratch_once, lf_scratch_init);
+  if (!lf_scratch_ok) return NULL;
+  lf_scratch_t *s = (lf_scratch_t *)pthread_getspecific(lf_scratch_key);
+  if (!s) {
+    if (!(s = (lf_scratch_t *)calloc(1, sizeof *s))) return NULL;
+    if (pthread_setspecific(lf_scratch_key, s)) {
+      free(s);
+      return NULL;
+    }
+  }
+  if (bytes > s->cap) {
+    free(s->base);
+    s->cap = 0;
+    if (!(s->base = malloc(bytes + 64))) return NULL;
+    s->cap = bytes;
+  }
+  return (void *)(((uintptr_t)s->base + 63) & ~(uintptr_t)63);
 }
 
 #endif

@@ -301,8 +301,7 @@ int FN(lf_norm_fwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
   const int64_t smsz = smsz0 + FN(small_ws_)(m, e);
   /* each thread's scratch (carved below), whole multiples of 64 values apart */
   const int64_t szt = (RS * (3 * ldm + lde) + 2 * RS + smsz + 63) / 64 * 64;
-  void *base = NULL;
-  F *slots = (F *)lf_alloc(sizeof(F) * (size_t)(nslots + g * szg + MAX(1, threads) * szt), &base);
+  F *slots = (F *)lf_scratch(sizeof(F) * (size_t)(nslots + g * szg + MAX(1, threads) * szt));
   if (!slots) return 1;
   F *gws = slots + nslots, *thr = gws + g * szg;
   F *slq = slots, *slk = slots + g * nchq * szq;
@@ -461,7 +460,6 @@ int FN(lf_norm_fwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
       }
     }
   }
-  free(base);
   return 0;
 }
 
@@ -483,8 +481,7 @@ int FN(lf_norm_bwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
   const int64_t smsz = smsz0 + FN(small_ws_)(m, e);
   /* each thread's scratch (carved below), whole multiples of 64 values apart */
   const int64_t szt = (RS * (4 * ldm + lde) + 2 * RS + smsz + 63) / 64 * 64;
-  void *base = NULL;
-  F *slots = (F *)lf_alloc(sizeof(F) * (size_t)(nslots + g * szg + MAX(1, threads) * szt), &base);
+  F *slots = (F *)lf_scratch(sizeof(F) * (size_t)(nslots + g * szg + MAX(1, threads) * szt));
   if (!slots) return 1;
   F *slq = slots, *slk = slots + g * nchq * szq, *gws = slots + nslots, *thr = gws + g * szg;
 #pragma omp parallel num_threads(threads)
@@ -652,7 +649,6 @@ int FN(lf_norm_bwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
       }
     }
   }
-  free(base);
   return 0;
 }
 

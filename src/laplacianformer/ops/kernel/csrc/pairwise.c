@@ -219,9 +219,8 @@ int FN(lf_dist_)(const F *x, int64_t sxb, int64_t sxn, const F *y, int64_t syb, 
   const int pairs = rem > 0 && d >= W && rem * (3 * (d / W) + 20 + 3 * (d % W)) < 3 * d;
   const int64_t nt = full + (rem > 0 && !pairs);
   const int64_t mp = nt * W;
-  void *base = NULL;
   F *yt = NULL;
-  if (nt > 0 && !(yt = (F *)lf_alloc(sizeof(F) * (size_t)(b * d * mp), &base))) return 1;
+  if (nt > 0 && !(yt = (F *)lf_scratch(sizeof(F) * (size_t)(b * d * mp)))) return 1;
   const int64_t nblk = (n + RF - 1) / RF;
 #pragma omp parallel num_threads(threads)
   {
@@ -264,7 +263,6 @@ int FN(lf_dist_)(const F *x, int64_t sxb, int64_t sxn, const F *y, int64_t syb, 
       }
     }
   }
-  free(base);
   return 0;
 }
 
@@ -351,8 +349,7 @@ int FN(lf_grad_)(const F *x, int64_t sxb, int64_t sxn, const F *y, int64_t syb, 
                  const F *c, F *dx, int64_t sdb, int64_t sdn, F *dy, int64_t b, int64_t n, int64_t m,
                  int64_t d, int64_t chunks, int64_t rows_per_chunk, F scale, int l1, int threads) {
   const int64_t dp = (d + W - 1) / W * W, dfull = d / W * W;
-  void *base = NULL;
-  F *ypad = (F *)lf_alloc(sizeof(F) * (size_t)(b * m * dp + b * chunks * m * dp), &base);
+  F *ypad = (F *)lf_scratch(sizeof(F) * (size_t)(b * m * dp + b * chunks * m * dp));
   if (!ypad) return 1;
   F *slots = ypad + b * m * dp;
 #pragma omp parallel num_threads(threads)
@@ -415,7 +412,6 @@ int FN(lf_grad_)(const F *x, int64_t sxb, int64_t sxn, const F *y, int64_t syb, 
       }
     }
   }
-  free(base);
   return 0;
 }
 
