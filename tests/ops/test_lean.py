@@ -27,7 +27,8 @@ def _twice(layer, x, hw):
 
 
 @pytest.mark.parametrize("kernel", code_path_representatives())
-@pytest.mark.parametrize("case", ["grid-h2", "grid-h1-b2", "tied", "1d", "inline", "float64", "rect-grid"])
+@pytest.mark.parametrize("case", ["grid-h2", "grid-h1-b2", "tied", "1d", "inline", "float64", "rect-grid",
+                                  "exact", "exact-small-grid", "exact-inline"])
 def test_lean_calls_equal_the_general_call_bit_for_bit(kernel, case, seeded):
     seed, gen = seeded
     dim, heads, b, hw, kw, dtype = 32, 2, 1, (12, 10), {}, torch.float32
@@ -43,6 +44,12 @@ def test_lean_calls_equal_the_general_call_bit_for_bit(kernel, case, seeded):
         dtype = torch.float64
     elif case == "rect-grid":
         hw, kw = (9, 17), dict(landmarks=(3, 5))
+    elif case == "exact":  # no landmarks: the exact kernel at any size
+        kw = dict(landmarks=None)
+    elif case == "exact-small-grid":  # the landmarks would cover every token (§2.2): the exact kernel
+        hw = (5, 6)
+    elif case == "exact-inline":
+        hw, kw = (4, 4), dict(norm="inline", tie_qk=True)
     layer = _layer(dim, heads, kernel=kernel, **kw).to(dtype)
     n = 120 if hw is None else hw[0] * hw[1]
     x = torch.randn(b, n, dim, generator=gen, dtype=dtype)
@@ -54,8 +61,8 @@ def test_lean_calls_equal_the_general_call_bit_for_bit(kernel, case, seeded):
 def test_signatures_the_lean_path_does_not_reproduce_keep_the_general_path(seeded):
     _, gen = seeded
     x = torch.randn(1, 100, 32, generator=gen)
-    for kw in (dict(norm="rowsum"), dict(norm="none"), dict(solver="cg"), dict(landmarks=None),
-               dict(norm_scale="learned")):
+    for kw in (dict(norm="rowsum"), dict(norm="none"), dict(solver="cg"), dict(norm_scale="learned"),
+               dict(landmarks=None, norm="rowsum")):
         layer = _layer(**kw)
         first, second = _twice(layer, x, (10, 10))
         assert all(v is False for v in layer._plans.values()), kw

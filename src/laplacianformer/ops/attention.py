@@ -225,18 +225,18 @@ def attention_with_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Ten
     if plans is not None and norm_gain is None and not torch.is_grad_enabled() and not _runtime.is_recording():
         key = (q.shape, v_tok.shape, hw, q.dtype, q.device, k is q, _runtime.choices_token(),
                torch.is_autocast_enabled(q.device.type), weight.dtype, bias is None)
-        grid = plans.get(key)
-        if grid:
-            return lean_value_conv(q, k, v_tok, settings, hw, grid, weight, bias)
-        if grid is None:
+        plan = plans.get(key)
+        if plan:
+            return lean_value_conv(q, k, v_tok, settings, hw, plan[0], weight, bias)
+        if plan is None:
             if len(plans) >= _MAX_PLANS:
                 plans.clear()
             with selections() as trace:
                 out = attention_with_value_conv(q, k, v_tok, settings, hw=hw, weight=weight, bias=bias)
             grid = resolve_landmarks(settings.landmarks, hw, v_tok.shape[1])
-            fits = (grid is not None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
-                    and q.dtype == k.dtype == v_tok.dtype and lean_trace_fits(trace, settings))
-            plans[key] = grid if fits else False
+            fits = (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+                    and q.dtype == k.dtype == v_tok.dtype and lean_trace_fits(trace, settings, grid))
+            plans[key] = (grid,) if fits else False  # (grid,): the lean plan, grid None for the exact kernel
             return out
     check_float_tensor("v_tok", v_tok, ndim=3)
     check_float_tensor("q", q, ndim=4)

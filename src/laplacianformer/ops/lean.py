@@ -11,7 +11,10 @@ per-call checks, the landmark rule, the registries' refusals and the custom-op d
 else (a forced backend, another device or dtype, a norm without a C form, autocast, ``explain``'s recording,
 graph capture or tracing) keeps the general path. On the GPU the streaming passes play this part.
 
-    plan = LeanPlan.of(trace, settings, grid)     # None when the trace is not the lean one
+The exact kernel (``grid`` None: the landmarks would cover every token, §2.2) has a straight line too: the C
+kernel rows of Q against K, the dense normalisation, the §4.6 scale, DWConv(V) with the heads added into it.
+
+    fits = lean_trace_fits(trace, settings, grid)                           # the general call's trace
     out = lean_value_conv(q, k, v_tok, settings, hw, grid, weight, bias)   # (B, N, C)
 """
 
@@ -23,7 +26,7 @@ from .kernel.cpu import _batch_rows, kernel_rows_cpu
 from .newton_schulz import native as ns_native
 from .newton_schulz.naive import CHECK_EVERY, _cached_scaled_eye
 from .normalization.cpu import normalize_cpu
-from .normalization.reference import scale_whitened
+from .normalization.reference import normalize_dense, scale_whitened
 from .grid_cpu import pool_grid_cpu
 from .settings import AttentionSettings
 from .validation import SHIPPED_NORMS, WHITENED_NORMS
@@ -35,15 +38,23 @@ LEAN_BACKENDS = {"pooling": "cpu", "landmark_solve": "steps", "kernel": "cpu", "
                  "streaming": "steps", "normalization": "cpu"}
 """The backend of each op the lean path reproduces; a signature whose general call selected any other (or
 dispatched another op) keeps the general path."""
+LEAN_EXACT_TRACE = [("kernel", "cpu")]
+"""The exact kernel's general call, in full: its one dispatched op (the dense normalisation is aten)."""
 LEAN_NORMS = SHIPPED_NORMS
 """The norms with a C form (the ``cpu`` backend of ``normalization``: the shipped ones)."""
 
 
-def lean_trace_fits(trace: list[tuple[str, str]], settings: AttentionSettings) -> bool:
+def lean_trace_fits(trace: list[tuple[str, str]], settings: AttentionSettings, grid=()) -> bool:
     """Whether the general call that recorded ``trace`` ((op, backend) in order) is what ``lean_value_conv``
-    computes: every op's backend is ``LEAN_BACKENDS``'s, with the Newton–Schulz solver and a C norm."""
-    return (bool(trace) and settings.solver == "newton_schulz" and settings.norm in LEAN_NORMS
-            and settings.ns_backward == "implicit" and all(LEAN_BACKENDS.get(op) == name for op, name in trace))
+    computes for the resolved landmarks ``grid`` (None: the exact kernel): every op's backend is
+    ``LEAN_BACKENDS``'s, with the Newton–Schulz solver and a C norm; for the exact kernel, ``LEAN_EXACT_TRACE``
+    and a shipped norm."""
+    if settings.norm not in LEAN_NORMS:
+        return False
+    if grid is None:
+        return trace == LEAN_EXACT_TRACE
+    return (bool(trace) and settings.solver == "newton_schulz" and settings.ns_backward == "implicit"
+            and all(LEAN_BACKENDS.get(op) == name for op, name in trace))
 
 
 def _kernel(x: torch.Tensor, y: torch.Tensor, s: AttentionSettings) -> torch.Tensor:
@@ -58,12 +69,19 @@ def lean_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Tensor, s: At
     """The heads merged + DWConv(V), (B, N, C), for a signature whose general call fit (``lean_trace_fits``).
 
     q, k (B, H, N, d) (``k is q`` when K = Q), v_tok (B, N, C) float32/float64 CPU tensors; hw the grid or None
-    (1-D); grid the resolved landmarks (not None); weight (C, 1, 3, 3), bias (C,) or None. The steps of
-    ``nystrom.nystrom`` with the plain steps (docs/DESIGN.md §2–§4.6): L = pool(Q), W = k(L, L),
-    W⁺ = NS(W + εI), C_k, C_q, the C normalisation, the §4.6 scale, DWConv(V) with the heads added into it."""
+    (1-D); grid the resolved landmarks, None for the exact kernel; weight (C, 1, 3, 3), bias (C,) or None. The
+    steps of ``nystrom.nystrom`` with the plain steps (docs/DESIGN.md §2–§4.6): L = pool(Q), W = k(L, L),
+    W⁺ = NS(W + εI), C_k, C_q, the C normalisation, the §4.6 scale, DWConv(V) with the heads added into it;
+    for the exact kernel those of ``nystrom.attention_core``: k(Q, K), the dense normalisation (§4.1), the
+    scale, the conv."""
     b, n, c = v_tok.shape
     heads = q.shape[1]
     v = v_tok.reshape(b, n, heads, c // heads).transpose(1, 2)
+    if grid is None:
+        out = normalize_dense(_kernel(q, k, s), v, s.norm, s.norm_eps)
+        if s.norm in WHITENED_NORMS:
+            out = scale_whitened(out, v, s.norm_scale)
+        return add_value_conv(out, ValueConv(v_tok, hw, weight, bias)).transpose(1, 2).reshape(b, n, c)
     marks = pool_grid_cpu(q, hw, grid)
     w = _kernel(marks, marks, s)
     m = w.shape[-1]
