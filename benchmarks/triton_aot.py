@@ -432,6 +432,21 @@ def row_cells(r: Row) -> list:
             _mix_cell(r.mix), f"{r.loop_instructions}: {_mix_cell(r.loop_mix)}", triple]
 
 
+def cell_name(module: str) -> str:
+    """A module's cell file stem: ``laplacianformer.ops.kernel.triton`` -> ``kernel_triton``."""
+    return module.removeprefix("laplacianformer.ops.").replace(".", "_")
+
+
+def write_json(path: Path, argv, summary: list[list], rows: list[Row], verdict: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "command": "python -m benchmarks.triton_aot " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "triton": __import__("triton").__version__, "shared_limit": SHARED_LIMIT,
+        "summary_header": SUMMARY_HEADER, "summary": summary,
+        "rows": [asdict(r) for r in rows], "verdict": verdict,
+    }, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="80,90", help="compute capabilities, comma-separated (default 80,90)")
@@ -447,22 +462,46 @@ def main(argv: list[str] | None = None) -> int:
                     "names (labels kid=ID; e.g. 'exponential,matern32,cauchy')")
     ap.add_argument("--module", action="append", default=None, help="module to collect (default: MODULES)")
     ap.add_argument("--quiet", action="store_true", help="print only the summary")
+    ap.add_argument("--cells", type=Path, default=None, help="resumable: one cell per module and target, written "
+                    "to CELLS/<module>_sm<arch>.json when it finishes; a cell already there is read, not compiled "
+                    "again; the summary covers every cell")
     args = ap.parse_args(argv)
     archs = [int(a) for a in args.arch.split(",") if a]
     for a in archs:
         if a not in SHARED_LIMIT:
             ap.error(f"--arch: expected among {sorted(SHARED_LIMIT)}, got {a}")
-    specs = collect(args.module or MODULES, args.d_max, args.m_max, None if args.subset == "all" else args.subset,
-                    args.match, args.kernel)
-    print(f"triton_aot: {len(specs)} specialisations x {len(archs)} targets", flush=True)
+    modules = args.module or MODULES
+    subset = None if args.subset == "all" else args.subset
     rows: list[Row] = []
     t0 = time.perf_counter()
-    for arch in archs:
+
+    def compile_all(specs, arch) -> list[Row]:
+        out = []
         for spec in specs:
-            r = compile_one(spec, arch)
-            rows.append(r)
+            out.append(compile_one(spec, arch))
             if not args.quiet:
-                print(" | ".join(str(c) for c in row_cells(r)), flush=True)
+                print(" | ".join(str(c) for c in row_cells(out[-1])), flush=True)
+        return out
+
+    if args.cells:
+        for arch in archs:
+            for module in modules:
+                path = args.cells / f"{cell_name(module)}_sm{arch}.json"
+                if path.exists():
+                    rows += [Row(**r) for r in json.loads(path.read_text())["rows"]]
+                    print(f"triton_aot: {path.name} read ({time.perf_counter() - t0:.0f} s)", flush=True)
+                    continue
+                specs = collect([module], args.d_max, args.m_max, subset, args.match, args.kernel)
+                cell = compile_all(specs, arch)
+                write_json(path.with_suffix(".tmp"), argv, summarise(cell), cell, f"{len(cell)} compiles")
+                path.with_suffix(".tmp").replace(path)  # a cell is whole or absent
+                print(f"triton_aot: {path.name}: {len(cell)} compiles ({time.perf_counter() - t0:.0f} s)", flush=True)
+                rows += cell
+    else:
+        specs = collect(modules, args.d_max, args.m_max, subset, args.match, args.kernel)
+        print(f"triton_aot: {len(specs)} specialisations x {len(archs)} targets", flush=True)
+        for arch in archs:
+            rows += compile_all(specs, arch)
     summary = summarise(rows)
     failed = [r for r in rows if r.error]
     unfit = [r for r in rows if r.error is None and not r.fits()]
@@ -477,13 +516,7 @@ def main(argv: list[str] | None = None) -> int:
                f"or over their instructions-per-triple budget")
     print(verdict)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "command": "python -m benchmarks.triton_aot " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "triton": __import__("triton").__version__, "shared_limit": SHARED_LIMIT,
-            "summary_header": SUMMARY_HEADER, "summary": summary,
-            "rows": [asdict(r) for r in rows], "verdict": verdict,
-        }, indent=1) + "\n")
+        write_json(args.json, argv, summary, rows, verdict)
     if args.md:
         args.md.parent.mkdir(parents=True, exist_ok=True)
         args.md.write_text("## Summary\n\n" + _table(SUMMARY_HEADER, summary) + "\n\n" + verdict + "\n\n## Every specialisation\n\n"

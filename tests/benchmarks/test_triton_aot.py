@@ -244,3 +244,24 @@ def test_registers_over_the_register_file_do_not_fit():
     assert not row.registers_fit() and not row.fits()
     row.warps = 8
     assert row.registers_fit() and row.fits()
+
+
+def test_cells_are_written_whole_and_read_back_instead_of_compiled(tmp_path, monkeypatch):
+    """--cells: one JSON per module and target when it finishes; a second run reads the cells (no compile) and
+    summarises the same rows."""
+    args = ["--module", "laplacianformer.ops.newton_schulz.triton", "--match", "ns_fwd dtype=fp32 m=16",
+            "--arch", "80", "--quiet", "--strict", "--cells", str(tmp_path / "cells"), "--json", str(tmp_path / "a.json")]
+    assert triton_aot.main(args) == 0
+    cell = tmp_path / "cells" / "newton_schulz_triton_sm80.json"
+    assert cell.exists() and not list((tmp_path / "cells").glob("*.tmp"))
+    first = json.loads((tmp_path / "a.json").read_text())
+    assert len(first["rows"]) >= 1
+
+    def no_compile(*_):
+        raise AssertionError("a cell on disk was compiled again")
+
+    monkeypatch.setattr(triton_aot, "compile_one", no_compile)
+    args[-1] = str(tmp_path / "b.json")
+    assert triton_aot.main(args) == 0
+    second = json.loads((tmp_path / "b.json").read_text())
+    assert second["rows"] == first["rows"] and second["summary"] == first["summary"]
