@@ -1,5 +1,6 @@
 """CPU inference with q, k and v from one product (``TokenAttention._project_qkv``) against three products (the
-projections before issue 40), side by side in one process: each attention layer of Tiny at 16×16 and at its 224²
+projections before issue 40), each forced at every width (the layer chooses by ``ONE_PRODUCT_MIN_WIDTH``), side by
+side in one process: each attention layer of Tiny at 16×16 and at its 224²
 grid (1 thread), then the whole model at 224² and 512² (2 threads). docs/DEPLOY.md, "Where the time goes".
 
     python -m benchmarks.qkv_product_ab
@@ -28,23 +29,35 @@ def three_products(self, x, hw):
                                      bias=self.dwconv.bias, norm_gain=self.norm_gain, plans=self._plans)
 
 
+def one_product(self, x, hw):
+    """``_attend_value_conv`` with q, k and v strided views of one product, at any width."""
+    q, k, v_tok = self._project_qkv(x)
+    return attention_with_value_conv(q, k, v_tok, self.settings, hw=hw, weight=self.dwconv.weight,
+                                     bias=self.dwconv.bias, norm_gain=self.norm_gain, plans=self._plans)
+
+
+def _patched(model, method):
+    for layer in model.modules():
+        if isinstance(layer, LaplacianAttention):
+            layer._attend_value_conv = types.MethodType(method, layer)
+    return model
+
+
 def main() -> None:
     torch.set_num_threads(1)
     for shape in cases("laplacianformer_tiny", 16):
-        one = make_layer_case("laplacianformer_tiny", "laplacian", shape["stage"], shape, 1, "infer", "cpu")[0]
+        one, module = make_layer_case("laplacianformer_tiny", "laplacian", shape["stage"], shape, 1, "infer", "cpu")[:2]
+        _patched(module, one_product)
         three, module = make_layer_case("laplacianformer_tiny", "laplacian", shape["stage"], shape, 1, "infer", "cpu")[:2]
-        module.layer._attend_value_conv = types.MethodType(three_products, module.layer)
+        _patched(module, three_products)
         t = round_robin({"one": one, "three": three}, device="cpu", repeats=300, max_seconds=6)
         print(f"layer, stage {shape['stage'] + 1} {shape['grid']}: one {t['one'].median_ms:.3f} ms, three "
               f"{t['three'].median_ms:.3f} ms, ratio {t['one'].median_ms / t['three'].median_ms:.3f}")
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    a = create_model("laplacianformer_tiny").eval()
-    b = create_model("laplacianformer_tiny").eval()
+    a = _patched(create_model("laplacianformer_tiny").eval(), one_product)
+    b = _patched(create_model("laplacianformer_tiny").eval(), three_products)
     b.load_state_dict(a.state_dict())
-    for layer in b.modules():
-        if isinstance(layer, LaplacianAttention):
-            layer._attend_value_conv = types.MethodType(three_products, layer)
     for size, repeats in ((224, 60), (512, 21)):
         x = torch.randn(1, 3, size, size)
         with torch.no_grad():

@@ -18,7 +18,7 @@ import os
 import pytest
 import torch
 
-from laplacianformer.layers import LaplacianAttention
+from laplacianformer.layers import LaplacianAttention, laplacian_attention
 from laplacianformer.ops import _runtime, use
 
 TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -60,6 +60,7 @@ def _rel(a, b) -> float:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_cpu_inference_equals_the_unfused_path(monkeypatch, hw, landmarks, tie, dtype):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(laplacian_attention, "ONE_PRODUCT_MIN_WIDTH", 16)  # this layer's width: the one product
     monkeypatch.setattr(LaplacianAttention, "_project_qk_stacked", None)  # the Triton devices' projection
     project, products = LaplacianAttention._project_qkv, []
     monkeypatch.setattr(LaplacianAttention, "_project_qkv", lambda self, t: products.append(1) or project(self, t))
@@ -73,6 +74,22 @@ def test_cpu_inference_equals_the_unfused_path(monkeypatch, hw, landmarks, tie, 
         assert len(streaming) == 1 and streaming[0].startswith("streaming: selection 'auto' runs 'steps'"), streaming
         assert dtype == torch.float64 or "triton: tensors on ['cpu'], not cuda" in streaming[0], streaming[0]
     assert _rel(got, _unfused(layer, x, hw)) < (1e-5 if dtype == torch.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("dim,products", [(32, 0), (256, 1)])
+def test_narrow_layers_project_three_times_and_wide_ones_once(monkeypatch, dim, products):
+    """CPU inference: one qkv product from ``ONE_PRODUCT_MIN_WIDTH`` (256) up, three contiguous ones below; the
+    same output either way."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    project, calls = LaplacianAttention._project_qkv, []
+    monkeypatch.setattr(LaplacianAttention, "_project_qkv", lambda self, t: calls.append(1) or project(self, t))
+    torch.manual_seed(0)
+    layer = LaplacianAttention(dim, 4, landmarks=(3, 3)).eval()
+    x = _tokens(64, dim)
+    with torch.no_grad():
+        got = layer(x, (8, 8))
+    assert len(calls) == products
+    assert _rel(got, _unfused(layer, x, (8, 8))) < 1e-5
 
 
 @pytest.mark.parametrize("tie", [False, True])

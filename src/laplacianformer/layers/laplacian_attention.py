@@ -46,6 +46,13 @@ from .scripting import call_operator, script_form
 from .token_attention import SHELL_KWARGS, TokenAttention
 
 
+ONE_PRODUCT_MIN_WIDTH = 256
+"""The width C from which CPU inference takes q, k and v from one product with the whole ``qkv`` weight. Tiny's
+layers, 1 thread, one product against three contiguous ones (``python -m benchmarks.qkv_product_ab``,
+7 December 2026): 0.96–0.98× the layer's time at C = 320 and 512, 1.00–1.01× at C = 128, 1.03–1.04× at C = 64,
+where reading q, k and v in rows of stride 3C costs the narrow layer more than the one GEMM saves."""
+
+
 class LaplacianAttention(TokenAttention):
     """Multi-head Laplacian–Nyström attention with a depthwise-conv value path.
 
@@ -157,12 +164,15 @@ class LaplacianAttention(TokenAttention):
         output pass adds the conv on CUDA (docs/KERNELS.md, "The fused DWConv(V)"); elsewhere the unfused
         computation of ``forward``, with the same result. Where the Triton passes run (CUDA), q and k come from
         one product (``_project_qk_stacked``: strided views, which the passes read in place) and v from another;
-        elsewhere q, k and v are strided views of one product (``_project_qkv``), which the C loops read in place."""
+        elsewhere, from ``ONE_PRODUCT_MIN_WIDTH`` up, q, k and v are strided views of one product
+        (``_project_qkv``), which the C loops read in place, and three contiguous products below it."""
         if triton_device(x.device):
             q, k = self._project_qk(x) if self.tie_qk else self._project_qk_stacked(x)
             v_tok = self._project_v(x)
-        else:
+        elif self.dim >= ONE_PRODUCT_MIN_WIDTH:
             q, k, v_tok = self._project_qkv(x)
+        else:
+            (q, k), v_tok = self._project_qk(x), self._project_v(x)
         return attention_with_value_conv(q, k, v_tok, self.settings, hw=hw, weight=self.dwconv.weight,
                                          bias=self.dwconv.bias, norm_gain=self.norm_gain, plans=self._plans)
 
