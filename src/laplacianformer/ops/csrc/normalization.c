@@ -48,16 +48,19 @@
 #ifndef CHUNKS
 #define CHUNKS 64 /* about this many (group, chunk) tasks per pass */
 #endif
+#ifndef CHUNK_MIN
+#define CHUNK_MIN 128 /* rows per chunk at least: each chunk's partial sums cost about m (m + e) to clear and add */
+#endif
 
 #include "lf_template.h"
 #define W ((int64_t)(VBYTES / sizeof(F)))
 
-/* Rows per chunk of n rows over g groups: about CHUNKS tasks in all, a multiple of RS; shape only. */
+/* Rows per chunk of n rows over g groups: about CHUNKS tasks in all, at least CHUNK_MIN rows, a multiple of RS;
+ * shape only (so the sums' order does not depend on the thread count). */
 static int64_t lfn_chunk_rows(int64_t g, int64_t n) {
   int64_t per = MAX(1, (CHUNKS + g - 1) / MAX(1, g));
-  int64_t rows = (MAX(1, n) + per - 1) / per;
-  rows = (rows + RS - 1) / RS * RS;
-  return MAX(RS, rows);
+  int64_t rows = MAX(CHUNK_MIN, (MAX(1, n) + per - 1) / per);
+  return (rows + RS - 1) / RS * RS;
 }
 
 #define LF_SELF "normalization.c"
