@@ -19,6 +19,7 @@ CASES = [  # (B, H, hw or None with N, d, landmarks)
     (2, 3, (9, 17), 8, (3, 5)),       # bins of unequal, overlapping sizes
     (1, 2, (5, 4), 16, (7, 7)),       # more bins than rows and columns (repeated tokens)
     (2, 2, None, 8, 7),               # 1-D: N = 30 tokens to 7 landmarks
+    (1, 5, (6, 7), 20, (3, 3)),       # C = 100: register blocks of channels, single vectors and a scalar tail
 ]
 
 

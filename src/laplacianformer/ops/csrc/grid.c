@@ -12,6 +12,7 @@
  *   row-major (ky, kx) order, bias (C) or NULL, heads (B, H, N, e) with strides (shb, shh, shn, 1), C = H·e.
  *   A 1-D sequence is the (1, N) grid: its top and bottom taps meet the padding only (kernel 3 along N).
  * Each output element is written by one thread in a fixed order: results do not depend on the thread count.
+ * The conv sums of CB vectors of channels stay in registers over the 9 taps; the heads are added after.
  *
  * The second half of this file is a template, compiled once per scalar type through lf_instances.h. */
 #ifndef LF_T
@@ -20,8 +21,19 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifndef VBYTES
+#if defined(__AVX512F__)
+#define VBYTES 64
+#else
+#define VBYTES 32
+#endif
+#endif
+#ifndef CB
+#define CB 4 /* vectors of channels whose conv sums stay in registers over the 9 taps */
+#endif
 
 #include "lf_template.h"
+#define W ((int64_t)(VBYTES / sizeof(F)))
 
 static int64_t lfg_lo(int64_t i, int64_t n, int64_t out) { return i * n / out; }
 static int64_t lfg_hi(int64_t i, int64_t n, int64_t out) { return ((i + 1) * n + out - 1) / out; }
@@ -60,6 +72,23 @@ int FN(lf_pool_)(const F *x, int64_t b, int64_t h, int64_t sb, int64_t sh, int64
   return 0;
 }
 
+LF_VECTOR_TYPES
+
+/* o[k0 + :NV·W] = bias + Σ_taps w[t][k] · V[tap][k] for one token, the NV vectors of sums in registers over the
+ * taps (the same order of operations as one channel at a time). vr[t] (t < 9): the tap's row of V or NULL
+ * (padding). */
+INLINE void FN(dw_block_)(const F *const vr[9], const F *restrict w, const F *restrict bias, int64_t c, int64_t k0,
+                          F *restrict o, const int NV) {
+  V acc[CB];
+  for (int t = 0; t < NV; ++t) acc[t] = bias ? *(const VU *)(bias + k0 + t * W) : (V){0};
+  for (int tap = 0; tap < 9; ++tap) {
+    if (!vr[tap]) continue;
+    for (int t = 0; t < NV; ++t)
+      acc[t] += *(const VU *)(w + tap * c + k0 + t * W) * *(const VU *)(vr[tap] + k0 + t * W);
+  }
+  for (int t = 0; t < NV; ++t) *(VU *)(o + k0 + t * W) = acc[t];
+}
+
 int FN(lf_dwconv_merge_)(const F *v, int64_t b, int64_t gh, int64_t gw, int64_t c, int64_t svb, int64_t svn,
                          const F *w, const F *bias, const F *heads, int64_t h, int64_t e, int64_t shb, int64_t shh,
                          int64_t shn, F *out, int threads) {
@@ -71,21 +100,20 @@ int FN(lf_dwconv_merge_)(const F *v, int64_t b, int64_t gh, int64_t gw, int64_t 
     for (int64_t x = 0; x < gw; ++x) {
       const int64_t tok = y * gw + x;
       F *restrict o = out + (bi * n + tok) * c;
-      if (bias)
-        for (int64_t k = 0; k < c; ++k) o[k] = bias[k];
-      else
-        memset(o, 0, sizeof(F) * (size_t)c);
-      for (int64_t ky = 0; ky < 3; ++ky) {
-        const int64_t yy = y + ky - 1;
-        if (yy < 0 || yy >= gh) continue;
+      const F *vr[9];
+      for (int64_t ky = 0; ky < 3; ++ky)
         for (int64_t kx = 0; kx < 3; ++kx) {
-          const int64_t xx = x + kx - 1;
-          if (xx < 0 || xx >= gw) continue;
-          const F *restrict vr = vb + (yy * gw + xx) * svn;
-          const F *restrict wt = w + (ky * 3 + kx) * c;
-#pragma omp simd
-          for (int64_t k = 0; k < c; ++k) o[k] += wt[k] * vr[k];
+          const int64_t yy = y + ky - 1, xx = x + kx - 1;
+          vr[ky * 3 + kx] = yy < 0 || yy >= gh || xx < 0 || xx >= gw ? NULL : vb + (yy * gw + xx) * svn;
         }
+      int64_t k0 = 0;
+      for (; k0 + CB * W <= c; k0 += CB * W) FN(dw_block_)(vr, w, bias, c, k0, o, CB);
+      for (; k0 + W <= c; k0 += W) FN(dw_block_)(vr, w, bias, c, k0, o, 1);
+      for (int64_t k = k0; k < c; ++k) {
+        F a = bias ? bias[k] : (F)0;
+        for (int tap = 0; tap < 9; ++tap)
+          if (vr[tap]) a += w[tap * c + k] * vr[tap][k];
+        o[k] = a;
       }
       for (int64_t hh = 0; hh < h; ++hh) {
         const F *restrict hr = heads + bi * shb + hh * shh + tok * shn;
