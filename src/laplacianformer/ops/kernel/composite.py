@@ -61,14 +61,24 @@ def export_distance(x: torch.Tensor, y: torch.Tensor, l1: bool, chunk: int | Non
     for s in range(0, x.shape[-1], chunk):
         xs, ys = xt[..., s : s + chunk, :, :], yt[..., s : s + chunk, :, :]
         if l1:
-            part = torch.maximum(xs, ys).sum(-3)
+            terms = torch.maximum(xs, ys)
         else:
             diff = xs - ys
-            part = (diff * diff).sum(-3)
+            terms = diff * diff
+        part = _sum_steps(terms)
         acc = part if acc is None else acc + part
     if l1:
         acc = (2.0 * acc - xt.sum(-3) - yt.sum(-3)).clamp_min(0.0)
     return acc.transpose(-1, -2)
+
+
+def _sum_steps(terms: torch.Tensor) -> torch.Tensor:
+    """(..., c, M, N) -> (..., M, N): the sum over the c features of a step, as a product with a row of ones.
+    onnxruntime runs that MatMul faster than a ReduceSum over a leading axis (one 65,536 × 49 × 64 distance in
+    steps of 8: 217 against 228 ms with 1 thread, 107 against 117 ms with 2; docs/DEPLOY.md)."""
+    ones = terms.new_ones(1, terms.shape[-3])
+    # reshape_as a slice: every size of the result comes from the graph (batch, heads, M and N stay dynamic)
+    return torch.matmul(ones, terms.flatten(-2)).reshape_as(terms[..., 0, :, :])
 
 
 def laplace_kernel_composite(x: torch.Tensor, y: torch.Tensor, lam: float, kernel: str = "laplacian") -> torch.Tensor:
