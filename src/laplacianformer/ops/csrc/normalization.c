@@ -15,8 +15,9 @@
  * - sums over rows (mm_tn): acc (P, ldq) += Xᵀ Y over the sub-block, with a tile of RP acc rows × up to
  *   NVMAX vectors in registers while r runs over the sub-block.
  * Sums over rows go to one slot per (group, chunk) task, and the slots are added in chunk order, so the
- * result does not depend on the thread count. One allocation per call holds the slots, the per-group
- * workspaces and each thread's scratch; both entry points return 0, or 1 when it failed.
+ * result does not depend on the thread count. One workspace holds the slots, the per-group workspaces and
+ * each thread's scratch: the calling thread's, kept between calls (lf_scratch, lf_template.h); both entry
+ * points return 0, or 1 when it could not grow.
  *
  * The second half of this file is a template, compiled once per scalar type through lf_instances.h. */
 #ifndef LF_T

@@ -7,7 +7,8 @@
  * lf_grad_*: with dL/dD = g * c * scale (c may be NULL: dL/dD = g * scale), dx and dy. The rows of each
  * batch are cut into `chunks` chunks of `rows_per_chunk` rows; each chunk sums its dY part into its own
  * slot and the slots are added in chunk order, so the result does not depend on the thread count.
- * sign(0) = 0. Both return 0, or 1 when a workspace allocation failed.
+ * sign(0) = 0. Both return 0, or 1 when the workspace (the calling thread's, kept between calls: lf_scratch)
+ * could not grow.
  *
  * Vectors are GCC vector extensions of VBYTES bytes (64 with AVX-512, else 32; GCC splits them where the
  * machine's vectors are narrower), W lanes; AVX-512 intrinsics only where noted, with a plain fallback.
