@@ -21,13 +21,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifndef VBYTES
-#if defined(__AVX512F__)
-#define VBYTES 64
-#else
-#define VBYTES 32
-#endif
-#endif
 #ifndef CB
 #define CB 4 /* vectors of channels whose conv sums stay in registers over the 9 taps */
 #endif

@@ -15,6 +15,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#ifndef VBYTES /* bytes per vector: the machine's widest (a source may set its own first) */
+#if defined(__AVX512F__)
+#define VBYTES 64
+#else
+#define VBYTES 32
+#endif
+#endif
+
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 #define INLINE static inline __attribute__((always_inline))

@@ -27,13 +27,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifndef VBYTES
-#if defined(__AVX512F__)
-#define VBYTES 64
-#else
-#define VBYTES 32
-#endif
-#endif
 #ifndef RS
 #define RS 32 /* rows per sub-block (packed scratch) */
 #endif
