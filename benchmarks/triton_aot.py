@@ -473,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     modules = args.module or MODULES
     subset = None if args.subset == "all" else args.subset
     rows: list[Row] = []
+    read = 0  # rows read from cells (--cells), not compiled by this run
     t0 = time.perf_counter()
 
     def compile_all(specs, arch) -> list[Row]:
@@ -488,7 +489,9 @@ def main(argv: list[str] | None = None) -> int:
             for module in modules:
                 path = args.cells / f"{cell_name(module)}_sm{arch}.json"
                 if path.exists():
-                    rows += [Row(**r) for r in json.loads(path.read_text())["rows"]]
+                    cell = [Row(**r) for r in json.loads(path.read_text())["rows"]]
+                    rows += cell
+                    read += len(cell)
                     print(f"triton_aot: {path.name} read ({time.perf_counter() - t0:.0f} s)", flush=True)
                     continue
                 specs = collect([module], args.d_max, args.m_max, subset, args.match, args.kernel)
@@ -510,7 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     slow = [r for r in rows if r.error is None and not r.distance_ok()]
     big = [r for r in rows if r.error is None and (r.spill or (r.shared or 0) > (r.shared_limit or 0))]
     overfull = [r for r in rows if r.error is None and not r.registers_fit()]
-    verdict = (f"{len(rows)} compiles in {time.perf_counter() - t0:.0f} s: {len(failed)} failed, "
+    cells = f" ({read} read from --cells)" if read else ""
+    verdict = (f"{len(rows)} compiles{cells} in {time.perf_counter() - t0:.0f} s: {len(failed)} failed, "
                f"{len(big)} spill or exceed shared memory, {len(overfull)} exceed the register file "
                f"(registers x threads > {REGISTER_FILE}), {len(slow)} distance loops with SHFL "
                f"or over their instructions-per-triple budget")
