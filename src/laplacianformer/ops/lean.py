@@ -44,7 +44,8 @@ LEAN_NORMS = SHIPPED_NORMS
 """The norms with a C form (the ``cpu`` backend of ``normalization``: the shipped ones)."""
 
 
-def lean_trace_fits(trace: list[tuple[str, str]], settings: AttentionSettings, grid=()) -> bool:
+def lean_trace_fits(trace: list[tuple[str, str]], settings: AttentionSettings,
+                    grid: tuple[int, int] | int | None) -> bool:
     """Whether the general call that recorded ``trace`` ((op, backend) in order) is what ``lean_value_conv``
     computes for the resolved landmarks ``grid`` (None: the exact kernel): every op's backend is
     ``LEAN_BACKENDS``'s, with the Newton–Schulz solver and a C norm; for the exact kernel, ``LEAN_EXACT_TRACE``
