@@ -191,3 +191,20 @@ def test_gpu_overhead_smoke_on_cpu(tmp_path):
     table = out.with_suffix(".md").read_text().splitlines()
     assert table[2].startswith("| attn | eager ms |") and len(table) == 6
     assert gpu_overhead._error(RuntimeError("capture failed\nmore")) == "RuntimeError: capture failed"
+
+
+@pytest.mark.parametrize("name", ["cpu_inference", "host_overhead"])
+def test_time_ratios_come_with_the_mac_and_vector_op_ratios(tmp_path, name):
+    """The benchmarks that compare the Laplacian model with SR-softmax on the CPU report, per row, the MAC ratio
+    and the vector-op ratio (L1 terms at the C loop's cost), the second above the first wherever the Laplacian
+    side has L1 distances; both columns are in the table."""
+    import importlib
+
+    from laplacianformer.bench import registry
+
+    out = tmp_path / name
+    args = [a for a in registry.QUICK[name] if a != "--no-memory"] + (["--no-memory"] if name == "cpu_inference" else [])
+    importlib.import_module(f"laplacianformer.bench.{name}").main(args + ["--out", str(out)])
+    rows = json.loads(out.with_suffix(".json").read_text())["results"]["rows"]
+    assert rows and all(r["vector_op_ratio"] > r["mac_ratio"] > 0 for r in rows)
+    assert "| vector-op ratio |" in out.with_suffix(".md").read_text()

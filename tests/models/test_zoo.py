@@ -8,8 +8,10 @@ import torch
 
 from laplacianformer.models import (
     PAPER,
+    VECTOR_OPS_PER_L1_TRIPLE,
     LaplacianFormer,
     count_macs,
+    count_vector_ops,
     create_model,
     format_model_info,
     list_models,
@@ -75,6 +77,26 @@ def test_mac_counter_counts_l1_distance_and_matmul():
     lin = torch.nn.Linear(7, 4)
     macs, per_module = count_macs(torch.nn.Sequential(lin), torch.randn(2, 7))
     assert macs == 2 * 7 * 4 and per_module["0"] == macs
+
+
+class _CdistThenLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(5, 4)
+
+    def forward(self, x):
+        return self.lin(torch.cdist(x, x[:, :5], p=1.0))
+
+
+def test_vector_op_count_weights_only_the_l1_terms():
+    """count_vector_ops: the MACs of count_macs, and the same with each L1-distance term counted
+    VECTOR_OPS_PER_L1_TRIPLE times; a matmul's MACs count once."""
+    x = torch.randn(3, 11, 7)
+    l1, lin = 3 * 11 * 5 * 7, 3 * 11 * 5 * 4
+    macs, ops = count_vector_ops(_CdistThenLinear(), x)
+    assert macs == count_macs(_CdistThenLinear(), x)[0] == l1 + lin
+    assert ops == VECTOR_OPS_PER_L1_TRIPLE * l1 + lin
+    assert count_vector_ops(torch.nn.Linear(7, 4), x) == (3 * 11 * 7 * 4,) * 2
 
 
 class _Sdpa(torch.nn.Module):

@@ -13,7 +13,9 @@ float32 there, docs/DESIGN.md §1). The issue's targets (issue 42: Laplacian / S
 at 512², ≤ 0.85 at 1024², eager, 2 threads, batch 1) are printed beside the eager ratios; nothing asserts them.
 Each size also reports both models' multiply-adds (``models.count_macs``, one image) and their ratio, so a time
 ratio reads against the arithmetic: a target below the MAC ratio asks the Laplacian's kernels to outrun the
-SR-softmax's GEMMs. The eager rows also carry each model's peak RSS increment of one forward, measured in a
+SR-softmax's GEMMs. The vector-op ratio (``models.count_vector_ops``) counts each L1-distance term as the
+``VECTOR_OPS_PER_L1_TRIPLE`` vector operations the C loop spends on it, every other MAC as one FMA: the ratio to
+expect if both models ran their vector units equally well. The eager rows also carry each model's peak RSS increment of one forward, measured in a
 fresh process per (model, size) after a 64² warm-up there (``harness.peak_memory`` of ``model_throughput.make_case``;
 ``--no-memory`` skips it).
 Writes runs/bench/cpu_inference/cpu_inference_<device>.{json,md,png} (``--publish``: benchmarks/results/).
@@ -27,7 +29,7 @@ import time
 
 import torch
 
-from ..models import count_macs
+from ..models import count_vector_ops
 from .harness import peak_memory, round_robin
 from .model_cost import build_net
 from .options import add_model_options, add_round_options, add_timing_options, run_rows
@@ -57,7 +59,8 @@ def run(args) -> list[dict]:
     for size in args.sizes:
         x = torch.randn(args.batch, 3, size, size, generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
-            macs = {a: count_macs(nets[a], x[:1])[0] for a in ATTNS}
+            work = {a: count_vector_ops(nets[a], x[:1]) for a in ATTNS}  # (MACs, vector ops)
+        macs = {a: w[0] for a, w in work.items()}
         for runtime in args.runtimes:
             fns = {a: _forward(nets[a], x, runtime) for a in ATTNS}
             first_ms = {}
@@ -78,6 +81,7 @@ def run(args) -> list[dict]:
                              softmax_iqr_ms=soft.iqr_ms, repeats=min(lap.repeats, soft.repeats),
                              ratio=lap.median_ms / soft.median_ms, laplacian_gmacs=macs["laplacian"] / 1e9,
                              softmax_gmacs=macs["softmax"] / 1e9, mac_ratio=macs["laplacian"] / macs["softmax"],
+                             vector_op_ratio=work["laplacian"][1] / work["softmax"][1],
                              laplacian_peak_mib=peaks["laplacian"], softmax_peak_mib=peaks["softmax"],
                              target=TARGETS.get(size) if runtime == "eager" else None,
                              first_call_ms=first_ms))
@@ -122,10 +126,10 @@ def main(argv=None) -> None:
     rows, stem, load = run_rows(args, "cpu_inference", run, argv)
     table = markdown_table(
         ["size", "runtime", "Laplacian ms", "SR-softmax ms", "Laplacian / SR-softmax", "target", "GMACs (Lap / SR)",
-         "MAC ratio", "peak RSS MiB (Lap / SR)", "IQR ms (Lap / SR)", "rounds"],
+         "MAC ratio", "vector-op ratio", "peak RSS MiB (Lap / SR)", "IQR ms (Lap / SR)", "rounds"],
         [[f"{r['size']}²", r["runtime"], r["laplacian_ms"], r["softmax_ms"], r["ratio"],
           "–" if r["target"] is None else f"≤ {r['target']}", f"{r['laplacian_gmacs']:.3g} / {r['softmax_gmacs']:.3g}",
-          r["mac_ratio"], _peaks(r), f"{r['laplacian_iqr_ms']:.3g} / {r['softmax_iqr_ms']:.3g}", r["repeats"]]
+          r["mac_ratio"], r["vector_op_ratio"], _peaks(r), f"{r['laplacian_iqr_ms']:.3g} / {r['softmax_iqr_ms']:.3g}", r["repeats"]]
          for r in rows])
     header = report_header(f"{args.model}: CPU inference, Laplacian vs SR-softmax", args, load,
                            f"batch {args.batch}; {args.threads} thread(s); medians of round-robin calls")

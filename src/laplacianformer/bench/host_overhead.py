@@ -9,7 +9,9 @@ For each stage of the backbone (default Tiny) the first block's attention layer,
 aten calls) and the grid that stage sees at 224² (56², 28², 14², 7²). The two layers of one case are timed
 round-robin in one process (ratios, not absolute times, are what this machine can measure). Each case also
 counts the aten calls of one forward (a ``TorchDispatchMode``) and its multiply-adds (``models.count_macs``: the
-arithmetic the method itself asks for, so a time ratio can be read against the MAC ratio). The issue's targets,
+arithmetic the method itself asks for, so a time ratio can be read against the MAC ratio) and its vector-op
+ratio (``models.count_vector_ops``: each L1-distance term at the C loop's three vector operations, every other MAC
+one FMA). The issue's targets,
 printed beside the ratios, are ≤ 1.3× at 16×16 and ≤ 2.0× at 56×56 (stage 1 at 224²); nothing here asserts them.
 Writes runs/bench/host_overhead/host_overhead_<device>.{json,md,png} (``--publish``: benchmarks/results/).
 """
@@ -24,7 +26,7 @@ from .harness import round_robin
 from .options import add_model_options, add_round_options, add_timing_options, run_rows
 from .report import bar_labels, figure, markdown_table, report_header, save_figure, write_text
 from .stage_attention import make_layer_case, stage_inputs
-from ..models import count_macs
+from ..models import count_vector_ops
 
 ATTNS = ("laplacian", "softmax")
 TARGETS = {"16x16": 1.3, "224": 2.0}
@@ -66,7 +68,8 @@ def run(args) -> list[dict]:
         timings = round_robin({a: fns[a][0] for a in ATTNS}, device=args.device, repeats=args.repeats,
                               max_seconds=args.max_seconds)
         calls = {a: aten_calls(fns[a][0]) for a in ATTNS}
-        macs = {a: count_macs(fns[a][1].eval(), fns[a][2][:1])[0] * args.batch for a in ATTNS}
+        work = {a: count_vector_ops(fns[a][1].eval(), fns[a][2][:1]) for a in ATTNS}  # (MACs, vector ops)
+        macs = {a: w[0] * args.batch for a, w in work.items()}
         lap, soft = timings["laplacian"], timings["softmax"]
         key = shape["grid"] if shape["grid"] != "224" or shape["stage"] == 0 else None
         rows.append(dict(model=args.model, stage=shape["stage"], grid=shape["grid"], hw=list(shape["hw"]),
@@ -76,7 +79,8 @@ def run(args) -> list[dict]:
                          ratio=lap.median_ms / soft.median_ms, target=TARGETS.get(key) if key else None,
                          laplacian_aten_calls=calls["laplacian"], softmax_aten_calls=calls["softmax"],
                          laplacian_mmacs=macs["laplacian"] / 1e6, softmax_mmacs=macs["softmax"] / 1e6,
-                         mac_ratio=macs["laplacian"] / macs["softmax"]))
+                         mac_ratio=macs["laplacian"] / macs["softmax"],
+                         vector_op_ratio=work["laplacian"][1] / work["softmax"][1]))
     return rows
 
 
@@ -104,10 +108,10 @@ def main(argv=None) -> None:
     rows, stem, load = run_rows(args, "host_overhead", run, argv)
     table = markdown_table(
         ["stage", "tokens", "C", "heads", "Laplacian ms", "SR-softmax ms", "Laplacian / SR-softmax", "target",
-         "MACs Lap / SR (M)", "MAC ratio", "aten calls (Lap / SR)"],
+         "MACs Lap / SR (M)", "MAC ratio", "vector-op ratio", "aten calls (Lap / SR)"],
         [[r["stage"] + 1, f"{r['hw'][0]}×{r['hw'][1]}", r["channels"], r["heads"], r["laplacian_ms"], r["softmax_ms"],
           r["ratio"], "–" if r["target"] is None else f"≤ {r['target']}",
-          f"{r['laplacian_mmacs']:.3g} / {r['softmax_mmacs']:.3g}", r["mac_ratio"],
+          f"{r['laplacian_mmacs']:.3g} / {r['softmax_mmacs']:.3g}", r["mac_ratio"], r["vector_op_ratio"],
           f"{r['laplacian_aten_calls']} / {r['softmax_aten_calls']}"] for r in rows])
     header = report_header(f"{args.model}: one attention layer per stage, inference, Laplacian vs SR-softmax", args,
                            load, f"batch {args.batch}; medians of round-robin calls")

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 
 from ..layers.token_mixer import ATTENTIONS
-from .info import count_macs, format_model_info, model_info
+from .info import VECTOR_OPS_PER_L1_TRIPLE, count_macs, count_vector_ops, format_model_info, model_info
 from .import_hook import after_import
 from .laplacianformer import LaplacianFormer, checkpoint_filter_fn, create_model, register_timm
 from .registry import MODEL_CONFIGS, PAPER, list_models, model_config
 
 __all__ = [
     "ATTENTIONS",
+    "VECTOR_OPS_PER_L1_TRIPLE",
     "LaplacianFormer",
     "MODEL_CONFIGS",
     "PAPER",
     "checkpoint_filter_fn",
     "count_macs",
+    "count_vector_ops",
     "create_model",
     "format_model_info",
     "list_models",

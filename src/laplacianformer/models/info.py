@@ -20,7 +20,7 @@ from ..ops import use
 from .laplacianformer import LaplacianFormer, create_model
 from .registry import PAPER
 
-__all__ = ["count_macs", "model_info", "format_model_info"]
+__all__ = ["VECTOR_OPS_PER_L1_TRIPLE", "count_macs", "count_vector_ops", "model_info", "format_model_info"]
 
 # The backends the count runs on (``ops.use``): the composite kernel (every L1 distance one
 # ``aten._cdist_forward``), the torch Newton–Schulz loop, the plain normalisation composite, and
@@ -37,16 +37,15 @@ def _cdist_flops(x_shape, y_shape, *args, **kwargs) -> int:
     return 2 * batch * x_shape[-2] * y_shape[-2] * x_shape[-1]
 
 
-def count_macs(model: nn.Module, x: torch.Tensor) -> tuple[int, dict[str, int]]:
-    """MACs of ``model(x)`` (no gradient) under the convention above, and MACs per top-level submodule.
+VECTOR_OPS_PER_L1_TRIPLE = 3
+"""Vector operations per (n, m, k) term of an L1 distance in the CPU's C loop (subtract, absolute value as a
+mask, add: ``ops/kernel/csrc/pairwise.c``), where a multiply-add of a matmul is one FMA. The L1 terms' share of
+``count_macs`` weighted by it gives the vector-op count of ``count_vector_ops``: the arithmetic a CPU runs, for
+reading a time ratio against SR-softmax's GEMMs (docs/DEPLOY.md, "Where the time goes")."""
 
-    The kernel primitives run on the "composite" backend during the count, so that every L1 distance
-    is one ``aten._cdist_forward`` call the counter sees (the fused backends compute the same products),
-    and the normalisation runs as its plain composite, whose matmuls the counter sees (the fused
-    blockwise version computes the same products with in-place ops it does not count). The landmark
-    pooling runs as ``adaptive_avg_pool2d`` (not counted), not as its pooling-matrix products.
-    Per-module keys are dotted paths below the model ("patch_embed", "stages.0", "head", ...).
-    """
+
+def _count(model: nn.Module, x: torch.Tensor) -> FlopCounterMode:
+    """The FLOP counter after ``model(x)`` (no gradient) on ``COUNTING_BACKENDS``."""
     from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count  # imports triton: not at our import
 
     mapping = {
@@ -57,11 +56,34 @@ def count_macs(model: nn.Module, x: torch.Tensor) -> tuple[int, dict[str, int]]:
     counter = FlopCounterMode(display=False, custom_mapping=mapping)
     with torch.no_grad(), use(**COUNTING_BACKENDS), counter:
         model(x)
+    return counter
+
+
+def count_macs(model: nn.Module, x: torch.Tensor) -> tuple[int, dict[str, int]]:
+    """MACs of ``model(x)`` (no gradient) under the convention above, and MACs per top-level submodule.
+
+    The kernel primitives run on the "composite" backend during the count, so that every L1 distance
+    is one ``aten._cdist_forward`` call the counter sees (the fused backends compute the same products),
+    and the normalisation runs as its plain composite, whose matmuls the counter sees (the fused
+    blockwise version computes the same products with in-place ops it does not count). The landmark
+    pooling runs as ``adaptive_avg_pool2d`` (not counted), not as its pooling-matrix products.
+    Per-module keys are dotted paths below the model ("patch_embed", "stages.0", "head", ...).
+    """
+    counter = _count(model, x)
     per_module = {}
     for name, counts in counter.get_flop_counts().items():
         if name != "Global" and "." in name:
             per_module[name.split(".", 1)[1]] = sum(counts.values()) // 2
     return counter.get_total_flops() // 2, per_module
+
+
+def count_vector_ops(model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
+    """(MACs, vector-op count) of ``model(x)``: ``count_macs``'s total, and the same with each L1-distance term
+    counted ``VECTOR_OPS_PER_L1_TRIPLE`` times (every other MAC one FMA)."""
+    counter = _count(model, x)
+    macs = counter.get_total_flops() // 2
+    l1 = counter.get_flop_counts().get("Global", {}).get(torch.ops.aten._cdist_forward, 0) // 2
+    return macs, macs + (VECTOR_OPS_PER_L1_TRIPLE - 1) * l1
 
 
 def model_info(name_or_model, img_size=224, *, batch: int = 1) -> dict:
