@@ -210,7 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--landmarks", default=None, help="lh,lw (2-D) or m (1-D); default 7,7 or 49")
     p.add_argument("--backward", action="store_true", help="also run the backward (the solver's implicit gradient)")
 
-    p = sub.add_parser("bench", help="run benchmarks (results under runs/bench/ of the current directory)")
+    p = sub.add_parser("bench", help="run benchmarks (results under runs/bench/ of the current directory)",
+                       epilog="Options after one NAME that are not listed here go to that benchmark, e.g. "
+                              "'laplacianformer bench cpu_inference --runtimes eager bf16 --sizes 512'; its own "
+                              "options: python -m laplacianformer.bench.NAME --help.")
     p.add_argument("names", nargs="*", help="benchmark names (default: all); see --list")
     p.add_argument("--quick", action="store_true", help="smoke-test sizes (seconds each; the numbers are not results)")
     p.add_argument("--list", action="store_true", help="list the available benchmarks")
@@ -557,7 +560,11 @@ def cmd_bench(args) -> int:
         for name in registry.check_names(args.names):
             print(f"{name:<20} {registry.describe(name)}")
         return 0
-    return registry.run(args.names, quick=args.quick, publish=args.publish)
+    options = getattr(args, "bench_options", [])
+    if options and len(args.names) != 1:
+        raise UserError(f"bench: the benchmark options {' '.join(options)!r} need exactly one benchmark name, got "
+                        f"{len(args.names)}")
+    return registry.run(args.names, quick=args.quick, publish=args.publish, options=options)
 
 
 def cmd_demo(args) -> int:
@@ -608,7 +615,12 @@ def _run(argv: list[str]) -> int:
     rest = argv[1:] if argv[:1] == ["--debug"] else argv
     if rest and rest[0] in FORWARDED:
         return cmd_forward(rest[0], rest[1:])
-    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    parser, clean = build_parser(), [a for a in argv if a != "--debug"]
+    args, extra = parser.parse_known_args(clean)
+    if extra:
+        if args.command != "bench":
+            parser.parse_args(clean)  # argparse's own one-line error for the unknown arguments
+        args.bench_options = extra  # the named benchmark's own options (cmd_bench)
     handler = {"train": cmd_train, "eval": cmd_eval, "info": cmd_info, "bench": cmd_bench, "export": cmd_export,
                "demo": cmd_demo, "data": cmd_data, "detect": cmd_detect, "build": cmd_build,
                "predict": cmd_predict}[args.command]

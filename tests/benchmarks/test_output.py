@@ -116,3 +116,24 @@ def test_publish_writes_into_the_published_directory(tmp_path, monkeypatch):
     rows = json.loads((published / "padding_cpu.json").read_text())["results"]["rows"]
     assert [(r["max_len"], r["mode"]) for r in rows] == [(32, "infer"), (32, "train")]
     assert all(r["ratio"] > 0 for r in rows) and "padded / per-sequence" in (published / "padding_cpu.md").read_text()
+
+
+def test_cli_bench_passes_one_benchmarks_own_options_to_it(capsys, monkeypatch):
+    """``laplacianformer bench NAME --opt ...`` runs NAME with its own options (after the --quick ones, which
+    they override); with two names such options are refused in one line (with none, the option's value reads
+    as an unknown name, also one line); any other command still refuses arguments it does not know."""
+    calls = []
+    monkeypatch.setattr(registry.subprocess, "call", lambda cmd, env=None: calls.append(cmd) or 0)
+    assert main(["bench", "host_overhead", "--threads", "1", "--repeats", "400"]) == 0
+    assert calls[-1][1:] == ["-m", registry.module_of("host_overhead"), "--threads", "1", "--repeats", "400"]
+    assert main(["bench", "--quick", "cpu_inference", "--sizes", "48"]) == 0
+    assert calls[-1][-2:] == ["--sizes", "48"] and calls[-1][3:-2] == registry.QUICK["cpu_inference"]
+    capsys.readouterr()
+    for argv, needle in ((["bench", "host_overhead", "padding", "--threads", "1"], "need exactly one benchmark name"),
+                         (["bench", "--threads", "1"], "unknown benchmark '1'")):  # the option's value as a name
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and err.count("\n") == 0, err
+    assert len(calls) == 2
+    assert main(["info", "--no-such-option"]) == 2
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err

@@ -58,22 +58,28 @@ def check_names(names: Sequence[str]) -> list[str]:
     return list(names or BENCHMARKS)
 
 
-def command(name: str, *, quick: bool = False, publish: str | Path | None = None) -> list[str]:
-    """The command line of one benchmark run (``publish``: a directory, resolved to an absolute path)."""
-    cmd = [sys.executable, "-m", module_of(name), *(QUICK[name] if quick else [])]
+def command(name: str, *, quick: bool = False, publish: str | Path | None = None,
+            options: Sequence[str] = ()) -> list[str]:
+    """The command line of one benchmark run (``publish``: a directory, resolved to an absolute path;
+    ``options``: the benchmark's own, after the ``--quick`` ones, so they override them)."""
+    cmd = [sys.executable, "-m", module_of(name), *(QUICK[name] if quick else []), *options]
     if publish is not None:
         cmd += ["--publish", str(publish_dir(publish).resolve())]
     return cmd
 
 
-def run(names: Sequence[str], *, quick: bool = False, publish: str | Path | None = None) -> int:
+def run(names: Sequence[str], *, quick: bool = False, publish: str | Path | None = None,
+        options: Sequence[str] = ()) -> int:
     """Runs the benchmarks one after another in the current directory; the first non-zero exit status (0: all
-    passed). ``publish`` replaces the published files, so it is refused with ``quick`` (smoke-test numbers)."""
+    passed). ``publish`` replaces the published files, so it is refused with ``quick`` (smoke-test numbers).
+    ``options``: the one named benchmark's own command-line options."""
     from .process import package_env
 
     if quick and publish is not None:
         raise ValueError("--publish: refused with --quick (it would replace published results with smoke-test numbers)")
-    cmds = [command(n, quick=quick, publish=publish) for n in check_names(names)]
+    if options and len(names) != 1:
+        raise ValueError(f"options: the benchmark options {list(options)} need exactly one benchmark name")
+    cmds = [command(n, quick=quick, publish=publish, options=options) for n in check_names(names)]
     rc = 0
     for cmd in cmds:
         print(f"$ python {' '.join(cmd[1:])}", flush=True)
