@@ -36,6 +36,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "checkpoint": set(),
     "data": set(),
     "cmdline": set(),  # argparse value types of the command lines
+    "heap": set(),  # the CPU allocator setting (glibc's mallopt)
     # modules (nn.Module building blocks); baselines use the layers' TokenAttention shell
     "layers": {"ops"},
     "baselines": {"ops", "layers"},
@@ -48,12 +49,13 @@ MAY_IMPORT: dict[str, set[str]] = {
     "detection": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "cmdline"},
     "experiments": _BELOW_HUB | {"hub", "checkpoint", "data", "train"},
     # the benchmarks time everything up to the detectors; the demo trains and shows a model's cost (bench)
-    "bench": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "detection", "cmdline"},
+    "bench": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "detection", "cmdline", "heap"},
     "demo": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "bench"},
     # the command line sits on top
-    "cli": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "detection", "experiments", "bench", "demo", "cmdline"},
+    "cli": _BELOW_HUB | {"hub", "checkpoint", "data", "train", "detection", "experiments", "bench", "demo", "cmdline",
+                         "heap"},
     # the facade re-exports the library part only (keeps `import laplacianformer` light)
-    ROOT_UNIT: _BELOW_HUB | {"hub", "checkpoint"},
+    ROOT_UNIT: _BELOW_HUB | {"hub", "checkpoint", "heap"},
     "__main__": {"cli"},
 }
 

@@ -5,9 +5,11 @@
     laplacianformer.save_pretrained(model, "out/tiny")
     model = laplacianformer.from_pretrained("out/tiny")        # or a training run directory
     fast = laplacianformer.cuda_graphed(model.cuda().eval(), x)  # inference replayed from a CUDA graph
+    laplacianformer.retain_freed_memory()                      # CPU inference: glibc keeps freed memory mapped
 """
 
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint, save_weights
+from .heap import retain_freed_memory
 from .hub import from_pretrained, save_pretrained
 from .layers import LaplacianAttention
 from .models import create_model, format_model_info, list_models, model_info  # registers with timm once timm is imported
@@ -34,4 +36,5 @@ __all__ = [
     "laplace_kernel_matmul",
     "newton_schulz_pinv",
     "regularised_inverse",
+    "retain_freed_memory",
 ]

@@ -269,6 +269,10 @@ def _add_predict_parser(sub, specs: dict) -> None:
                    help="accept a torch.save file without laplacianformer's integrity trailer (timm's .pth.tar)")
     _add_flags(p, specs, "auto", "--device")
     _add_flags(p, specs, None, "--threads")
+    p.add_argument("--retain-heap", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep freed memory mapped for reuse (glibc; laplacianformer.retain_freed_memory): no page "
+                        "faults on the next batch's tensors; the process keeps its peak heap until it exits "
+                        "(default on)")
     _add_flags(p, specs, True, "--progress",
                progress=dict(help="a bar on a terminal, else a line every 30 s on stderr (default on)"))
 
@@ -445,6 +449,10 @@ def cmd_predict(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.retain_heap:
+        from .heap import retain_freed_memory
+
+        retain_freed_memory()  # False off glibc: the default allocator, the same predictions
     from .checkpoint import CheckpointError
 
     try:

@@ -1,5 +1,5 @@
 """The benchmarks of ``laplacianformer.bench`` and their shared harness, and the repository's
-``benchmarks/cpu_pitfalls.py``, at smoke-test sizes."""
+``benchmarks/cpu_pitfalls.py`` and ``benchmarks/allocator_ab.py``, at smoke-test sizes."""
 
 import json
 import sys
@@ -208,3 +208,21 @@ def test_time_ratios_come_with_the_mac_and_vector_op_ratios(tmp_path, name):
     rows = json.loads(out.with_suffix(".json").read_text())["results"]["rows"]
     assert rows and all(r["vector_op_ratio"] > r["mac_ratio"] > 0 for r in rows)
     assert "| vector-op ratio |" in out.with_suffix(".md").read_text()
+
+
+def test_allocator_ab_smoke(tmp_path):
+    """benchmarks/allocator_ab.py: one row per (size, setting), each from fresh processes; the run-time setting
+    takes on glibc."""
+    from benchmarks import allocator_ab
+
+    out = tmp_path / "ab"
+    allocator_ab.main(["--model", "laplacianformer_micro", "--sizes", "32", "--calls", "1", "--rounds", "1",
+                       "--out", str(out)])
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [r["setting"] for r in rows] == list(allocator_ab.SETTINGS)
+    assert all(r["median_ms"] > 0 and r["faults_per_call"] >= 0 for r in rows)
+    import platform
+
+    if platform.libc_ver()[0] == "glibc":
+        assert rows[1]["runs"][0]["took"] is True
+    assert "| 32² | retain_freed_memory |" in out.with_suffix(".md").read_text()

@@ -46,7 +46,17 @@ def images(tmp_path_factory):
     return root
 
 
-def test_lines_json_csv_and_progress(saved, images, tmp_path, capsys, monkeypatch):
+@pytest.fixture(autouse=True)
+def heap_calls(monkeypatch):
+    """``--retain-heap`` would set this test process's allocator for good: record the calls instead."""
+    from laplacianformer import heap
+
+    calls = []
+    monkeypatch.setattr(heap, "retain_freed_memory", lambda: calls.append(1) or True)
+    return calls
+
+
+def test_lines_json_csv_and_progress(saved, images, tmp_path, capsys, monkeypatch, heap_calls):
     monkeypatch.setenv(ENV_EVERY, "1e-9")
     argv = ["predict", "--run", str(saved), str(images), "--top-k", "2", "--batch-size", "2", "--device", "cpu",
             "--json", str(tmp_path / "p.json"), "--csv", str(tmp_path / "p.csv")]
@@ -66,6 +76,8 @@ def test_lines_json_csv_and_progress(saved, images, tmp_path, capsys, monkeypatc
     assert rows[0] == ["path", "class_1", "prob_1", "class_2", "prob_2"] and [r[0] for r in rows[1:]] == paths
     progress = [line for line in cap.err.splitlines() if line.startswith("predict  image ")]
     assert [line.split()[2] for line in progress] == ["2/3", "3/3"]  # batches of 2
+    assert heap_calls == [1]  # --retain-heap is on by default
+    assert main([*argv, "--no-retain-heap"]) == 0 and heap_calls == [1]
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -4,9 +4,10 @@ By default glibc returns freed large blocks to the kernel (``munmap``, heap trim
 that size starts on fresh pages and pays one page fault per 4 KiB on first touch (the repository's
 ``benchmarks/cpu_pitfalls.py`` measures the cost per page). Which tensors pay depends on the order of every
 allocation in the process, so the same model's time moves between runs and between neighbouring variants.
-``RETAINED_HEAP_ENV`` (the ``--retain-heap`` option of the timing benchmarks) sets glibc's tunables so that
-freed memory stays mapped and is reused: times are then steady-state compute. Both are worth reporting;
-``allocator`` in the JSON settings says which one a file holds.
+``RETAINED_HEAP_ENV`` (``laplacianformer.heap``; the ``--retain-heap`` option of the timing benchmarks, which
+restart the process with it) sets glibc's tunables so that freed memory stays mapped and is reused: times are
+then steady-state compute. Both are worth reporting; ``allocator`` in the JSON settings says which one a file
+holds.
 """
 
 from __future__ import annotations
@@ -15,19 +16,13 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ..heap import RETAINED_HEAP_ENV, retaining
 from .process import package_env
-
-RETAINED_HEAP_ENV = {
-    "MALLOC_MMAP_THRESHOLD_": str(2**31 - 1),  # large blocks from the heap, not per-call mmap/munmap
-    "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1),  # never give the top of the heap back
-    "MALLOC_TOP_PAD_": str(256 * 2**20),  # grow the heap in large steps
-}
-"""glibc tunables (read at process start) that keep freed memory mapped for reuse."""
 
 
 def allocator_setting() -> str:
-    """'glibc-retain' when ``RETAINED_HEAP_ENV`` is in effect for this process, else 'default'."""
-    return "glibc-retain" if all(os.environ.get(k) == v for k, v in RETAINED_HEAP_ENV.items()) else "default"
+    """'glibc-retain' when freed memory stays mapped in this process (``heap.retaining``), else 'default'."""
+    return "glibc-retain" if retaining() else "default"
 
 
 def reexec_with_retained_heap(module: str, argv: Sequence[str] | None = None) -> None:
