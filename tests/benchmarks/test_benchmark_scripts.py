@@ -226,3 +226,18 @@ def test_allocator_ab_smoke(tmp_path):
     if platform.libc_ver()[0] == "glibc":
         assert rows[1]["runs"][0]["took"] is True
     assert "| 32² | retain_freed_memory |" in out.with_suffix(".md").read_text()
+
+
+def test_host_overhead_counts_the_aten_calls_of_the_eager_path():
+    """host_overhead's aten count sees the path that is timed: a function that takes a shorter path under a
+    dispatch mode (as the operator does while a mode captures it) is counted on its eager path, top-level
+    calls only."""
+    from laplacianformer.bench.host_overhead import aten_calls
+    from laplacianformer.ops import _runtime
+
+    def fn():
+        if _runtime.capturing():
+            return torch.ones(2)
+        return torch.ones(2) + torch.ones(2)  # 3 calls; aten::add's own inner calls are not top-level
+
+    assert aten_calls(fn) == 3

@@ -8,7 +8,7 @@ For each stage of the backbone (default Tiny) the first block's attention layer,
 16×16 (where the arithmetic is negligible and the layer's time is its host path: Python, checks, dispatch,
 aten calls) and the grid that stage sees at 224² (56², 28², 14², 7²). The two layers of one case are timed
 round-robin in one process (ratios, not absolute times, are what this machine can measure). Each case also
-counts the aten calls of one forward (a ``TorchDispatchMode``) and its multiply-adds (``models.count_macs``: the
+counts the aten calls one forward makes from Python (``aten_calls``: the profiler's top-level events) and its multiply-adds (``models.count_macs``: the
 arithmetic the method itself asks for, so a time ratio can be read against the MAC ratio) and its vector-op
 ratio (``models.count_vector_ops``: each L1-distance term at the C loop's three vector operations, every other MAC
 one FMA). The issue's targets,
@@ -19,8 +19,6 @@ Writes runs/bench/host_overhead/host_overhead_<device>.{json,md,png} (``--publis
 from __future__ import annotations
 
 import argparse
-
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .harness import round_robin
 from .options import add_model_options, add_round_options, add_timing_options, run_rows
@@ -33,23 +31,16 @@ TARGETS = {"16x16": 1.3, "224": 2.0}
 """The issue's targets of Laplacian / SR-softmax: every stage at 16×16, stage 1 at 224² (56×56 tokens)."""
 
 
-class _AtenCounter(TorchDispatchMode):
-    """Counts the aten calls made inside it."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls += 1
-        return func(*args, **(kwargs or {}))
-
-
 def aten_calls(fn) -> int:
-    """The aten calls of one ``fn()``."""
-    with _AtenCounter() as counter:
+    """The aten calls one ``fn()`` makes from Python (the profiler's top-level ``aten::`` events). A profiler
+    rather than a dispatch mode: the operator takes its graph-capture path under any active dispatch mode
+    (``ops._runtime.capture_reason``), so a mode would count another path than the one timed. The C passes,
+    called through ctypes, make no aten calls and are not counted."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
-    return counter.calls
+    return sum(1 for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::"))
 
 
 def cases(model: str, side: int = 16) -> list[dict]:
