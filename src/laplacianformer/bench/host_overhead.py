@@ -5,14 +5,15 @@
 
 For each stage of the backbone (default Tiny) the first block's attention layer, as the backbone builds it
 (Laplacian: 7×7 landmarks; SR-softmax: reduction 8/4/2/1), runs under no_grad on random tokens of two grids:
-16×16 (where the arithmetic is negligible and the layer's time is its host path: Python, checks, dispatch,
-aten calls) and the grid that stage sees at 224² (56², 28², 14², 7²). The two layers of one case are timed
+16×16 (where the host path weighs most: Python, checks, dispatch, aten calls; the arithmetic is small there in
+stage 1 only, Tiny's stages 2–4 doing 37–350 M multiply-adds on it) and the grid that stage sees at 224² (56²,
+28², 14², 7²). The two layers of one case are timed
 round-robin in one process (ratios, not absolute times, are what this machine can measure). Each case also
-counts the aten calls one forward makes from Python (``aten_calls``: the profiler's top-level events) and its multiply-adds (``models.count_macs``: the
-arithmetic the method itself asks for, so a time ratio can be read against the MAC ratio) and its vector-op
-ratio (``models.count_vector_ops``: each L1-distance term at the C loop's three vector operations, every other MAC
-one FMA). The issue's targets,
-printed beside the ratios, are ≤ 1.3× at 16×16 and ≤ 2.0× at 56×56 (stage 1 at 224²); nothing here asserts them.
+reports the aten calls one forward makes from Python (``aten_calls``: the profiler's top-level events), its
+multiply-adds (``models.count_macs``: the arithmetic the method itself asks for, so a time ratio can be read
+against the MAC ratio) and its vector-op ratio (``models.count_vector_ops``: each L1-distance term at the C loop's
+three vector operations, every other MAC one FMA). The issue's targets, printed beside the ratios, are ≤ 1.3× at
+16×16 and ≤ 2.0× at 56×56 (stage 1 at 224²); nothing here asserts them.
 Writes runs/bench/host_overhead/host_overhead_<device>.{json,md,png} (``--publish``: benchmarks/results/).
 """
 

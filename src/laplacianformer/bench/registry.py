@@ -78,7 +78,8 @@ def run(names: Sequence[str], *, quick: bool = False, publish: str | Path | None
     if quick and publish is not None:
         raise ValueError("--publish: refused with --quick (it would replace published results with smoke-test numbers)")
     if options and len(names) != 1:
-        raise ValueError(f"options: the benchmark options {list(options)} need exactly one benchmark name")
+        raise ValueError(f"bench: the benchmark options {' '.join(options)!r} need exactly one benchmark name, got "
+                         f"{len(names)}")
     cmds = [command(n, quick=quick, publish=publish, options=options) for n in check_names(names)]
     rc = 0
     for cmd in cmds:
