@@ -37,10 +37,14 @@ print(json.dumps(dict(took=took, faults=faults, setting=allocator_setting(),
 
 
 def _probe(mode: str, env: dict | None = None) -> dict:
+    """The probe in a fresh interpreter whose environment holds glibc's tunables only where ``env`` gives them."""
     import os
 
+    from laplacianformer.heap import RETAINED_HEAP_ENV
+
+    base = {k: v for k, v in os.environ.items() if k not in RETAINED_HEAP_ENV}
     out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True,
-                         env={**os.environ, **(env or {})})
+                         env={**base, **(env or {})})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -15,9 +15,9 @@ Each size also reports both models' multiply-adds (``models.count_macs``, one im
 ratio reads against the arithmetic: a target below the MAC ratio asks the Laplacian's kernels to outrun the
 SR-softmax's GEMMs. The vector-op ratio (``models.count_vector_ops``) counts each L1-distance term as the
 ``VECTOR_OPS_PER_L1_TRIPLE`` vector operations the C loop spends on it, every other MAC as one FMA: the ratio to
-expect if both models ran their vector units equally well. The eager rows also carry each model's peak RSS increment of one forward, measured in a
-fresh process per (model, size) after a 64² warm-up there (``harness.peak_memory`` of ``model_throughput.make_case``;
-``--no-memory`` skips it).
+expect if both models ran their vector units equally well. The eager rows also carry each model's peak RSS
+increment of one forward, measured in a fresh process per (model, size) after a 64² warm-up there
+(``harness.peak_memory`` of ``model_throughput.make_case``; ``--no-memory`` skips it).
 Writes runs/bench/cpu_inference/cpu_inference_<device>.{json,md,png} (``--publish``: benchmarks/results/).
 """
 
@@ -129,7 +129,8 @@ def main(argv=None) -> None:
          "MAC ratio", "vector-op ratio", "peak RSS MiB (Lap / SR)", "IQR ms (Lap / SR)", "rounds"],
         [[f"{r['size']}²", r["runtime"], r["laplacian_ms"], r["softmax_ms"], r["ratio"],
           "–" if r["target"] is None else f"≤ {r['target']}", f"{r['laplacian_gmacs']:.3g} / {r['softmax_gmacs']:.3g}",
-          r["mac_ratio"], r["vector_op_ratio"], _peaks(r), f"{r['laplacian_iqr_ms']:.3g} / {r['softmax_iqr_ms']:.3g}", r["repeats"]]
+          r["mac_ratio"], r["vector_op_ratio"], _peaks(r), f"{r['laplacian_iqr_ms']:.3g} / {r['softmax_iqr_ms']:.3g}",
+          r["repeats"]]
          for r in rows])
     header = report_header(f"{args.model}: CPU inference, Laplacian vs SR-softmax", args, load,
                            f"batch {args.batch}; {args.threads} thread(s); medians of round-robin calls")

@@ -44,7 +44,7 @@ mask, add: ``ops/kernel/csrc/pairwise.c``), where a multiply-add of a matmul is 
 reading a time ratio against SR-softmax's GEMMs (docs/DEPLOY.md, "Where the time goes")."""
 
 
-def _count(model: nn.Module, x: torch.Tensor) -> FlopCounterMode:
+def _count(model: nn.Module, x: torch.Tensor) -> "torch.utils.flop_counter.FlopCounterMode":
     """The FLOP counter after ``model(x)`` (no gradient) on ``COUNTING_BACKENDS``."""
     from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count  # imports triton: not at our import
 
