@@ -35,8 +35,9 @@ RETAINED_HEAP_ENV = {
 # mallopt parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
 _SETTINGS = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_TOP_PAD, 256 * 2**20))
-"""What ``retain_freed_memory`` sets: no block served by its own mmap (mallopt refuses an mmap threshold above
-32 MiB, and Tiny's activations at 1024² reach 128 MiB), no trimming of the heap's top, growth in 256 MiB steps."""
+"""What ``retain_freed_memory`` sets: no block served by its own mmap (rather than a high mmap threshold: mallopt(3)
+documents 32 MiB as its upper limit on 64-bit systems, and Tiny's activations at 1024² reach 128 MiB), no
+trimming of the heap's top, growth in 256 MiB steps."""
 
 _retained = False
 
