@@ -43,6 +43,10 @@ def test_time_call_and_helpers():
     calls.clear()
     round_robin({"a": lambda: calls.append("a")}, repeats=2, warmup=False)
     assert calls == ["a", "a"]
+    calls.clear()
+    rr = round_robin({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=2, warmup=False,
+                     primed=True)  # an untimed call before each timed one
+    assert calls == ["a", "a", "b", "b"] * 2 and rr["a"].repeats == 2
     assert fit_exponent([1024, 4096, 16384], [2.0, 8.0, 32.0]) == pytest.approx(1.0)
     assert fit_exponent([1024], [2.0]) is None
     table = markdown_table(["a", "b"], [[1, 0.123456], ["x", None]])
@@ -208,6 +212,11 @@ def test_time_ratios_come_with_the_mac_and_vector_op_ratios(tmp_path, name):
     rows = json.loads(out.with_suffix(".json").read_text())["results"]["rows"]
     assert rows and all(r["vector_op_ratio"] > r["mac_ratio"] > 0 for r in rows)
     assert "| vector-op ratio |" in out.with_suffix(".md").read_text()
+    if name == "host_overhead":  # and the compute floor of each layer, from its steps (bench/layer_floor.py)
+        assert all(0 < r["laplacian_floor_ms"] == pytest.approx(sum(r["laplacian_steps_ms"].values()))
+                   and r["floor_ratio"] == pytest.approx(r["laplacian_floor_ms"] / r["softmax_primed_ms"])
+                   for r in rows)
+        assert "| floor / SR-softmax |" in out.with_suffix(".md").read_text()
 
 
 def test_allocator_ab_smoke(tmp_path):

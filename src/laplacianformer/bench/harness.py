@@ -132,14 +132,18 @@ def time_call(fn: Callable[[], object], *, device: str | torch.device = "cpu", w
 
 
 def round_robin(fns: Mapping[str, Callable[[], object]], *, repeats: int, max_seconds: float | None = None,
-                device: str | torch.device = "cpu", warmup: bool = True) -> dict[str, Timing]:
+                device: str | torch.device = "cpu", warmup: bool = True, primed: bool = False) -> dict[str, Timing]:
     """A ``Timing`` per callable, timed round-robin (one call of each per round). One untimed warm-up call
-    each when ``warmup``; rounds stop early once ``max_seconds`` of timed calls are spent (at least one)."""
+    each when ``warmup``; rounds stop early once ``max_seconds`` of timed calls are spent (at least one).
+    ``primed``: each timed call follows an untimed call of the same callable, so it finds its code and data in
+    cache (a lower bound on its time inside a longer computation)."""
     warm = {name: [timed(fn, device)[0]] for name, fn in fns.items()} if warmup else {}
     calls: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
     spent = 0.0
     for _ in range(repeats):
         for name, fn in fns.items():
+            if primed:
+                fn()
             calls[name].append(timed(fn, device))
             spent += calls[name][-1][0] / 1e3
         if max_seconds is not None and spent > max_seconds:

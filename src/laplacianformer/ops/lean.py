@@ -32,7 +32,7 @@ from .settings import AttentionSettings
 from .validation import SHIPPED_NORMS, WHITENED_NORMS
 from .value_conv import ValueConv, add_value_conv
 
-__all__ = ["LEAN_BACKENDS", "lean_trace_fits", "lean_value_conv"]
+__all__ = ["LEAN_BACKENDS", "kernel_rows", "lean_trace_fits", "lean_value_conv"]
 
 LEAN_BACKENDS = {"pooling": "cpu", "landmark_solve": "steps", "kernel": "cpu", "newton_schulz": "cpu",
                  "streaming": "steps", "normalization": "cpu"}
@@ -58,7 +58,7 @@ def lean_trace_fits(trace: list[tuple[str, str]], settings: AttentionSettings,
             and all(LEAN_BACKENDS.get(op) == name for op, name in trace))
 
 
-def _kernel(x: torch.Tensor, y: torch.Tensor, s: AttentionSettings) -> torch.Tensor:
+def kernel_rows(x: torch.Tensor, y: torch.Tensor, s: AttentionSettings) -> torch.Tensor:
     """k(X, Y) (..., N, M) by the C kernel rows: what the ``cpu`` backend of ``kernel`` computes without
     autograd."""
     out = kernel_rows_cpu(_batch_rows(x), _batch_rows(y), s.spec, 1.0 / float(s.bandwidth))
@@ -79,17 +79,17 @@ def lean_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Tensor, s: At
     heads = q.shape[1]
     v = v_tok.reshape(b, n, heads, c // heads).transpose(1, 2)
     if grid is None:
-        out = normalize_dense(_kernel(q, k, s), v, s.norm, s.norm_eps)
+        out = normalize_dense(kernel_rows(q, k, s), v, s.norm, s.norm_eps)
         if s.norm in WHITENED_NORMS:
             out = scale_whitened(out, v, s.norm_scale)
         return add_value_conv(out, ValueConv(v_tok, hw, weight, bias)).transpose(1, 2).reshape(b, n, c)
     marks = pool_grid_cpu(q, hw, grid)
-    w = _kernel(marks, marks, s)
+    w = kernel_rows(marks, marks, s)
     m = w.shape[-1]
     p = w + _cached_scaled_eye(m, s.ns_eps, w.dtype, w.device) if s.ns_eps else w  # ``regularise`` in eager mode
     w_inv = ns_native.newton_schulz_native(p, s.iters, None, CHECK_EVERY)
-    c_k = _kernel(k, marks, s)
-    c_q = c_k if k is q else _kernel(q, marks, s)
+    c_k = kernel_rows(k, marks, s)
+    c_q = c_k if k is q else kernel_rows(q, marks, s)
     e = v.shape[-1]
     out = normalize_cpu(c_q.reshape(-1, n, m), c_k.reshape(-1, n, m), v.reshape(-1, n, e), s.norm, s.norm_eps,
                         w_inv.reshape(-1, m, m)).reshape(b, heads, n, e)  # the ``cpu`` backend's call
