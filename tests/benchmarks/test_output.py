@@ -20,7 +20,8 @@ from laplacianformer.cli import main
 
 SRC = Path(bench_pkg.__file__).resolve().parents[1]  # the package directory
 ROOT = Path(__file__).resolve().parents[2]
-INFRASTRUCTURE = {"allocator", "backends", "harness", "machine", "options", "output", "process", "registry", "report"}
+INFRASTRUCTURE = {"allocator", "backends", "harness", "layer_floor", "machine", "options", "output", "process",
+                  "registry", "report"}
 
 
 def _args(*argv: str) -> argparse.Namespace:

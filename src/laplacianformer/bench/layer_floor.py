@@ -6,8 +6,9 @@
 A step is one call of the backend the layer's call runs (a GEMM, a C loop, one aten op) on the tensors the
 previous steps made, with nothing between them: no settings checks, plan look-up, module calls or reshapes,
 and the step's inputs hot in cache. The sum of the steps' medians is therefore a lower bound on the layer's
-time, the part no host path can remove; the layer's time minus that sum is its host time (Python, checks,
-dispatch, small aten calls, cold caches). ``host_overhead`` reports both for Laplacian and SR-softmax.
+time, the part no host path around these steps can remove (fusing steps makes other steps); the layer's time
+minus that sum is its host time (Python, checks, dispatch, small aten calls, cold caches). ``host_overhead``
+reports both for Laplacian and SR-softmax.
 
 Laplacian (``LaplacianAttention``, the lean host path of docs/DESIGN.md §6.6, ``ops/lean.py``): the q/k/v
 projections as the layer makes them, pooling, W = k(L, L), the Newton–Schulz solve, C_k, C_q, the C
