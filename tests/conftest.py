@@ -6,8 +6,9 @@
   so the interpreter (which must be chosen before Triton kernels are defined) never leaks into this
   process. On a machine with CUDA those tests run for real in-process instead. The runs the collected tests
   ask for (their ``triton_interpreter(...)`` calls, read from their source) start when collection ends, one
-  at a time in a background thread, so they overlap the in-process tests (a third of the suite's time on two
-  cores); each test then waits for its run and judges it. A run no test announced runs when asked.
+  at a time in a background thread, so they overlap the in-process tests (one after another, they took about
+  40 % of the suite's time on two cores); each test then waits for its run and judges it. A run no test
+  announced runs when asked.
 """
 
 from __future__ import annotations
