@@ -76,14 +76,21 @@ class _InterpreterRuns:
             with self._done:
                 if self._stopped:
                     return
-                self._proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                              text=True)
+                try:
+                    self._proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                                  stderr=subprocess.PIPE, text=True)
+                except OSError as exc:
+                    self._results[files] = exc
+                    self._done.notify_all()
+                    continue
             try:
                 out, err = self._proc.communicate(timeout=timeout)
                 result: object = subprocess.CompletedProcess(cmd, self._proc.returncode, out, err)
             except subprocess.TimeoutExpired as exc:
                 self._proc.kill()
                 self._proc.communicate()
+                result = exc
+            except Exception as exc:  # the waiting test raises it, rather than waiting forever
                 result = exc
             with self._done:
                 self._results[files] = result
@@ -112,13 +119,14 @@ def _announced_run(item) -> tuple[tuple[str, ...], float] | None:
         tree = ast.parse(textwrap.dedent(inspect.getsource(item.function)))
     except (OSError, TypeError, SyntaxError):
         return None
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "triton_interpreter"]
+    calls = [n for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "triton_interpreter"]
     if len(calls) != 1:
         return None
     try:
         files = tuple(ast.literal_eval(a) for a in calls[0].args)
         timeout = {k.arg: ast.literal_eval(k.value) for k in calls[0].keywords}.get("timeout", 600.0)
-    except ValueError:
+    except (ValueError, TypeError, SyntaxError):
         return None
     return files, float(timeout)
 

@@ -15,8 +15,9 @@ against the MAC ratio) and its vector-op ratio (``models.count_vector_ops``: eac
 three vector operations, every other MAC one FMA). Each case also times each layer's compute steps alone
 (``layer_floor``: GEMMs, C loops, SDPA, primed round-robin): their sum, the floor, is the part of the layer's
 time no host path around these steps can remove, and the Laplacian floor over the SR-softmax layer the lowest
-ratio such a path could reach (fusing steps, which changes the steps, is not bounded by it). The issue's targets, printed beside the ratios, are ≤ 1.3× at
-16×16 and ≤ 2.0× at 56×56 (stage 1 at 224²); nothing here asserts them.
+ratio such a path could reach (fusing steps, which changes the steps, is not bounded by it). The issue's
+targets, printed beside the ratios, are ≤ 1.3× at 16×16 and ≤ 2.0× at 56×56 (stage 1 at 224²); nothing here
+asserts them.
 Writes runs/bench/host_overhead/host_overhead_<device>.{json,md,png} (``--publish``: benchmarks/results/).
 """
 
@@ -141,7 +142,8 @@ def main(argv=None) -> None:
     table += ("\nThe compute floor (``bench/layer_floor.py``): each layer's compute steps and the two layers, timed "
               "primed (each timed call after an untimed one) round-robin in one run. Floor = the steps' medians "
               "summed; host = layer - floor; floor / SR-softmax = the Laplacian floor over the SR-softmax layer, "
-              "the ratio no host path around these steps can go below (fused steps are other steps).\n\n") + markdown_table(
+              "the ratio no host path around these steps can go below (fused steps are other steps).\n\n")
+    table += markdown_table(
         ["stage", "tokens", "Laplacian ms", "its floor", "its host", "SR-softmax ms", "its floor", "its host",
          "Laplacian / SR-softmax", "floor / SR-softmax", "target"],
         [[r["stage"] + 1, f"{r['hw'][0]}×{r['hw'][1]}", r["laplacian_primed_ms"], r["laplacian_floor_ms"],

@@ -61,7 +61,8 @@ def _laplacian_steps(layer: LaplacianAttention, x: torch.Tensor, hw) -> list[Ste
         steps.append(("q, k, v projection", lambda t: layer._project_qkv(x)))
         qkv = lambda t: t["q, k, v projection"]  # noqa: E731
     else:
-        steps += [("q, k projections", lambda t: layer._project_qk(x)), ("v projection", lambda t: layer._project_v(x))]
+        steps += [("q, k projections", lambda t: layer._project_qk(x)),
+                  ("v projection", lambda t: layer._project_v(x))]
         qkv = lambda t: (*t["q, k projections"], t["v projection"])  # noqa: E731
     q = lambda t: qkv(t)[0]  # noqa: E731
     k = lambda t: qkv(t)[1]  # noqa: E731
@@ -88,11 +89,12 @@ def _laplacian_steps(layer: LaplacianAttention, x: torch.Tensor, hw) -> list[Ste
         ]
         core = "C normalisation"
     if s.norm in WHITENED_NORMS:  # out of place here, so that a repeated call scales the same tensor
-        steps.append(("output scale (§4.6)", lambda t, core=core: scale_whitened(t[core].clone(), v(t), s.norm_scale)))
+        steps.append(("output scale (§4.6)",
+                      lambda t, core=core: scale_whitened(t[core].clone(), v(t), s.norm_scale)))
         core = "output scale (§4.6)"
     conv = layer.dwconv
-    steps += [("DWConv(V) + heads", lambda t, core=core: add_value_conv(t[core], ValueConv(v_tok(t), hw, conv.weight, conv.bias))
-                                                           .transpose(1, 2).reshape(b, n, c)),
+    merged = lambda t, core=core: add_value_conv(t[core], ValueConv(v_tok(t), hw, conv.weight, conv.bias))  # noqa: E731
+    steps += [("DWConv(V) + heads", lambda t: merged(t).transpose(1, 2).reshape(b, n, c)),
               ("output projection", lambda t: layer.proj(t["DWConv(V) + heads"]))]
     return _chain(steps)
 
