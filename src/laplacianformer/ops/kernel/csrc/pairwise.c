@@ -115,26 +115,6 @@ INLINE V FN(vsel_)(VI mask, V a, V b) { return (V)(((VI)a & mask) | ((VI)b & ~ma
  * 2^n never leaves the normal range and a subnormal result is rounded by the last product only. */
 INLINE V FN(vexp_)(V x) {
   const int f32 = sizeof(F) == 4;
-#if defined(__AVX512F__)
-  /* the same steps with AVX-512's max/min (a NaN in x passes through: it is the second operand), rounding
-   * (roundscale) and scaling by 2^n (scalef, which rounds a subnormal result once) */
-  if (f32) {
-    __m512 v = _mm512_min_ps(_mm512_set1_ps(88.72283f), _mm512_max_ps(_mm512_set1_ps(-104.0f), (__m512)x));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-    const V r = (V)_mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f),
-                                    _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), v));
-    V p = (F)(1.0 / 5040) + r * (F)(1.0 / 40320);
-    p = (F)(1.0 / 720) + r * p;
-    p = (F)(1.0 / 120) + r * p;
-    p = (F)(1.0 / 24) + r * p;
-    p = (F)(1.0 / 6) + r * p;
-    p = (F)0.5 + r * p;
-    p = (F)1 + r * p;
-    p = (F)1 + r * p;
-    return (V)_mm512_scalef_ps((__m512)p, n);
-  }
-#endif
-
   const F lo = f32 ? (F)-104.0f : (F)-746.0, hi = f32 ? (F)88.72283f : (F)709.782712893384;
   x = FN(vsel_)((VI)(x < lo), FN(bcast_)(lo), x);
   x = FN(vsel_)((VI)(x > hi), FN(bcast_)(hi), x);
@@ -212,22 +192,11 @@ INLINE void FN(store_part_)(F *o, V v, int64_t n) {
 #endif
 }
 
-/* o[:count] = exp(o[:count]), W lanes at a time. */
-INLINE void FN(vexp_rows_)(F *restrict o, int64_t count) {
-  int64_t i = 0;
-  for (; i + W <= count; i += W) *(VU *)(o + i) = FN(vexp_)(*(const VU *)(o + i));
-  if (i < count) {
-    V tail = (V){0};
-    for (int64_t k = 0; i + k < count; ++k) tail[k] = o[i + k];
-    FN(store_part_)(o + i, FN(vexp_)(tail), count - i);
-  }
-}
-
 /* out[r][j0 + t*W + w] = scale * D for the first `rows` (<= RF) rows of x (row stride sxn) against NT
  * column tiles of the packed yt (d, mp) from column j0; out has row stride m, columns >= m are not stored.
  * Rows past `rows` repeat the last one and are not stored (one specialisation per NT). */
 INLINE void FN(dist_tile_)(const F *restrict x, int64_t sxn, int rows, const F *restrict yt, int64_t mp,
-                           int64_t d, F *restrict out, int64_t m, int64_t j0, F scale, const int l1,
+                           int64_t d, F *restrict out, int64_t m, int64_t j0, F scale, int expo, const int l1,
                            const int NT) {
   const F *xr[RF];
   V acc[RF][TF];
@@ -252,19 +221,20 @@ INLINE void FN(dist_tile_)(const F *restrict x, int64_t sxn, int rows, const F *
     for (int t = 0; t < NT; ++t) {
       F *o = out + r * m + j0 + t * W;
       const int64_t left = m - (j0 + t * W);
+      const V val = expo ? FN(vexp_)(acc[r][t] * scale) : acc[r][t] * scale;
       if (left >= W)
-        *(VU *)o = acc[r][t] * scale;
+        *(VU *)o = val;
       else
-        FN(store_part_)(o, acc[r][t] * scale, left);
+        FN(store_part_)(o, val, left);
     }
   }
 }
 
 #define LF_DT_ARGS const F *x, int64_t sxn, int rows, const F *yt, int64_t mp, int64_t d, F *out, int64_t m, \
-                   int64_t j0, F scale
+                   int64_t j0, F scale, int expo
 #define LF_DT_DEF(NT, L)                                                                         \
   static void FN(dt_##NT##_##L##_)(LF_DT_ARGS) {                                                 \
-    FN(dist_tile_)(x, sxn, rows, yt, mp, d, out, m, j0, scale, L, NT);                           \
+    FN(dist_tile_)(x, sxn, rows, yt, mp, d, out, m, j0, scale, expo, L, NT);                     \
   }
 LF_SPECS(TF, LF_DT_DEF)
 #undef LF_DT_DEF
@@ -324,13 +294,13 @@ int FN(lf_dist_)(const F *x, int64_t sxb, int64_t sxn, const F *y, int64_t syb, 
         const F *ytb = yt + bi * d * mp;
         const int64_t j0 = g * W;
         switch ((int)MIN(TF, nt - g)) {
-          case 1: (l1 ? FN(dt_1_1_) : FN(dt_1_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale); break;
-          case 2: (l1 ? FN(dt_2_1_) : FN(dt_2_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale); break;
+          case 1: (l1 ? FN(dt_1_1_) : FN(dt_1_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale, expo); break;
+          case 2: (l1 ? FN(dt_2_1_) : FN(dt_2_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale, expo); break;
 #if TF >= 3
-          case 3: (l1 ? FN(dt_3_1_) : FN(dt_3_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale); break;
+          case 3: (l1 ? FN(dt_3_1_) : FN(dt_3_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale, expo); break;
 #endif
 #if TF >= 4
-          case 4: (l1 ? FN(dt_4_1_) : FN(dt_4_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale); break;
+          case 4: (l1 ? FN(dt_4_1_) : FN(dt_4_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale, expo); break;
 #endif
           default: break;
         }
@@ -338,11 +308,12 @@ int FN(lf_dist_)(const F *x, int64_t sxb, int64_t sxn, const F *y, int64_t syb, 
       if (pairs) {
         const F *yb = y + bi * syb;
         for (int r = 0; r < rows; ++r)
-          for (int64_t j = full * W; j < m; ++j)
-            o[r * m + j] = scale * (l1 ? FN(dist_pair_)(xr + r * sxn, yb + j * sym, d, 1)
-                                       : FN(dist_pair_)(xr + r * sxn, yb + j * sym, d, 0));
+          for (int64_t j = full * W; j < m; ++j) {
+            const F v = scale * (l1 ? FN(dist_pair_)(xr + r * sxn, yb + j * sym, d, 1)
+                                    : FN(dist_pair_)(xr + r * sxn, yb + j * sym, d, 0));
+            o[r * m + j] = expo ? FN(vexp_)(FN(bcast_)(v))[0] : v; /* the tiles' exp, lane 0 */
+          }
       }
-      if (expo) FN(vexp_rows_)(o, (int64_t)rows * m); /* the block's rows, still in cache */
     }
   }
   return 0;
