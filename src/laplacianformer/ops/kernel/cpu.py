@@ -1,16 +1,14 @@
 """Fast CPU path for the kernel primitives (docs/DESIGN.md §1, §6).
 
     D_nm  = sum_d |x_nd - y_md|  (L1 families)  or  sum_d (x_nd - y_md)^2  (the L2 ones: the spec's accumulation)
-    C_nm  = f(r(D_nm) / lam)       (the family's profile, ``kernel_families``; exp(-D_nm / lam) in the C
-                                    loop's pass for the Laplacian and the Gaussian)
+    C_nm  = f(r(D_nm) / lam)       (the family's profile, ``kernel_families``; exp(-D_nm / lam) in place for
+                                    the Laplacian and the Gaussian)
     G'_nm = dL/dD_nm = dL/dC_nm · dC/dD   (``KernelSpec.slope_of``; C_nm · (-1/lam) for the exp families)
     dX_nd = sum_m G'_nm s_nmd,   dY_md = -sum_n G'_nm s_nmd,   s = sign(x_nd - y_md)  (or 2 (x_nd - y_md))
 
 sign(0) = 0: where x_nd = y_md the L1 term contributes no gradient (torch.sign's convention, the
 minimal-norm subgradient).  D and the sign reduction run in the C loops of ``native.py`` (one pass over
-(n, m, d), no (N, M, d) temporary, vectorised and threaded), the exponential of the exp families in the
-same pass (a vectorised exp within 1.5 ulp, ``vexp_`` in csrc/pairwise.c); the other profiles and the
-products with V use PyTorch.
+(n, m, d), no (N, M, d) temporary, vectorised and threaded); exp and the products with V use PyTorch.
 Without a C compiler the same formulas run in PyTorch on row chunks small enough to stay in cache.
 The primitives are ``torch.library.custom_op``s (``laplacianformer::laplace_kernel_cpu`` ...) with fake
 implementations and registered autograd (``_autograd.py``, shared with ``triton.py``), so torch.compile
