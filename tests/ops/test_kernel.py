@@ -33,34 +33,6 @@ def loops(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_c_exponential_is_within_an_ulp_over_the_whole_range(dtype):
-    """The exp-profile kernels take exp(scale · D) in the C loop's pass (``vexp_`` in csrc/pairwise.c): against
-    exp computed in float64 (float32) or by torch (float64, correctly rounded to within its own half ulp), at
-    most 1.5 ulp over every normal result from 0 to the underflow; subnormal results within one subnormal
-    step; exp(-inf) = 0, a NaN stays NaN; tiles and the leftover columns (m = 49 = 3 × 16 + 1) alike."""
-    if native.load() is None:
-        pytest.skip(f"C loops unavailable: {native.load_error()}")
-    top = 110.0 if dtype == torch.float32 else 760.0
-    z = torch.linspace(0.0, top, 300_007, dtype=torch.float64)
-    x = torch.zeros(1, 1, 1, dtype=dtype)
-    got = native.pairwise_distance_native(x, z.to(dtype).view(1, -1, 1), True, -1.0, exp=True).view(-1).double()
-    exact = (-z.to(dtype).double()).exp()
-    info = torch.finfo(dtype)
-    normal = exact >= info.tiny
-    assert normal.sum() > 1000 and (~normal).sum() > 1000
-    assert (((got - exact).abs() / exact)[normal] / info.eps).max() <= 1.5
-    assert (got - exact).abs()[~normal].max() <= info.smallest_normal * info.eps  # one subnormal step
-    special = torch.tensor([float("inf"), float("nan"), 0.0], dtype=dtype).view(1, 3, 1)
-    out = native.pairwise_distance_native(x, special, True, -1.0, exp=True).view(-1)
-    assert out[0] == 0 and out[1].isnan() and out[2] == 1
-    gen = torch.Generator().manual_seed(0)
-    q, marks = torch.randn(2, 37, 64, dtype=dtype, generator=gen), torch.randn(2, 49, 64, dtype=dtype, generator=gen)
-    dist = native.pairwise_distance_native(q, marks, True, -0.25)
-    fused = native.pairwise_distance_native(q, marks, True, -0.25, exp=True)
-    assert ((fused.double() - dist.double().exp()).abs() / dist.double().exp()).max() <= 1.5 * info.eps
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_cpu_path_gradcheck(loops, kind, seeded):
     seed, gen = seeded

@@ -99,11 +99,9 @@ def pairwise_distance_grad_cpu(
 
 def kernel_rows_cpu(x: torch.Tensor, y: torch.Tensor, spec: KernelSpec, inv_lam: float,
                     out: torch.Tensor | None = None) -> torch.Tensor:
-    """k(X, Y) = f(r / lam) (B, N, M) into ``out`` when given: exp(-inv_lam · D) for the exp families (in the C
-    loop's pass; without the C library, in place after the chunked distances), else the spec's profile on D."""
+    """k(X, Y) = f(r / lam) (B, N, M) into ``out`` when given: exp(-inv_lam · D) in place for the exp families,
+    else the spec's profile on D."""
     if spec.exp_of_accumulation:
-        if _use_native(x):  # the exponential in the C loop's pass
-            return native.pairwise_distance_native(x, y, spec.l1, -inv_lam, out, exp=True)
         return pairwise_distance_cpu(x, y, spec.name, -inv_lam, out).exp_()
     acc = pairwise_distance_cpu(x, y, spec.name)
     return spec.kernel_of(acc, inv_lam) if out is None else out.copy_(spec.kernel_of(acc, inv_lam))

@@ -20,7 +20,7 @@ def _signatures(lib: ctypes.CDLL) -> None:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
         dist = getattr(lib, f"lf_dist_{suffix}")
-        dist.argtypes = [p, i64, i64, p, i64, i64, p, i64, i64, i64, i64, i32, real, i32, i32]
+        dist.argtypes = [p, i64, i64, p, i64, i64, p, i64, i64, i64, i64, real, i32, i32]
         dist.restype = i32
         grad = getattr(lib, f"lf_grad_{suffix}")
         grad.argtypes = [p, i64, i64, p, i64, i64, p, p, p, i64, i64, p, i64, i64, i64, i64, i64, i64, real, i32, i32]
@@ -70,15 +70,14 @@ def _launch(
 
 
 def pairwise_distance_native(
-    x: torch.Tensor, y: torch.Tensor, l1: bool, scale: float = 1.0, out: torch.Tensor | None = None,
-    exp: bool = False,
+    x: torch.Tensor, y: torch.Tensor, l1: bool, scale: float = 1.0, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """scale · D (B, N, M), or exp(scale · D) with ``exp`` (the exp-profile kernels, in the same pass), for
-    x (B, N, d), y (B, M, d) of one float dtype (into ``out``, a contiguous (B, N, M) tensor, when given). x and
-    y may have any batch and row strides; they are copied only when their last dimension is not contiguous."""
+    """scale · D (B, N, M) for x (B, N, d), y (B, M, d) of one float dtype (into ``out``, a contiguous
+    (B, N, M) tensor, when given). x and y may have any batch and row strides; they are copied only when
+    their last dimension is not contiguous."""
     if out is None:
         out = torch.empty(x.shape[0], x.shape[1], y.shape[1], dtype=x.dtype)
-    _launch("dist", x, y, (_ptr(out),), (int(exp),), scale, l1)
+    _launch("dist", x, y, (_ptr(out),), (), scale, l1)
     return out
 
 

@@ -3,8 +3,7 @@
  *
  * x: (B, N, d) with element strides (sxb, sxn, 1); y: (B, M, d) with strides (syb, sym, 1); g, c, out:
  * contiguous (B, N, M); dx: (B, N, d) with strides (sdb, sdn, 1); dy: contiguous (B, M, d).
- * lf_dist_*: out = scale * D, D the L1 (l1 != 0) or squared-L2 distance; with expo != 0, out = exp(scale * D)
- * (the exp-profile kernels' values, docs/DESIGN.md §1: vexp below, within an ulp or two of libm's exp).
+ * lf_dist_*: out = scale * D, D the L1 (l1 != 0) or squared-L2 distance.
  * lf_grad_*: with dL/dD = g * c * scale (c may be NULL: dL/dD = g * scale), dx and dy. The rows of each
  * batch are cut into `chunks` chunks of `rows_per_chunk` rows; each chunk sums its dY part into its own
  * slot and the slots are added in chunk order, so the result does not depend on the thread count.
@@ -103,54 +102,6 @@ INLINE V FN(bcast_)(F s) {
   return v;
 }
 
-/* a where the lanes of mask are set (all ones), b where they are clear. */
-INLINE V FN(vsel_)(VI mask, V a, V b) { return (V)(((VI)a & mask) | ((VI)b & ~mask)); }
-
-/* exp(x) lane-wise, within about an ulp of the exact value (checked against float64 over the whole range,
- * tests/ops/test_kernel.py). x is clamped to [-104, 88.72] in float32, [-746, 709.78] in float64 (a NaN stays
- * NaN; exp of the lower ends rounds to 0, of the upper ends is the largest finite values' neighbourhood), then
- * x = n ln2 + r with |r| <= ln2 / 2 (n rounded to nearest; ln2 in two parts, the first with trailing zeros so
- * that n ln2_hi is exact), exp(r) by its Taylor polynomial (degree 7 in float32: truncation below 1e-8
- * relative; degree 13 in float64: below 1e-17), times 2^n as two powers of two of about n / 2 each, so that
- * 2^n never leaves the normal range and a subnormal result is rounded by the last product only. */
-INLINE V FN(vexp_)(V x) {
-  const int f32 = sizeof(F) == 4;
-  const F lo = f32 ? (F)-104.0f : (F)-746.0, hi = f32 ? (F)88.72283f : (F)709.782712893384;
-  x = FN(vsel_)((VI)(x < lo), FN(bcast_)(lo), x);
-  x = FN(vsel_)((VI)(x > hi), FN(bcast_)(hi), x);
-  const F shifter = f32 ? (F)12582912.0f : (F)6755399441055744.0; /* 1.5 * 2^23, 1.5 * 2^52 */
-  const V nf = (x * (F)1.4426950408889634 + shifter) - shifter;
-  const F ln2_hi = f32 ? (F)0.693359375f : (F)6.93147180369123816490e-01;
-  const F ln2_lo = f32 ? (F)-2.12194440e-4f : (F)1.90821492927058770002e-10;
-  const V r = (x - nf * ln2_hi) - nf * ln2_lo;
-  V p;
-  if (f32) {
-    p = (F)(1.0 / 5040) + r * (F)(1.0 / 40320);
-    p = (F)(1.0 / 720) + r * p;
-  } else {
-    p = (F)(1.0 / 1307674368000.0) * r + (F)(1.0 / 87178291200.0);
-    p = (F)(1.0 / 6227020800.0) + r * p;
-    p = (F)(1.0 / 479001600.0) + r * p;
-    p = (F)(1.0 / 39916800.0) + r * p;
-    p = (F)(1.0 / 3628800.0) + r * p;
-    p = (F)(1.0 / 362880.0) + r * p;
-    p = (F)(1.0 / 40320.0) + r * p;
-    p = (F)(1.0 / 5040.0) + r * p;
-    p = (F)(1.0 / 720.0) + r * p;
-  }
-  p = (F)(1.0 / 120) + r * p;
-  p = (F)(1.0 / 24) + r * p;
-  p = (F)(1.0 / 6) + r * p;
-  p = (F)0.5 + r * p;
-  p = (F)1 + r * p;
-  p = (F)1 + r * p;
-  const VI n = __builtin_convertvector(nf, VI);
-  const VI n1 = n >> 1, n2 = n - n1;
-  const int mant = f32 ? 23 : 52;
-  const LF_I bias = f32 ? 127 : 1023;
-  return p * (V)((n1 + bias) << mant) * (V)((n2 + bias) << mant);
-}
-
 /* sign(u) * gv lane-wise, sign(0) = 0 (gv holds one value in every lane; a NaN u gives +-gv). */
 INLINE V FN(vsign_)(V u, V gv) {
   const VI sign = ~((VI){0} + (LF_I)LF_ABSBITS);
@@ -196,7 +147,7 @@ INLINE void FN(store_part_)(F *o, V v, int64_t n) {
  * column tiles of the packed yt (d, mp) from column j0; out has row stride m, columns >= m are not stored.
  * Rows past `rows` repeat the last one and are not stored (one specialisation per NT). */
 INLINE void FN(dist_tile_)(const F *restrict x, int64_t sxn, int rows, const F *restrict yt, int64_t mp,
-                           int64_t d, F *restrict out, int64_t m, int64_t j0, F scale, int expo, const int l1,
+                           int64_t d, F *restrict out, int64_t m, int64_t j0, F scale, const int l1,
                            const int NT) {
   const F *xr[RF];
   V acc[RF][TF];
@@ -221,20 +172,19 @@ INLINE void FN(dist_tile_)(const F *restrict x, int64_t sxn, int rows, const F *
     for (int t = 0; t < NT; ++t) {
       F *o = out + r * m + j0 + t * W;
       const int64_t left = m - (j0 + t * W);
-      const V val = expo ? FN(vexp_)(acc[r][t] * scale) : acc[r][t] * scale;
       if (left >= W)
-        *(VU *)o = val;
+        *(VU *)o = acc[r][t] * scale;
       else
-        FN(store_part_)(o, val, left);
+        FN(store_part_)(o, acc[r][t] * scale, left);
     }
   }
 }
 
 #define LF_DT_ARGS const F *x, int64_t sxn, int rows, const F *yt, int64_t mp, int64_t d, F *out, int64_t m, \
-                   int64_t j0, F scale, int expo
+                   int64_t j0, F scale
 #define LF_DT_DEF(NT, L)                                                                         \
   static void FN(dt_##NT##_##L##_)(LF_DT_ARGS) {                                                 \
-    FN(dist_tile_)(x, sxn, rows, yt, mp, d, out, m, j0, scale, expo, L, NT);                     \
+    FN(dist_tile_)(x, sxn, rows, yt, mp, d, out, m, j0, scale, L, NT);                           \
   }
 LF_SPECS(TF, LF_DT_DEF)
 #undef LF_DT_DEF
@@ -263,7 +213,7 @@ INLINE F FN(dist_pair_)(const F *restrict x, const F *restrict y, int64_t d, con
 }
 
 int FN(lf_dist_)(const F *x, int64_t sxb, int64_t sxn, const F *y, int64_t syb, int64_t sym, F *out,
-                 int64_t b, int64_t n, int64_t m, int64_t d, int expo, F scale, int l1, int threads) {
+                 int64_t b, int64_t n, int64_t m, int64_t d, F scale, int l1, int threads) {
   const int64_t full = m / W, rem = m % W;
   /* Leftover columns one pair at a time (measured: about 3 d / W + 20 vector operations each per row)
    * when that is cheaper than a padded tile (3 d per row). */
@@ -294,13 +244,13 @@ int FN(lf_dist_)(const F *x, int64_t sxb, int64_t sxn, const F *y, int64_t syb, 
         const F *ytb = yt + bi * d * mp;
         const int64_t j0 = g * W;
         switch ((int)MIN(TF, nt - g)) {
-          case 1: (l1 ? FN(dt_1_1_) : FN(dt_1_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale, expo); break;
-          case 2: (l1 ? FN(dt_2_1_) : FN(dt_2_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale, expo); break;
+          case 1: (l1 ? FN(dt_1_1_) : FN(dt_1_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale); break;
+          case 2: (l1 ? FN(dt_2_1_) : FN(dt_2_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale); break;
 #if TF >= 3
-          case 3: (l1 ? FN(dt_3_1_) : FN(dt_3_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale, expo); break;
+          case 3: (l1 ? FN(dt_3_1_) : FN(dt_3_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale); break;
 #endif
 #if TF >= 4
-          case 4: (l1 ? FN(dt_4_1_) : FN(dt_4_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale, expo); break;
+          case 4: (l1 ? FN(dt_4_1_) : FN(dt_4_0_))(xr, sxn, rows, ytb, mp, d, o, m, j0, scale); break;
 #endif
           default: break;
         }
@@ -308,11 +258,9 @@ int FN(lf_dist_)(const F *x, int64_t sxb, int64_t sxn, const F *y, int64_t syb, 
       if (pairs) {
         const F *yb = y + bi * syb;
         for (int r = 0; r < rows; ++r)
-          for (int64_t j = full * W; j < m; ++j) {
-            const F v = scale * (l1 ? FN(dist_pair_)(xr + r * sxn, yb + j * sym, d, 1)
-                                    : FN(dist_pair_)(xr + r * sxn, yb + j * sym, d, 0));
-            o[r * m + j] = expo ? FN(vexp_)(FN(bcast_)(v))[0] : v; /* the tiles' exp, lane 0 */
-          }
+          for (int64_t j = full * W; j < m; ++j)
+            o[r * m + j] = scale * (l1 ? FN(dist_pair_)(xr + r * sxn, yb + j * sym, d, 1)
+                                       : FN(dist_pair_)(xr + r * sxn, yb + j * sym, d, 0));
       }
     }
   }
