@@ -25,16 +25,19 @@ import sys
 
 __all__ = ["RETAINED_HEAP_ENV", "retain_freed_memory", "retaining"]
 
+_NEVER = 2**31 - 1  # a threshold no block reaches
+_TOP_PAD = 256 * 2**20  # the heap grows in steps this large
+
 RETAINED_HEAP_ENV = {
-    "MALLOC_MMAP_THRESHOLD_": str(2**31 - 1),  # large blocks from the heap, not per-call mmap/munmap
-    "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1),  # never give the top of the heap back
-    "MALLOC_TOP_PAD_": str(256 * 2**20),  # grow the heap in large steps
+    "MALLOC_MMAP_THRESHOLD_": str(_NEVER),  # large blocks from the heap, not per-call mmap/munmap
+    "MALLOC_TRIM_THRESHOLD_": str(_NEVER),  # never give the top of the heap back
+    "MALLOC_TOP_PAD_": str(_TOP_PAD),  # grow the heap in large steps
 }
 """glibc tunables (read at process start) that keep freed memory mapped for reuse."""
 
 # mallopt parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
-_SETTINGS = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_TOP_PAD, 256 * 2**20))
+_SETTINGS = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER), (_M_TOP_PAD, _TOP_PAD))
 """What ``retain_freed_memory`` sets: no block served by its own mmap (rather than a high mmap threshold: mallopt(3)
 documents 32 MiB as its upper limit on 64-bit systems, and Tiny's activations at 1024² reach 128 MiB), no
 trimming of the heap's top, growth in 256 MiB steps."""

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from ..layers.laplacian_attention import ONE_PRODUCT_MIN_WIDTH, LaplacianAttention
+from ..layers.laplacian_attention import LaplacianAttention
 from ..layers.grid_conv import grid_to_tokens, tokens_to_grid
 from ..layers.spatial_reduction_attention import SpatialReductionAttention, pad_to_cell
 from ..ops.grid_cpu import pool_grid_cpu
@@ -57,7 +57,7 @@ def _laplacian_steps(layer: LaplacianAttention, x: torch.Tensor, hw) -> list[Ste
     heads = layer.num_heads
     grid = resolve_landmarks(s.landmarks, hw, n)
     steps = []
-    if layer.dim >= ONE_PRODUCT_MIN_WIDTH:
+    if layer.cpu_projects_in_one_product:
         steps.append(("q, k, v projection", lambda t: layer._project_qkv(x)))
         qkv = lambda t: t["q, k, v projection"]  # noqa: E731
     else:
@@ -84,7 +84,7 @@ def _laplacian_steps(layer: LaplacianAttention, x: torch.Tensor, hw) -> list[Ste
             *([] if layer.tie_qk else [("C_q = k(Q, L)", lambda t: kernel_rows(q(t), t["landmark pooling"], s))]),
             ("C normalisation", lambda t: normalize_cpu(
                 t[c_q].reshape(-1, n, m), t["C_k = k(K, L)"].reshape(-1, n, m),
-                v(t).reshape(-1, n, v(t).shape[-1]), s.norm, s.norm_eps,
+                v(t).reshape(-1, n, c // heads), s.norm, s.norm_eps,
                 t["Newton-Schulz solve"].reshape(-1, m, m)).reshape(b, heads, n, -1)),
         ]
         core = "C normalisation"

@@ -169,12 +169,18 @@ class LaplacianAttention(TokenAttention):
         if triton_device(x.device):
             q, k = self._project_qk(x) if self.tie_qk else self._project_qk_stacked(x)
             v_tok = self._project_v(x)
-        elif self.dim >= ONE_PRODUCT_MIN_WIDTH:
+        elif self.cpu_projects_in_one_product:
             q, k, v_tok = self._project_qkv(x)
         else:
             (q, k), v_tok = self._project_qk(x), self._project_v(x)
         return attention_with_value_conv(q, k, v_tok, self.settings, hw=hw, weight=self.dwconv.weight,
                                          bias=self.dwconv.bias, norm_gain=self.norm_gain, plans=self._plans)
+
+    @property
+    def cpu_projects_in_one_product(self) -> bool:
+        """Whether CPU inference takes q, k and v from one product with the whole ``qkv`` weight (C >=
+        ``ONE_PRODUCT_MIN_WIDTH``), else from three contiguous ones."""
+        return self.dim >= ONE_PRODUCT_MIN_WIDTH
 
     def _fused_device(self, x: torch.Tensor) -> bool:
         """Whether the fused training passes take x's device (CUDA; the CPU under the Triton interpreter)."""
