@@ -4,15 +4,20 @@ forced backends, recordings and other dtypes keep the general path."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
 
 from laplacianformer import LaplacianAttention
 from laplacianformer.ops import explain_all, use
 from laplacianformer.ops.kernel import native
-from laplacianformer.ops.kernel_families import code_path_representatives
+from laplacianformer.ops.kernel_families import code_path_representatives, kernel_spec
+from laplacianformer.ops.lean import LeanNystrom
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason="C loops unavailable")
+THREADS = torch.get_num_threads()
 
 
 def _layer(dim=32, heads=2, **kw):
@@ -54,8 +59,38 @@ def test_lean_calls_equal_the_general_call_bit_for_bit(kernel, case, seeded):
     n = 120 if hw is None else hw[0] * hw[1]
     x = torch.randn(b, n, dim, generator=gen, dtype=dtype)
     first, second = _twice(layer, x, hw)
-    assert list(layer._plans.values()) != [False], f"seed {seed}: the lean path was not planned ({case})"
+    plans = list(layer._lean_calls.values())
+    assert plans != [False], f"seed {seed}: the lean path was not planned ({case})"
+    bound = not case.startswith("exact") and kernel_spec(kernel).exp_of_accumulation
+    assert isinstance(plans[0], LeanNystrom) == bound, (case, kernel, plans)  # the C calls made by the plan
     assert torch.equal(first, second), f"seed {seed}: lean differs from the general path ({kernel}, {case})"
+    with torch.no_grad():
+        torch.set_num_threads(1)
+        try:
+            assert torch.equal(layer(x, hw), first), "the thread count changed the lean result"
+        finally:
+            torch.set_num_threads(THREADS)
+
+
+def test_a_changed_conv_weight_reaches_the_lean_path(seeded):
+    """The bound line keeps the conv's taps only while the weight is the same tensor at the same version: after
+    an in-place update (an optimizer step) or a new weight tensor, its calls equal a copy's first (general)
+    call. Copies and pickles start with no plans (a plan holds this process's C entry points)."""
+    _, gen = seeded
+    layer = _layer()
+    x = torch.randn(1, 100, 32, generator=gen)
+    _twice(layer, x, (10, 10))
+    assert isinstance(next(iter(layer._lean_calls.values())), LeanNystrom)
+    with torch.no_grad():
+        for change in ("in place", "new tensor"):
+            if change == "in place":
+                layer.dwconv.weight.mul_(2.0)
+            else:
+                layer.dwconv.weight = torch.nn.Parameter(layer.dwconv.weight * 0.5 + 0.1)
+            fresh = copy.deepcopy(layer)
+            assert fresh._lean_calls == {}
+            assert torch.equal(layer(x, (10, 10)), fresh(x, (10, 10))), change
+    assert pickle.loads(pickle.dumps(layer))._lean_calls == {}
 
 
 def test_signatures_the_lean_path_does_not_reproduce_keep_the_general_path(seeded):
@@ -65,7 +100,7 @@ def test_signatures_the_lean_path_does_not_reproduce_keep_the_general_path(seede
                dict(landmarks=None, norm="rowsum")):
         layer = _layer(**kw)
         first, second = _twice(layer, x, (10, 10))
-        assert all(v is False for v in layer._plans.values()), kw
+        assert all(v is False for v in layer._lean_calls.values()), kw
         assert torch.equal(first, second), kw
 
 
@@ -77,7 +112,7 @@ def test_forced_backends_and_recordings_take_the_general_path(seeded):
     with use(normalization="composite"), torch.no_grad():
         forced = layer(x, (10, 10))
         assert layer(x, (10, 10)).equal(forced)
-    assert sum(v is False for v in layer._plans.values()) == 1  # the forced signature is planned apart
+    assert sum(v is False for v in layer._lean_calls.values()) == 1  # the forced signature is planned apart
     torch.testing.assert_close(forced, lean, rtol=1e-5, atol=1e-5)
     q = torch.randn(1, 2, 100, 16, generator=gen)
     report = explain_all(q, q, q, hw=(10, 10))
@@ -89,4 +124,4 @@ def test_autograd_calls_never_plan(seeded):
     layer = _layer().train()
     x = torch.randn(1, 100, 32, generator=gen, requires_grad=True)
     layer(x, (10, 10)).sum().backward()
-    assert layer._plans == {} and x.grad is not None
+    assert layer._lean_calls == {} and x.grad is not None

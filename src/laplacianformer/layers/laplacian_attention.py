@@ -37,7 +37,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from ..ops.attention import attention_from_qkv, attention_with_value_conv
+from ..ops.attention import attention_from_qkv, attention_with_value_conv, plan_value_conv, remember_plan, PlanCache
+from ..ops.validation import check_finite
 from ..ops.dispatch import explain
 from ..ops.recompute import recompute_attention
 from ..ops.settings import OPERATOR_SETTINGS, settings_from
@@ -100,7 +101,7 @@ class LaplacianAttention(TokenAttention):
         # made and checked once; lam and qk_scale hold the kernel's defaults resolved for this head dim
         self.settings = settings_from(self.head_dim, settings, "LaplacianAttention")
         self.landmarks = self.settings.landmarks
-        self._plans: dict = {}  # the lean host path's call signatures (ops.attention.attention_with_value_conv)
+        self._lean_calls = PlanCache()  # the lean host path's plans per call signature (docs/DESIGN.md §6.6)
         like = self.proj.weight
         self.register_parameter("norm_gain", nn.Parameter(torch.ones(num_heads, device=like.device, dtype=like.dtype))
                                 if learned else None)
@@ -158,7 +159,7 @@ class LaplacianAttention(TokenAttention):
         """What ``torch.jit.script`` compiles for this layer: its script form (``layers.scripting.script_form``)."""
         return script_form(self)
 
-    def _attend_value_conv(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
+    def _attend_value_conv(self, x: torch.Tensor, hw: Optional[Tuple[int, int]], key=None) -> torch.Tensor:
         """Eager inference without a mask or prefix tokens (the ``value_conv`` path, ``layers/plan.py``): x (B, N, C)
         -> the heads merged + DWConv(V) (B, N, C) by ``ops.attention.attention_with_value_conv``, whose streaming
         output pass adds the conv on CUDA (docs/KERNELS.md, "The fused DWConv(V)"); elsewhere the unfused
@@ -169,12 +170,34 @@ class LaplacianAttention(TokenAttention):
         if triton_device(x.device):
             q, k = self._project_qk(x) if self.tie_qk else self._project_qk_stacked(x)
             v_tok = self._project_v(x)
-        elif self.cpu_projects_in_one_product:
-            q, k, v_tok = self._project_qkv(x)
         else:
-            (q, k), v_tok = self._project_qk(x), self._project_v(x)
-        return attention_with_value_conv(q, k, v_tok, self.settings, hw=hw, weight=self.dwconv.weight,
-                                         bias=self.dwconv.bias, norm_gain=self.norm_gain, plans=self._plans)
+            q, k, v_tok = self._project_cpu(x)
+        conv = self.dwconv
+        if key is None or self.norm_gain is not None:
+            return attention_with_value_conv(q, k, v_tok, self.settings, hw=hw, weight=conv.weight, bias=conv.bias,
+                                             norm_gain=self.norm_gain)
+        out, plan = plan_value_conv(q, k, v_tok, self.settings, hw=hw, weight=conv.weight, bias=conv.bias)
+        remember_plan(self._lean_calls, key, plan)
+        return out
+
+    def _project_cpu(self, x: torch.Tensor):
+        """q, k (B, H, N, d) and v_tok (B, N, C) of CPU inference: strided views of one product from
+        ``ONE_PRODUCT_MIN_WIDTH`` up (``_project_qkv``, which the C loops read in place), else three contiguous
+        products (``cpu_projects_in_one_product``)."""
+        if self.cpu_projects_in_one_product:
+            return self._project_qkv(x)
+        (q, k), v_tok = self._project_qk(x), self._project_v(x)
+        return q, k, v_tok
+
+    def _lean_value_conv(self, x: torch.Tensor, plan) -> torch.Tensor:
+        """A later call of a signature whose first call planned the lean path (``_attend_value_conv`` with a key):
+        the projections and the plan's line (``ops.lean.lean_call``, bound to that call's checked ``hw`` and
+        landmarks), nothing between them (``check_finite_inputs`` still checks x)."""
+        if self.check_finite_inputs:
+            check_finite("x", x, None)
+        q, k, v_tok = self._project_cpu(x)
+        conv = self.dwconv
+        return plan(q, k, v_tok, conv.weight, conv.bias)
 
     @property
     def cpu_projects_in_one_product(self) -> bool:

@@ -43,6 +43,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..ops.validation import (check_finite, check_head_split, check_key_padding_mask, check_num_prefix_tokens,
                               check_prefix_layout, reject_attn_mask)
+from ..ops._runtime import choices_token, is_recording
 from .grid_conv import GridConv2d, grid_to_tokens, tokens_to_grid
 from .plan import CallKind, LayerTraits, layer_path
 from .tracing import is_fx_tracing, notrace
@@ -167,6 +168,7 @@ class TokenAttention(nn.Module):
         self.norm = norm(dim) if scale_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
+        self._lean_calls: Optional[dict] = None  # a layer with a lean inference path: {signature: plan}
         if device is not None or dtype is not None:
             self.to(device=device, dtype=dtype)
 
@@ -198,8 +200,12 @@ class TokenAttention(nn.Module):
         and work as a single 3C product). Each result is contiguous in token layout, so v needs no copy
         for the depthwise conv, the CPU kernels read q and k in place, and the backward gets each
         gradient without scattering it into a (B, N, 3C) buffer."""
-        q = self.q_norm(self._heads(self._rows(x, 0)))
-        return q, q if self.tie_qk else self.k_norm(self._heads(self._rows(x, 1)))
+        q = self._heads(self._rows(x, 0))
+        k = q if self.tie_qk else self._heads(self._rows(x, 1))
+        if self.qk_norm:  # else q_norm and k_norm are identities
+            q = self.q_norm(q)
+            k = q if self.tie_qk else self.k_norm(k)
+        return q, k
 
     def _project_qk_stacked(self, x: torch.Tensor):
         """x (B, N, C) -> q, k (B, H, N, d) from one product with the stacked q and k row blocks of ``qkv`` (not
@@ -216,8 +222,11 @@ class TokenAttention(nn.Module):
         for inference calls whose kernels read row strides (the CPU's C loops)."""
         c = self.dim
         qkv = self.qkv(x)
-        q = self.q_norm(self._heads(qkv[..., :c]))
-        k = q if self.tie_qk else self.k_norm(self._heads(qkv[..., c:2 * c]))
+        q = self._heads(qkv[..., :c])
+        k = q if self.tie_qk else self._heads(qkv[..., c:2 * c])
+        if self.qk_norm:  # else q_norm and k_norm are identities
+            q = self.q_norm(q)
+            k = q if self.tie_qk else self.k_norm(k)
         return q, k, qkv[..., qkv.shape[-1] - c:]
 
     def _project_v(self, x: torch.Tensor) -> torch.Tensor:
@@ -261,9 +270,26 @@ class TokenAttention(nn.Module):
             return y.squeeze(2).transpose(1, 2)
         return grid_to_tokens(self.dwconv(tokens_to_grid(v_tok, hw)))
 
-    def _attend_value_conv(self, x: torch.Tensor, hw: Optional[Tuple[int, int]]) -> torch.Tensor:
+    def _attend_value_conv(self, x: torch.Tensor, hw: Optional[Tuple[int, int]], key=None) -> torch.Tensor:
         """x (B, N, C) -> (B, N, C): the projections, then the heads merged + DWConv(V), for layers with
-        ``merges_value_conv``."""
+        ``merges_value_conv``; with ``key`` (``_lean_key``'s signature of this call), the call also plans the
+        signature's later calls into ``_lean_calls``."""
+        raise NotImplementedError
+
+    def _lean_key(self, x: torch.Tensor, hw) -> Optional[tuple]:
+        """The signature of this call for the plans of ``_lean_calls`` (docs/DESIGN.md §6.6), or None where no
+        plan may serve it: a layer without lean calls, autograd, a tensor subclass or an FX proxy, a torch.jit
+        trace, torch.compile / torch.export, ``explain``'s recording, or an ``hw`` that is not None or a tuple.
+        The signature holds all a call's plan depends on besides the values: x's shape, dtype and device,
+        ``hw``, autocast and the backend choices in force (``ops.use`` / ``ops.configure``)."""
+        if (self._lean_calls is None or torch.is_grad_enabled() or type(x) is not torch.Tensor
+                or not (hw is None or type(hw) is tuple) or torch.jit.is_tracing()
+                or torch.compiler.is_compiling() or is_recording()):
+            return None
+        return x.shape, hw, x.dtype, x.device, torch.is_autocast_enabled(x.device.type), choices_token()
+
+    def _lean_value_conv(self, x: torch.Tensor, plan) -> torch.Tensor:
+        """The heads merged + DWConv(V) (B, N, C) of x (B, N, C) by a plan of ``_lean_calls``."""
         raise NotImplementedError
 
     def _path(self, x: torch.Tensor, mask: Optional[torch.Tensor], device_fused: bool) -> str:
@@ -325,6 +351,14 @@ class TokenAttention(nn.Module):
         key_padding_mask: (B, N) bool, True = padding (docs/DESIGN.md §2.5); padded rows of the output are 0
         and padded inputs get no gradient. attn_mask / is_causal: rejected (ValueError saying why).
         The checks run in eager mode only (not while FX traces; a scripted layer: ``layers/scripting.py``)."""
+        key = self._lean_key(x, hw) if key_padding_mask is None and attn_mask is None and not is_causal else None
+        if key is not None:
+            plan = self._lean_calls.get(key)
+            if plan:  # a signature whose first call passed the checks below and planned the lean path
+                merged = self._lean_value_conv(x, plan)
+                if self.training:  # dropout is active (in eval mode the identity, not called)
+                    return self.proj_drop(self.proj(self.norm(self.attn_drop(merged))))
+                return self.proj(merged if type(self.norm) is nn.Identity else self.norm(merged))
         if is_fx_tracing():  # a graph: no checks, no fused paths; the prefix grid from a leaf
             if hw is None and self.num_prefix_tokens > 0:
                 hw = square_grid(x.shape[1], self.num_prefix_tokens)
@@ -339,7 +373,7 @@ class TokenAttention(nn.Module):
         if path == "fused_training":  # the core and DWConv(V) fused, forward and backward
             return self.proj_drop(self.proj(self.norm(self.attn_drop(self._attend_from_qkv(x, hw)))))
         if path == "value_conv":  # eager inference: heads merged + DWConv(V) in one op call
-            merged = self._attend_value_conv(x, hw)
+            merged = self._attend_value_conv(x, hw, key)
             return self.proj_drop(self.proj(self.norm(self.attn_drop(merged))))
         # a torch.jit trace (hence the TorchScript ONNX exporter) records no in-place op on a view
         return self._forward_plain(x, hw, mask, path == "recompute", not torch.jit.is_tracing())

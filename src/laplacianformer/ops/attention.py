@@ -26,7 +26,7 @@ import torch
 from . import _runtime
 from .dispatch import BackendRefused, selections
 from .graph_rule import attention_both_sides, rule_in_graph
-from .lean import lean_trace_fits, lean_value_conv
+from .lean import lean_call, lean_trace_fits
 from .nystrom import attention_core
 from .pooling import pool_landmarks  # re-exported: experiments/analysis.py and bench/ import it from here
 from .sequence_rule import attention_padded
@@ -48,7 +48,8 @@ _MAX_PLANS = 64
 """Call signatures a ``plans`` cache keeps before it starts afresh (input sizes seen by one layer)."""
 
 __all__ = ["AttentionSettings", "attention_from_qkv", "attention_with_settings", "attention_with_value_conv", "check_call",
-           "default_bandwidth", "explain_all", "laplacian_attention", "pool_landmarks"]
+           "default_bandwidth", "explain_all", "laplacian_attention", "plan_value_conv", "pool_landmarks", "remember_plan",
+           "PlanCache"]
 
 
 def laplacian_attention(
@@ -227,16 +228,10 @@ def attention_with_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Ten
                torch.is_autocast_enabled(q.device.type), weight.dtype, bias is None)
         plan = plans.get(key)
         if plan:
-            return lean_value_conv(q, k, v_tok, settings, hw, plan[0], weight, bias)
+            return plan(q, k, v_tok, weight, bias)
         if plan is None:
-            if len(plans) >= _MAX_PLANS:
-                plans.clear()
-            with selections() as trace:
-                out = attention_with_value_conv(q, k, v_tok, settings, hw=hw, weight=weight, bias=bias)
-            grid = resolve_landmarks(settings.landmarks, hw, v_tok.shape[1])
-            fits = (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
-                    and q.dtype == k.dtype == v_tok.dtype and lean_trace_fits(trace, settings, grid))
-            plans[key] = (grid,) if fits else False  # (grid,): the lean plan, grid None for the exact kernel
+            out, plan = plan_value_conv(q, k, v_tok, settings, hw=hw, weight=weight, bias=bias)
+            remember_plan(plans, key, plan)
             return out
     check_float_tensor("v_tok", v_tok, ndim=3)
     check_float_tensor("q", q, ndim=4)
@@ -255,6 +250,44 @@ def attention_with_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Ten
         check_call(settings, q.shape[1], q.shape[-1], hw, grid, None, norm_gain)
         heads = attention_core(q, k, v, settings, hw, grid, None, norm_gain, conv=conv)
     return heads.transpose(1, 2).reshape(b, n, c)
+
+
+def plan_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Tensor, settings: AttentionSettings, *,
+                    hw: tuple[int, int] | None, weight: torch.Tensor,
+                    bias: torch.Tensor | None) -> tuple[torch.Tensor, tuple | bool]:
+    """The general call of ``attention_with_value_conv`` (no learned gain, no gradient), recording the backend
+    each dispatched op selects: (its output, its plan). The plan is ``lean.lean_call``'s line for the resolved
+    landmarks (None: the exact kernel) when the trace is what ``lean_value_conv`` computes (``lean_trace_fits``),
+    so that later calls of the same signature may run ``plan(q, k, v_tok, weight, bias)``; else False. The
+    caller keys the plan on everything the trace depends on besides the values (shapes, hw, dtypes, device,
+    K = Q, ``_runtime.choices_token()``, autocast) and never plans while ``_runtime.is_recording()``."""
+    with selections() as trace:
+        out = attention_with_value_conv(q, k, v_tok, settings, hw=hw, weight=weight, bias=bias)
+    grid = resolve_landmarks(settings.landmarks, hw, v_tok.shape[1])
+    fits = (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+            and q.dtype == k.dtype == v_tok.dtype and lean_trace_fits(trace, settings, grid))
+    return out, (lean_call(q, k, v_tok, settings, hw, grid) if fits else False)
+
+
+def remember_plan(plans: dict, key, plan) -> None:
+    """Stores ``plan`` under ``key`` in a plan cache, which starts afresh past ``_MAX_PLANS`` signatures."""
+    if len(plans) >= _MAX_PLANS:
+        plans.clear()
+    plans[key] = plan
+
+
+class PlanCache(dict):
+    """A cache of plans per call signature (``remember_plan``) that copies, deep-copies and pickles empty: its
+    plans hold this process's C entry points, and a copy plans its own calls."""
+
+    def __reduce__(self):
+        return type(self), ()
+
+    def __copy__(self):
+        return type(self)()
+
+    def __deepcopy__(self, memo):
+        return type(self)()
 
 
 def attention_from_qkv(qkv: torch.Tensor, settings: AttentionSettings, *, heads: int, tied: bool,
