@@ -190,8 +190,9 @@ class LeanNystrom:
         self.pool(q.data_ptr(), b, heads, q.stride(0), q.stride(1), q.stride(2), self.gh, self.gw, self.lh, self.lw,
                   d, marks.data_ptr(), t["pool"])
         w = self._rows(marks.view(b, heads, m, d), marks, t["w"])
-        if s.ns_eps:  # P = W + eps·I (``regularise``), into W
-            w.add_(_cached_scaled_eye(m, s.ns_eps, w.dtype, w.device))
+        if s.ns_eps:  # P = W + eps·I (``regularise``) into W, on its diagonal only: W's entries are positive (an
+            # exp family), so adding regularise's zeros off the diagonal changes no bit there
+            w.diagonal(0, -2, -1).add_(s.ns_eps)
         w_inv = torch.empty_like(w)
         if self.solve(w.data_ptr(), w_inv.data_ptr(), b * heads, m, s.iters, CHECK_EVERY, 0.0, 0, t["ns"]):
             raise MemoryError("laplacianformer Newton–Schulz C loop: workspace allocation failed")
