@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from laplacianformer.ops import explain, use
-from laplacianformer.ops.normalization import NORMALIZATION, normalize_nystrom, normalize_nystrom_reference
+from laplacianformer.ops.normalization import (NORMALIZATION, normalize_nystrom, normalize_nystrom_reference,
+                                               normalize_nystrom_scaled)
 
 TRITON_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -181,6 +182,48 @@ def test_attention_default_runs_cpu_backend_and_equals_reference():
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-11)
     for a, b in zip(grads, torch.autograd.grad(ref.sum(), (q, k, v))):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+@needs_c
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("with_w", [True, False], ids=["w_inv", "b"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, (*s[0], *s[1:]))))
+def test_cpu_scale_in_the_pass_equals_the_scaled_reference(seeded, shape, norm, with_w):
+    """``normalize_nystrom_scaled`` (the §4.6 scale in the C pass, alpha M) against v̄ + alpha (Z V − v̄) of the
+    reference, float64; a gradient refuses alpha."""
+    c, k, v, w = (None if t is None else t.detach() for t in _factors(seeded, *shape, with_w))
+    alpha = 1.0 / v.shape[-2]
+    out, in_pass = normalize_nystrom_scaled(c, k, v, norm, w_inv=w, alpha=alpha)
+    assert in_pass
+    ref = normalize_nystrom_reference(c, k @ w.transpose(-1, -2) if w is not None else k, v, norm)
+    v_bar = v.mean(-2, keepdim=True)
+    torch.testing.assert_close(out, v_bar + alpha * (ref - v_bar), rtol=1e-9, atol=1e-12)
+    with use(normalization="composite"):
+        unscaled, in_pass = normalize_nystrom_scaled(c, k, v, norm, w_inv=w, alpha=alpha)
+    assert not in_pass  # a backend without a scaled form returns Z V for the caller to scale
+    torch.testing.assert_close(unscaled, ref, rtol=1e-9, atol=1e-12)
+    from laplacianformer.ops.normalization.cpu import normalize_cpu
+
+    flat = [t.reshape(-1, *t.shape[-2:]).requires_grad_() for t in (c, k, v)]
+    with pytest.raises(ValueError, match="alpha"):
+        normalize_cpu(*flat, norm, 1e-6, None, alpha=alpha)
+
+
+@needs_c
+@pytest.mark.parametrize("norm_scale", ["inv_n", "inv_sqrt_n", "one"])
+def test_inference_with_the_scale_in_the_pass_equals_the_composite(norm_scale):
+    """The operator without a gradient, whose C normalisation applies the §4.6 scale in its pass, against the
+    composite normalisation scaled by ``scale_whitened`` (float64)."""
+    from laplacianformer import laplacian_attention
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 64, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    kw = dict(hw=(8, 8), landmarks=(3, 3), norm_scale=norm_scale)
+    with torch.no_grad():
+        out = laplacian_attention(q, k, v, **kw)
+        with use(normalization="composite"):
+            ref = laplacian_attention(q, k, v, **kw)
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-11)
 
 
 # --- Triton (marked; CUDA or TRITON_INTERPRET=1) ---

@@ -12,9 +12,9 @@ reports both for Laplacian and SR-softmax.
 
 Laplacian (``LaplacianAttention``, the lean host path of docs/DESIGN.md §6.6, ``ops/lean.py``): the q/k/v
 projections as the layer makes them, pooling, W = k(L, L), the Newton–Schulz solve, C_k, C_q, the C
-normalisation, the §4.6 scale, DWConv(V) with the heads added into it, the output projection; for the exact
-kernel (the landmarks would cover every token), k(Q, K), the dense normalisation, the scale, the conv, the
-projection. SR-softmax (``SpatialReductionAttention``): q, the reduction conv, its LayerNorm, kv, SDPA, the
+normalisation (with the §4.6 scale in its pass), DWConv(V) with the heads added into it, the output projection;
+for the exact kernel (the landmarks would cover every token), k(Q, K), the dense normalisation, the scale, the
+conv, the projection. SR-softmax (``SpatialReductionAttention``): q, the reduction conv, its LayerNorm, kv, SDPA, the
 output projection.
 """
 
@@ -32,7 +32,7 @@ from ..ops.lean import kernel_rows
 from ..ops.newton_schulz import native as ns_native
 from ..ops.newton_schulz.naive import CHECK_EVERY, regularise
 from ..ops.normalization.cpu import normalize_cpu
-from ..ops.normalization.reference import normalize_dense, scale_whitened
+from ..ops.normalization.reference import normalize_dense, plain_scale, scale_whitened
 from ..ops.validation import WHITENED_NORMS, resolve_landmarks
 from ..ops.value_conv import ValueConv, add_value_conv
 
@@ -82,13 +82,14 @@ def _laplacian_steps(layer: LaplacianAttention, x: torch.Tensor, hw) -> list[Ste
                 regularise(t["W = k(L, L)"], s.ns_eps), s.iters, None, CHECK_EVERY)),
             ("C_k = k(K, L)", lambda t: kernel_rows(k(t), t["landmark pooling"], s)),
             *([] if layer.tie_qk else [("C_q = k(Q, L)", lambda t: kernel_rows(q(t), t["landmark pooling"], s))]),
-            ("C normalisation", lambda t: normalize_cpu(
+            ("C normalisation", lambda t: normalize_cpu(  # with the §4.6 scale in its pass
                 t[c_q].reshape(-1, n, m), t["C_k = k(K, L)"].reshape(-1, n, m),
                 v(t).reshape(-1, n, c // heads), s.norm, s.norm_eps,
-                t["Newton-Schulz solve"].reshape(-1, m, m)).reshape(b, heads, n, -1)),
+                t["Newton-Schulz solve"].reshape(-1, m, m), plain_scale(s.norm, s.norm_scale, n)
+            ).reshape(b, heads, n, -1)),
         ]
         core = "C normalisation"
-    if s.norm in WHITENED_NORMS:  # out of place here, so that a repeated call scales the same tensor
+    if grid is None and s.norm in WHITENED_NORMS:  # out of place here, so that a repeated call scales the same tensor
         steps.append(("output scale (§4.6)",
                       lambda t, core=core: scale_whitened(t[core].clone(), v(t), s.norm_scale)))
         core = "output scale (§4.6)"

@@ -64,7 +64,9 @@ class Backend:
     ``grad``: where an op has a custom-op form for torch.compile (docs/DESIGN.md §6.5) or a saving form, the
     backend's backward as a function without autograd (its arguments are documented by the op);
     ``saving``: where a caller runs the backward itself (the lean recompute, docs/DESIGN.md §5.5), the
-    forward without autograd returning the output and the tensors ``grad`` needs besides the inputs."""
+    forward without autograd returning the output and the tensors ``grad`` needs besides the inputs;
+    ``scaled``: where a backend applies an op's output scale in its own pass (the normalisation's §4.6 scale),
+    the forward without autograd with that scale as one more argument."""
 
     name: str
     run: Callable
@@ -72,6 +74,7 @@ class Backend:
     auto_refusal: Callable[..., str | None] = _serves
     grad: Callable | None = None
     saving: Callable | None = None
+    scaled: Callable | None = None
 
 
 class Op:

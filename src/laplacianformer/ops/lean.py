@@ -37,10 +37,10 @@ from .newton_schulz import native as ns_native
 from .newton_schulz.naive import CHECK_EVERY, _cached_scaled_eye
 from .normalization import cpu as norm_native
 from .normalization.cpu import normalize_cpu
-from .normalization.reference import normalize_dense, scale_whitened
+from .normalization.reference import normalize_dense, plain_scale, scale_whitened
 from .grid_cpu import pool_grid_cpu
 from .settings import AttentionSettings
-from .validation import NORM_SCALE_POWERS, SHIPPED_NORMS, WHITENED_NORMS
+from .validation import SHIPPED_NORMS, WHITENED_NORMS
 from .value_conv import ValueConv, add_value_conv
 
 __all__ = ["LEAN_BACKENDS", "LeanCall", "LeanNystrom", "kernel_rows", "lean_call", "lean_trace_fits",
@@ -84,7 +84,8 @@ def lean_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Tensor, s: At
     q, k (B, H, N, d) (``k is q`` when K = Q), v_tok (B, N, C) float32/float64 CPU tensors; hw the grid or None
     (1-D); grid the resolved landmarks, None for the exact kernel; weight (C, 1, 3, 3), bias (C,) or None. The
     steps of ``nystrom.nystrom`` with the plain steps (docs/DESIGN.md §2–§4.6): L = pool(Q), W = k(L, L),
-    W⁺ = NS(W + εI), C_k, C_q, the C normalisation, the §4.6 scale, DWConv(V) with the heads added into it;
+    W⁺ = NS(W + εI), C_k, C_q, the C normalisation with the §4.6 scale in its pass (``normalize_nystrom_scaled``),
+    DWConv(V) with the heads added into it;
     for the exact kernel those of ``nystrom.attention_core``: k(Q, K), the dense normalisation (§4.1), the
     scale, the conv."""
     b, n, c = v_tok.shape
@@ -104,9 +105,8 @@ def lean_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Tensor, s: At
     c_q = c_k if k is q else kernel_rows(q, marks, s)
     e = v.shape[-1]
     out = normalize_cpu(c_q.reshape(-1, n, m), c_k.reshape(-1, n, m), v.reshape(-1, n, e), s.norm, s.norm_eps,
-                        w_inv.reshape(-1, m, m)).reshape(b, heads, n, e)  # the ``cpu`` backend's call
-    if s.norm in WHITENED_NORMS:
-        out = scale_whitened(out, v, s.norm_scale)
+                        w_inv.reshape(-1, m, m), plain_scale(s.norm, s.norm_scale, n)).reshape(b, heads, n, e)
+    # the ``cpu`` backend's call, with the §4.6 scale in the C pass (``normalize_nystrom_scaled``)
     return add_value_conv(out, ValueConv(v_tok, hw, weight, bias)).transpose(1, 2).reshape(b, n, c)
 
 
@@ -146,8 +146,8 @@ class LeanNystrom:
         self.neg_inv_lam = -1.0 / float(s.bandwidth)
         self.l1 = int(s.spec.l1)
         self.injective = int(s.norm == "injective")
-        power = NORM_SCALE_POWERS[s.norm_scale] if s.norm in WHITENED_NORMS else 0.0
-        self.alpha = float(n) ** -power if power else None  # ``scale_whitened``'s lerp weight, None: no scale
+        alpha = plain_scale(s.norm, s.norm_scale, n)
+        self.alpha = 1.0 if alpha is None else alpha  # the §4.6 scale, in the C pass
         self.stats = norm_native._stats_size(m, e)
         self.pool = getattr(grid_cpu.load(), f"lf_pool_{suffix}")
         self.merge = getattr(grid_cpu.load(), f"lf_dwconv_merge_{suffix}")
@@ -206,12 +206,10 @@ class LeanNystrom:
         stats = q.new_empty(b * heads, self.stats)
         rinv, dsc = q.new_empty(b * heads, n), q.new_empty(b * heads, n)
         if self.normalize(c_q.data_ptr(), n * m, m, c_k.data_ptr(), n * m, m, w_inv.data_ptr(), m * m, v.data_ptr(),
-                          v.stride(0), v.stride(1), b * heads, n, n, m, e, s.norm_eps, self.injective,
+                          v.stride(0), v.stride(1), b * heads, n, n, m, e, s.norm_eps, self.alpha, self.injective,
                           out.data_ptr(), None, stats.data_ptr(), rinv.data_ptr(), dsc.data_ptr(), t["norm"]):
             raise MemoryError("laplacianformer normalisation C loop: workspace allocation failed")
         out = out.view(b, heads, n, e)
-        if self.alpha is not None:  # ``scale_whitened`` without a gain or mask: the lerp into the fresh output
-            torch.lerp(v_heads.mean(-2, keepdim=True), out, self.alpha, out=out)
         merged = v_tok.new_empty(b, n, c)
         self.merge(v_tok.data_ptr(), b, self.gh, self.gw, c, v_tok.stride(0), v_tok.stride(1),
                    self._taps(weight).data_ptr(), None if bias is None else bias.contiguous().data_ptr(),

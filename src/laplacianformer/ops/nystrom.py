@@ -29,7 +29,8 @@ import torch
 
 from .kernel import laplace_kernel, laplace_kernel_matmul
 from .newton_schulz import pinv_residual, regularise, regularised_inverse
-from .normalization import normalize_dense, normalize_nystrom, scale_whitened
+from .normalization import normalize_dense, normalize_nystrom, normalize_nystrom_scaled, scale_whitened
+from .normalization.reference import plain_scale
 from .pooling import landmarks_of
 from .settings import AttentionSettings
 from .streaming import streaming_nystrom
@@ -114,10 +115,24 @@ def nystrom(qs, ks, vv, marks, s: AttentionSettings, mask=None, steps: Steps = P
         out = pad_rows(steps.kernel_matmul(qs, marks, w_inv @ (c_k.transpose(-1, -2) @ vv), s), mask)
     else:
         c_q = c_k if ks is qs else steps.kernel(qs, marks, s, "q")
-        out = steps.normalize(c_q, c_k, vv, w_inv, s, mask)
+        in_pass_ok = steps is PLAIN and scaled and _scale_in_pass(norm_gain, mask, c_q, c_k, vv, w_inv)
+        alpha = plain_scale(s.norm, s.norm_scale, vv.shape[-2]) if in_pass_ok else None  # (N a number: eager)
+        if alpha is not None:
+            # the plain scale of §4.6 applied by the backend in its pass where it can (the C loops)
+            out, in_pass = normalize_nystrom_scaled(c_q, c_k, vv, s.norm, s.norm_eps, w_inv=w_inv, alpha=alpha)
+            scaled = not in_pass  # the scale still to apply below
+        else:
+            out = steps.normalize(c_q, c_k, vv, w_inv, s, mask)
     if scaled:
         out = scale_output(out, vv, s, norm_gain, mask)
     return (out if conv is None else add_value_conv(out, conv)), w, w_inv
+
+
+def _scale_in_pass(norm_gain, mask, *factors: torch.Tensor) -> bool:
+    """Whether a call's plain output scale of §4.6 may go to the normalisation's backend
+    (``normalize_nystrom_scaled``): no learned gain, no mask, no gradient needed, eager mode."""
+    return (norm_gain is None and mask is None and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in factors)))
 
 
 def scale_output(out, vv, s: AttentionSettings, norm_gain=None, mask=None) -> torch.Tensor:

@@ -280,10 +280,12 @@ static void FN(reduce_slots_)(F *dst, const F *slots, int64_t gi, int64_t nch, i
 }
 
 /* Forward. out (g, nq, e); t (g, nk, m) = k̃ S' saved for the backward, or NULL; stats (g, stats_size);
- * rinv (g, nk) = r; dsc (g, nk) = -r³/2 where s >= 0, else 0 (dr -> ds). inj = 0: t, rinv, dsc unused. */
+ * rinv (g, nk) = r; dsc (g, nk) = -r³/2 where s >= 0, else 0 (dr -> ds). inj = 0: t, rinv, dsc unused.
+ * alpha: the output scale of DESIGN.md §4.6, out = v̄ + alpha (Z V − v̄) = (c − c̄)(alpha M) + v̄ (alpha M
+ * packed for the out pass; the saved M stays unscaled); 1 for the unscaled output, bit for bit. */
 int FN(lf_norm_fwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t skb, int64_t skn, const F *w,
                      int64_t swb, const F *v, int64_t svb, int64_t svn, int64_t g, int64_t nq, int64_t nk,
-                     int64_t m, int64_t e, F eps, int inj, F *out, F *t, F *stats, F *rinv, F *dsc,
+                     int64_t m, int64_t e, F eps, F alpha, int inj, F *out, F *t, F *stats, F *rinv, F *dsc,
                      int threads) {
   const int64_t ldm = (m + W - 1) / W * W, lde = (e + W - 1) / W * W, mp = (m + RP - 1) / RP * RP;
   const int64_t cq = lfn_chunk_rows(g, nq), ck = lfn_chunk_rows(g, nk);
@@ -423,7 +425,7 @@ int FN(lf_norm_fwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
         FN(mm_tn_)(us, ldm, m, vs, lde, e, rows, slot, lde, 0);
       }
     }
-    /* 5. per group: M', Σ r v, v̄, M = W M'; packed M and the bias v̄ − c̄ M folded into the out pass */
+    /* 5. per group: M', Σ r v, v̄, M = W M'; packed alpha M and the bias v̄ for the out pass */
 #pragma omp for schedule(static)
     for (int64_t gi = 0; gi < g; ++gi) {
       FN(stats_t) st = FN(stats_at_)(stats, gi, m, e);
@@ -441,10 +443,10 @@ int FN(lf_norm_fwd_)(const F *c, int64_t scb, int64_t scn, const F *k, int64_t s
       else
         memcpy(st.mm, st.mk, sizeof(F) * (size_t)(m * e));
       for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < lde; ++j) mpk[i * lde + j] = j < e ? st.mm[i * e + j] : 0;
+        for (int64_t j = 0; j < lde; ++j) mpk[i * lde + j] = j < e ? alpha * st.mm[i * e + j] : 0;
       for (int64_t j = 0; j < lde; ++j) bias[j] = j < e ? st.vbar[j] : 0;
     }
-    /* 6. query chunks: out = (c − c̄) M + v̄ */
+    /* 6. query chunks: out = (c − c̄) (alpha M) + v̄ */
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < g * nchq; ++task) {
       const int64_t gi = task / nchq, lo = (task % nchq) * cq, hi = MIN(nq, lo + cq);

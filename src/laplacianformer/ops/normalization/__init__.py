@@ -36,7 +36,8 @@ from .limits import triton_unfit
 from .reference import normalize_dense, normalize_nystrom_reference, scale_whitened
 
 __all__ = ["NORMALIZATION", "FUSED_NORMS", "NORM_SCALE_POWERS", "normalize_dense", "normalize_nystrom",
-           "normalize_nystrom_grad", "normalize_nystrom_reference", "normalize_nystrom_saving", "scale_whitened"]
+           "normalize_nystrom_grad", "normalize_nystrom_reference", "normalize_nystrom_saving",
+           "normalize_nystrom_scaled", "scale_whitened"]
 
 FUSED_NORMS = SHIPPED_NORMS  # the fused backends serve the shipped norms (validation.SHIPPED_NORMS)
 
@@ -142,6 +143,15 @@ def _cpu(c_q, b, v, norm, eps, w_inv):
     return out.reshape(*batch, *out.shape[-2:])
 
 
+def _cpu_scaled(c_q, b, v, norm, eps, w_inv, alpha):
+    """``_cpu`` with the §4.6 scale alpha applied in the C pass (no gradient)."""
+    from .cpu import normalize_cpu
+
+    batch, c3, k3, v3, w3 = _flatten(c_q, b, v, w_inv)
+    out = normalize_cpu(c3, k3, v3, norm, eps, w3, alpha=alpha)
+    return out.reshape(*batch, *out.shape[-2:])
+
+
 def _triton(c_q, b, v, norm, eps, w_inv):
     from .triton import normalize_triton
 
@@ -226,10 +236,23 @@ def _composite_grad(grad_out, saved, c_q, b, v, norm, eps, w_inv, key_padding_ma
 NORMALIZATION = Op("normalization", [
     Backend("triton", _triton, _triton_refusal, _triton_auto_refusal, grad=_grad_of("triton"),
             saving=_saving_of("triton")),
-    Backend("cpu", _cpu, _cpu_refusal, grad=_grad_of("cpu"), saving=_saving_of("cpu")),
+    Backend("cpu", _cpu, _cpu_refusal, grad=_grad_of("cpu"), saving=_saving_of("cpu"), scaled=_cpu_scaled),
     Backend("fused", _fused, _fused_refusal, grad=_grad_of("fused"), saving=_saving_of("fused")),
     Backend("composite", _composite, grad=_composite_grad, saving=_composite_saving),
 ], signature="normalize_nystrom(c_q, b, v, norm, eps, w_inv[, key_padding_mask]): c_q, b (..., N, m), v (..., N, e)")
+
+
+def normalize_nystrom_scaled(c_q: torch.Tensor, b: torch.Tensor, v: torch.Tensor, norm: str, eps: float = 1e-6, *,
+                             w_inv: torch.Tensor | None = None, alpha: float) -> tuple[torch.Tensor, bool]:
+    """``normalize_nystrom`` without a mask for a call that needs no gradient, with the output scale of
+    docs/DESIGN.md §4.6 where the selected backend applies it in its own pass (its ``scaled`` form: the C
+    loops scale M): (v̄ + alpha (Z V − v̄), True); elsewhere (the unscaled Z V, False), for the caller's
+    ``scale_whitened``."""
+    inputs = (c_q, b, v, norm, eps, w_inv)
+    backend = NORMALIZATION.select(*inputs)
+    if backend.scaled is not None:
+        return backend.scaled(*inputs, alpha), True
+    return backend.run(*inputs), False
 
 
 def normalize_nystrom_saving(

@@ -30,7 +30,7 @@ def _signatures(lib: ctypes.CDLL) -> None:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     for suffix, real in (("f32", ctypes.c_float), ("f64", ctypes.c_double)):
         fwd = getattr(lib, f"lf_norm_fwd_{suffix}")
-        fwd.argtypes = [p, i64, i64, p, i64, i64, p, i64, p, i64, i64, i64, i64, i64, i64, i64, real, i32,
+        fwd.argtypes = [p, i64, i64, p, i64, i64, p, i64, p, i64, i64, i64, i64, i64, i64, i64, real, real, i32,
                         p, p, p, p, p, i32]
         fwd.restype = i32
         bwd = getattr(lib, f"lf_norm_bwd_{suffix}")
@@ -70,7 +70,7 @@ def _work(c, k, v) -> int:
     return g * (nq + k.shape[1]) * m * (m + v.shape[2])
 
 
-def _forward(c, k, w, v, eps: float, inj: bool, keep_t: bool):
+def _forward(c, k, w, v, eps: float, inj: bool, keep_t: bool, alpha: float = 1.0):
     g, nq, m = c.shape
     nk, e = k.shape[1], v.shape[2]
     out = c.new_empty(g, nq, e)
@@ -82,7 +82,7 @@ def _forward(c, k, w, v, eps: float, inj: bool, keep_t: bool):
     _check(fn(
         c.data_ptr(), c.stride(0), c.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
         None if w is None else w.data_ptr(), 0 if w is None else w.stride(0),
-        v.data_ptr(), v.stride(0), v.stride(1), g, nq, nk, m, e, float(eps), int(inj),
+        v.data_ptr(), v.stride(0), v.stride(1), g, nq, nk, m, e, float(eps), float(alpha), int(inj),
         out.data_ptr(), None if t is None else t.data_ptr(), stats.data_ptr(), rinv.data_ptr(), dsc.data_ptr(),
         threads_for_work(_work(c, k, v)),
     ))
@@ -146,11 +146,16 @@ def backward_saved(grad: torch.Tensor, c: torch.Tensor, k: torch.Tensor, w: torc
 
 
 def normalize_cpu(c: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm: str, eps: float,
-                  w: torch.Tensor | None) -> torch.Tensor:
-    """(G, Nq, m), (G, Nk, m), (G, Nk, e), w (G, m, m) or None -> (G, Nq, e), autograd when needed."""
+                  w: torch.Tensor | None, alpha: float | None = None) -> torch.Tensor:
+    """(G, Nq, m), (G, Nk, m), (G, Nk, e), w (G, m, m) or None -> (G, Nq, e), autograd when needed.
+
+    ``alpha``: the output scale of docs/DESIGN.md §4.6 applied in the pass, v̄ + alpha (Z V − v̄) (the packed
+    M scaled), for calls that need no gradient (ValueError naming ``alpha`` otherwise)."""
     c, k, v, w = _rows(c), _rows(k), _rows(v), _mat(w)
     inj = norm == "injective"
     tensors = (c, k, v) if w is None else (c, k, v, w)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        if alpha is not None:
+            raise ValueError("alpha: the scale in the C pass serves calls without a gradient only")
         return NormalizationCPU.apply(c, k, w, v, float(eps), inj)
-    return _forward(c, k, w, v, eps, inj, keep_t=False)[0]
+    return _forward(c, k, w, v, eps, inj, keep_t=False, alpha=1.0 if alpha is None else alpha)[0]

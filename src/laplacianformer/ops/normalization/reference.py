@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..validation import NORM_SCALE_POWERS, NORMS, check_choice
+from ..validation import NORM_SCALE_POWERS, NORMS, WHITENED_NORMS, check_choice
 
 
 def _valid(mask: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,6 +70,20 @@ def _normalize_dense_masked(g, v, norm, eps, mask):
 
 
 
+def whitened_alpha(norm_scale: str, n: int) -> float:
+    """α of the scaled injective map (docs/DESIGN.md §4.6, no gain) for N = n keys: n^(−p), p =
+    ``NORM_SCALE_POWERS[norm_scale]``."""
+    return float(n) ** -NORM_SCALE_POWERS[norm_scale]
+
+
+def plain_scale(norm: str, norm_scale: str, n: int) -> float | None:
+    """α of §4.6 for a call of n keys without a learned gain or a mask (``whitened_alpha``), or None where the
+    output is not scaled: a norm outside ``WHITENED_NORMS``, or ``norm_scale`` "one"."""
+    if norm not in WHITENED_NORMS or NORM_SCALE_POWERS[norm_scale] == 0.0:
+        return None
+    return whitened_alpha(norm_scale, n)
+
+
 def scale_whitened(out: torch.Tensor, v: torch.Tensor, norm_scale: str = "one", gain: torch.Tensor | None = None,
                    key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
     """The output of the scaled injective map (docs/DESIGN.md §4.6) from that of the unscaled one.
@@ -92,7 +106,7 @@ def scale_whitened(out: torch.Tensor, v: torch.Tensor, norm_scale: str = "one", 
             # the graph serves every size
             alpha = v.new_ones(v.shape[:-1]).sum(-1, keepdim=True).unsqueeze(-1).pow(-power)
         else:
-            alpha = float(n) ** -power
+            alpha = whitened_alpha(norm_scale, n)
         valid = None
     else:
         valid, count = _valid(key_padding_mask, v.dtype)
