@@ -21,6 +21,8 @@ the operator makes (docs/DESIGN.md §6).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from . import _runtime
@@ -254,7 +256,7 @@ def attention_with_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Ten
 
 def plan_value_conv(q: torch.Tensor, k: torch.Tensor, v_tok: torch.Tensor, settings: AttentionSettings, *,
                     hw: tuple[int, int] | None, weight: torch.Tensor,
-                    bias: torch.Tensor | None) -> tuple[torch.Tensor, tuple | bool]:
+                    bias: torch.Tensor | None) -> tuple[torch.Tensor, Callable | bool]:
     """The general call of ``attention_with_value_conv`` (no learned gain, no gradient), recording the backend
     each dispatched op selects: (its output, its plan). The plan is ``lean.lean_call``'s line for the resolved
     landmarks (None: the exact kernel) when the trace is what ``lean_value_conv`` computes (``lean_trace_fits``),
