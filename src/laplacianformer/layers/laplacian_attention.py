@@ -37,11 +37,11 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from ..ops.attention import attention_from_qkv, attention_with_value_conv, plan_value_conv, remember_plan, PlanCache
-from ..ops.validation import check_finite
+from ..ops.attention import PlanCache, attention_from_qkv, attention_with_value_conv, plan_value_conv, remember_plan
 from ..ops.dispatch import explain
 from ..ops.recompute import recompute_attention
 from ..ops.settings import OPERATOR_SETTINGS, settings_from
+from ..ops.validation import check_finite
 from ..ops.streaming import triton_device
 from .scripting import call_operator, script_form
 from .token_attention import SHELL_KWARGS, TokenAttention
