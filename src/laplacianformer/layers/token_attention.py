@@ -201,11 +201,15 @@ class TokenAttention(nn.Module):
         for the depthwise conv, the CPU kernels read q and k in place, and the backward gets each
         gradient without scattering it into a (B, N, 3C) buffer."""
         q = self._heads(self._rows(x, 0))
-        k = q if self.tie_qk else self._heads(self._rows(x, 1))
-        if self.qk_norm:  # else q_norm and k_norm are identities
-            q = self.q_norm(q)
-            k = q if self.tie_qk else self.k_norm(k)
-        return q, k
+        return self._normed_qk(q, q if self.tie_qk else self._heads(self._rows(x, 1)))
+
+    def _normed_qk(self, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """q, k after ``q_norm`` / ``k_norm`` with ``qk_norm`` (k = q when ``tie_qk``); without it they are
+        identities, not called."""
+        if not self.qk_norm:
+            return q, k
+        q = self.q_norm(q)
+        return q, q if self.tie_qk else self.k_norm(k)
 
     def _project_qk_stacked(self, x: torch.Tensor):
         """x (B, N, C) -> q, k (B, H, N, d) from one product with the stacked q and k row blocks of ``qkv`` (not
@@ -214,7 +218,7 @@ class TokenAttention(nn.Module):
         rows = slice(0, 2 * self.dim)
         bias = self.qkv.bias
         qk = F.linear(x, self.qkv.weight[rows], None if bias is None else bias[rows])
-        return self.q_norm(self._heads(qk[..., :self.dim])), self.k_norm(self._heads(qk[..., self.dim:]))
+        return self._normed_qk(self._heads(qk[..., :self.dim]), self._heads(qk[..., self.dim:]))
 
     def _project_qkv(self, x: torch.Tensor):
         """x (B, N, C) -> q, k (B, H, N, d) (k = q when ``tie_qk``) and v_tok (B, N, C): strided views of one
@@ -223,10 +227,7 @@ class TokenAttention(nn.Module):
         c = self.dim
         qkv = self.qkv(x)
         q = self._heads(qkv[..., :c])
-        k = q if self.tie_qk else self._heads(qkv[..., c:2 * c])
-        if self.qk_norm:  # else q_norm and k_norm are identities
-            q = self.q_norm(q)
-            k = q if self.tie_qk else self.k_norm(k)
+        q, k = self._normed_qk(q, q if self.tie_qk else self._heads(qkv[..., c:2 * c]))
         return q, k, qkv[..., qkv.shape[-1] - c:]
 
     def _project_v(self, x: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from . import grid_cpu
-from ._clib import SERIAL_WORK
+from ._clib import threads_for_work
 from .kernel import native as kernel_native
 from .kernel.cpu import _batch_rows, kernel_rows_cpu
 from .newton_schulz import native as ns_native
@@ -121,11 +121,6 @@ class LeanCall:
         return lean_value_conv(q, k, v_tok, self.settings, self.hw, self.grid, weight, bias)
 
 
-def _threads(work: int) -> int:
-    """``_clib.threads_for_work`` of a fixed amount of work, as a constant (0: torch's count at call time)."""
-    return 1 if work < SERIAL_WORK else 0
-
-
 class LeanNystrom:
     """The Nyström line of ``lean_value_conv`` for one signature whose kernel family is an exp family: q, k
     (B, H, N, d) with contiguous last dimensions (``k is q`` when K = Q), v_tok (B, N, C), landmarks ``grid``
@@ -154,11 +149,9 @@ class LeanNystrom:
         self.dist = getattr(kernel_native.load(), f"lf_dist_{suffix}")
         self.solve = getattr(ns_native.load(), f"lf_ns_{suffix}")
         self.normalize = getattr(norm_native.load(), f"lf_norm_fwd_{suffix}")
-        # each C call's thread count: 1 below ``SERIAL_WORK``, else torch's at call time (0 here); the solve's
-        # at most one per matrix
-        self.threads = {"pool": _threads(g * n * d), "w": _threads(g * m * m * d), "rows": _threads(g * n * m * d),
-                        "ns": _threads(2 * g * max(1, s.iters) * m**3), "norm": _threads(g * 2 * n * m * (m + e)),
-                        "merge": _threads(b * n * c * 9)}
+        # each C call's work, whose thread count ``threads_for_work`` gives at call time, as the wrappers do
+        self.work = {"pool": g * n * d, "w": g * m * m * d, "rows": g * n * m * d, "norm": g * 2 * n * m * (m + e),
+                     "merge": b * n * c * 9}
         self.taps = None, -1, None  # (weight, its version, its (9, C) taps): made again when the weight changes
 
     def _taps(self, weight: torch.Tensor) -> torch.Tensor:
@@ -183,9 +176,8 @@ class LeanNystrom:
 
     def __call__(self, q, k, v_tok, weight, bias) -> torch.Tensor:
         b, heads, n, d, m, e, c = self.sizes
-        s, count = self.settings, torch.get_num_threads()
-        t = {key: value or count for key, value in self.threads.items()}
-        t["ns"] = min(t["ns"], b * heads)
+        s = self.settings
+        t = {key: threads_for_work(work) for key, work in self.work.items()}
         marks = q.new_empty(b * heads, m, d)
         self.pool(q.data_ptr(), b, heads, q.stride(0), q.stride(1), q.stride(2), self.gh, self.gw, self.lh, self.lw,
                   d, marks.data_ptr(), t["pool"])
@@ -194,12 +186,12 @@ class LeanNystrom:
             # exp family), so adding regularise's zeros off the diagonal changes no bit there
             w.diagonal(0, -2, -1).add_(s.ns_eps)
         w_inv = torch.empty_like(w)
-        if self.solve(w.data_ptr(), w_inv.data_ptr(), b * heads, m, s.iters, CHECK_EVERY, 0.0, 0, t["ns"]):
+        if self.solve(w.data_ptr(), w_inv.data_ptr(), b * heads, m, s.iters, CHECK_EVERY, 0.0, 0,
+                      ns_native.threads_for(b * heads, m, s.iters)):
             raise MemoryError("laplacianformer Newton–Schulz C loop: workspace allocation failed")
         c_k = self._rows(k, marks, t["rows"])
         c_q = c_k if k is q else self._rows(q, marks, t["rows"])
-        v_heads = v_tok.reshape(b, n, heads, e).transpose(1, 2)
-        v = v_heads.reshape(-1, n, e)
+        v = v_tok.reshape(b, n, heads, e).transpose(1, 2).reshape(-1, n, e)
         if v.stride(-1) != 1:
             v = v.contiguous()
         out = q.new_empty(b * heads, n, e)

@@ -135,16 +135,8 @@ def _flatten(c_q, b, v, w_inv):
     return batch, flat[0], flat[1], flat[2], (flat[3] if w_inv is not None else None)
 
 
-def _cpu(c_q, b, v, norm, eps, w_inv):
-    from .cpu import normalize_cpu
-
-    batch, c3, k3, v3, w3 = _flatten(c_q, b, v, w_inv)
-    out = normalize_cpu(c3, k3, v3, norm, eps, w3)
-    return out.reshape(*batch, *out.shape[-2:])
-
-
-def _cpu_scaled(c_q, b, v, norm, eps, w_inv, alpha):
-    """``_cpu`` with the §4.6 scale alpha applied in the C pass (no gradient)."""
+def _cpu(c_q, b, v, norm, eps, w_inv, alpha=None):
+    """The C backend; with ``alpha`` (its ``scaled`` form, no gradient) the §4.6 scale applied in the C pass."""
     from .cpu import normalize_cpu
 
     batch, c3, k3, v3, w3 = _flatten(c_q, b, v, w_inv)
@@ -236,7 +228,7 @@ def _composite_grad(grad_out, saved, c_q, b, v, norm, eps, w_inv, key_padding_ma
 NORMALIZATION = Op("normalization", [
     Backend("triton", _triton, _triton_refusal, _triton_auto_refusal, grad=_grad_of("triton"),
             saving=_saving_of("triton")),
-    Backend("cpu", _cpu, _cpu_refusal, grad=_grad_of("cpu"), saving=_saving_of("cpu"), scaled=_cpu_scaled),
+    Backend("cpu", _cpu, _cpu_refusal, grad=_grad_of("cpu"), saving=_saving_of("cpu"), scaled=_cpu),
     Backend("fused", _fused, _fused_refusal, grad=_grad_of("fused"), saving=_saving_of("fused")),
     Backend("composite", _composite, grad=_composite_grad, saving=_composite_saving),
 ], signature="normalize_nystrom(c_q, b, v, norm, eps, w_inv[, key_padding_mask]): c_q, b (..., N, m), v (..., N, e)")
